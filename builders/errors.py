@@ -1,0 +1,75 @@
+"""Typed errors: each kind has its own exit code and a message that says what to do."""
+
+from __future__ import annotations
+
+
+class ForgeError(Exception):
+    """Base of every error Forge reports to a user; never a traceback."""
+
+    exit_code = 1
+    kind = "error"
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def render(self) -> str:
+        text = f"forge: {self.kind}: {self.message}"
+        if self.hint:
+            text += f"\n  what to do: {self.hint}"
+        return text
+
+
+class ConfigError(ForgeError):
+    """A distro, recipe or profile file is invalid: names the file, key path and a close valid name."""
+
+    exit_code = 2
+    kind = "config error"
+
+
+class UsageError(ForgeError):
+    exit_code = 2
+    kind = "usage error"
+
+
+class PreflightBlocked(ForgeError):
+    """Preflight found at least one blocking finding."""
+
+    exit_code = 3
+    kind = "preflight blocked"
+
+
+class SourceUnavailable(ForgeError):
+    """A source the build needs (vLLM sdist, oneDNN, a wheel) cannot be had."""
+
+    exit_code = 4
+    kind = "source unavailable"
+
+
+class BaseUnavailable(ForgeError):
+    """The base image is neither local nor pullable nor bootstrappable."""
+
+    exit_code = 5
+    kind = "base image unavailable"
+
+
+class EngineError(ForgeError):
+    """The container engine is missing, unreachable or refused an operation."""
+
+    exit_code = 6
+    kind = "engine error"
+
+
+class BuildFailed(ForgeError):
+    """The image build itself failed; the report carries the diagnosis."""
+
+    exit_code = 7
+    kind = "build failed"
+
+
+class SmokeFailed(ForgeError):
+    """The router stack came up but a class missed its gate, or it did not come up."""
+
+    exit_code = 8
+    kind = "smoke failed"
