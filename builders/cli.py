@@ -1,0 +1,60 @@
+"""The `forge` command line: one subcommand per module that registers itself."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from builders.errors import ForgeError
+
+# Each module exposes `register(subparsers)`, adding its subcommands with a `func`
+# default that takes the parsed namespace and returns an exit code.
+COMMAND_MODULES = (
+    "builders.commands.core",
+    "builders.preflight.command",
+    "builders.diagnose.command",
+    "builders.smoke.command",
+    "builders.repro.command",
+)
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="forge",
+        description="Build vLLM images from source on the distro you choose; learn why a build cannot work "
+        "before it starts; prove the image serves mixed traffic.",
+    )
+    parser.add_argument("--root", default=None, help="project root holding distros/, recipes/, containers/")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMAND_MODULES:
+        try:
+            module: Any = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:
+                continue
+            raise
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Handler = args.func
+    try:
+        return handler(args)
+    except ForgeError as exc:
+        print(exc.render(), file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("forge: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
