@@ -1,0 +1,220 @@
+"""Containers and images through the Docker Engine API (the `docker` SDK).
+
+Podman serves the same API on its socket (`DOCKER_HOST=unix:///run/podman/podman.sock`), so one code path
+covers both engines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+import requests
+
+from builders.errors import EngineError
+
+# Every container Forge starts carries this label, so a cleanup can find what a crashed run left behind.
+OWNER_LABEL = "forge.owner"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImageInfo:
+    id: str
+    tags: tuple[str, ...]
+    digests: tuple[str, ...]
+    size: int
+    labels: dict[str, str]
+    created: str
+
+
+class Engine:
+    """A connected engine. Construct with `Engine.connect()`."""
+
+    def __init__(self, client: Any, *, kind: str, root_dir: str | None, version: str) -> None:
+        self.client = client
+        self.kind = kind
+        self.root_dir = root_dir
+        self.version = version
+
+    @classmethod
+    def connect(cls) -> Engine:
+        try:
+            client = docker.from_env(timeout=600)
+            info = client.info()
+        except (docker.errors.DockerException, requests.RequestException) as exc:
+            raise EngineError(
+                f"no container engine answers at {os.environ.get('DOCKER_HOST', 'unix:///var/run/docker.sock')}: {exc}",
+                hint="start Docker (`dockerd --bridge=none --iptables=false`) or Podman's API service "
+                "(`podman system service`) and set DOCKER_HOST to its socket",
+            ) from exc
+        name = str(info.get("Name", ""))
+        version = client.version()
+        components = {c.get("Name", "").lower() for c in version.get("Components", [])}
+        kind = "podman" if any("podman" in c for c in components) else "docker"
+        return cls(
+            client,
+            kind=kind,
+            root_dir=info.get("DockerRootDir") or name or None,
+            version=str(version.get("Version", "unknown")),
+        )
+
+    # --- images -------------------------------------------------------------------------------------------
+
+    def image_exists(self, ref: str) -> bool:
+        try:
+            self.client.images.get(ref)
+        except docker.errors.ImageNotFound:
+            return False
+        return True
+
+    def image_info(self, ref: str) -> ImageInfo:
+        try:
+            image = self.client.images.get(ref)
+        except docker.errors.ImageNotFound as exc:
+            raise EngineError(f"image {ref!r} is not in the engine") from exc
+        attrs = image.attrs
+        return ImageInfo(
+            id=str(image.id),
+            tags=tuple(image.tags),
+            digests=tuple(attrs.get("RepoDigests") or ()),
+            size=int(attrs.get("Size", 0)),
+            labels=dict((attrs.get("Config") or {}).get("Labels") or {}),
+            created=str(attrs.get("Created", "")),
+        )
+
+    def pull(self, ref: str) -> None:
+        try:
+            self.client.images.pull(ref)
+        except docker.errors.APIError as exc:
+            raise EngineError(f"could not pull {ref}: {exc.explanation or exc}") from exc
+
+    def tag(self, image_id: str, ref: str) -> None:
+        repo, _, tag = ref.rpartition(":") if ":" in ref.rsplit("/", 1)[-1] else (ref, "", "latest")
+        self.client.images.get(image_id).tag(repo, tag)
+
+    def untag(self, ref: str) -> None:
+        with contextlib.suppress(docker.errors.ImageNotFound, docker.errors.APIError):
+            self.client.images.remove(ref, noprune=False)
+
+    def remove_image(self, ref: str) -> None:
+        with contextlib.suppress(docker.errors.ImageNotFound, docker.errors.APIError):
+            self.client.images.remove(ref, force=True)
+
+    def load(self, tarball: bytes | Any) -> list[str]:
+        images = self.client.images.load(tarball)
+        return [str(i.id) for i in images]
+
+    def import_rootfs(self, tar_path: str, ref: str, *, changes: list[str] | None = None) -> str:
+        """Turn a rootfs tarball into an image, as `docker import` does."""
+        repo, _, tag = ref.rpartition(":")
+        with Path(tar_path).open("rb") as fh:
+            resp = self.client.api.import_image_from_data(fh, repository=repo, tag=tag, changes=changes)
+        return str(resp)
+
+    # --- containers ---------------------------------------------------------------------------------------
+
+    def run_detached(
+        self,
+        *,
+        image: str,
+        command: list[str],
+        name: str | None = None,
+        env: dict[str, str] | None = None,
+        volumes: dict[str, str] | None = None,
+        network_host: bool = True,
+        shm_size: str = "2g",
+        labels: dict[str, str] | None = None,
+        entrypoint: list[str] | None = None,
+        user: str | None = None,
+    ) -> str:
+        """Start a long-lived container; the caller must `stop_and_remove` it."""
+        all_labels = {OWNER_LABEL: "forge", **(labels or {})}
+        try:
+            container = self.client.containers.run(
+                image,
+                command=command,
+                name=name or f"forge-{uuid.uuid4().hex[:10]}",
+                environment=env or {},
+                volumes={h: {"bind": c, "mode": "ro"} for h, c in (volumes or {}).items()},
+                network_mode="host" if network_host else "none",
+                shm_size=shm_size,
+                labels=all_labels,
+                entrypoint=entrypoint,
+                user=user,
+                detach=True,
+            )
+        except docker.errors.APIError as exc:
+            raise EngineError(f"could not start a container from {image}: {exc.explanation or exc}") from exc
+        return str(container.id)
+
+    def stop_and_remove(self, cid: str, timeout: int = 5) -> None:
+        try:
+            container = self.client.containers.get(cid)
+        except docker.errors.NotFound:
+            return
+        with contextlib.suppress(docker.errors.APIError):
+            container.stop(timeout=timeout)
+        with contextlib.suppress(docker.errors.APIError, docker.errors.NotFound):
+            container.remove(force=True)
+
+    def kill(self, cid: str) -> None:
+        with contextlib.suppress(docker.errors.APIError, docker.errors.NotFound):
+            self.client.containers.get(cid).kill()
+
+    def is_running(self, cid: str) -> bool:
+        try:
+            return str(self.client.containers.get(cid).status) == "running"
+        except docker.errors.NotFound:
+            return False
+
+    def logs(self, cid: str, tail: int = 200) -> str:
+        try:
+            return bytes(self.client.containers.get(cid).logs(tail=tail)).decode(errors="replace")
+        except docker.errors.NotFound:
+            return ""
+
+    def run_once(
+        self,
+        image: str,
+        command: list[str],
+        *,
+        entrypoint: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        volumes: dict[str, str] | None = None,
+        network_host: bool = True,
+        timeout: float = 300,
+        user: str | None = None,
+        shm_size: str = "1g",
+    ) -> tuple[int, str]:
+        """Run a throwaway container to completion; it is removed whatever happens."""
+        cid = self.run_detached(
+            image=image,
+            command=command,
+            env=env,
+            volumes=volumes,
+            network_host=network_host,
+            entrypoint=entrypoint,
+            user=user,
+            shm_size=shm_size,
+            labels={"forge.throwaway": "1"},
+        )
+        container = self.client.containers.get(cid)
+        try:
+            try:
+                result = container.wait(timeout=timeout)
+            except requests.exceptions.ConnectionError as exc:
+                raise EngineError(f"{image} did not finish {command[:3]} within {timeout:.0f}s") from exc
+            output = bytes(container.logs()).decode(errors="replace")
+            return int(result.get("StatusCode", 1)), output
+        finally:
+            self.stop_and_remove(cid, timeout=1)
+
+    def containers_with_label(self, key: str, value: str | None = None) -> list[str]:
+        selector = f"{key}={value}" if value is not None else key
+        return [str(c.id) for c in self.client.containers.list(all=True, filters={"label": selector})]
