@@ -1,0 +1,101 @@
+"""Bases built from a distro's package archive (mmdebstrap, dnf --installroot) and loaded into the engine.
+
+A base made here depends on nothing but the archive: no registry, and with a snapshot mirror and
+SOURCE_DATE_EPOCH the same bytes every time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+from builders.config.models import Distro
+from builders.distros import family_for
+from builders.engine import Engine
+from builders.errors import BaseUnavailable
+
+# Fixed so that two bootstraps of the same archive state give the same tarball.
+DEFAULT_EPOCH = 1735689600  # 2025-01-01T00:00:00Z
+
+
+@dataclass(frozen=True, kw_only=True)
+class BaseResult:
+    ref: str
+    image_id: str
+    how: str  # "local", "pulled", "bootstrapped"
+    seconds: float
+    rootfs_sha256: str | None = None
+
+
+def bootstrap(distro: Distro, engine: Engine, *, source_date_epoch: int | None = None,
+              scratch: Path | None = None) -> BaseResult:
+    boot = distro.base.bootstrap
+    if boot is None:
+        raise BaseUnavailable(f"distros/{distro.name}.yaml has no base.bootstrap: this base can only be pulled",
+                              hint=f"pull {distro.base.image} where its registry is reachable")
+    family = family_for(distro)
+    tool = boot.tool
+    if shutil.which(tool) is None:
+        raise BaseUnavailable(
+            f"bootstrapping {distro.name} needs `{tool}`, which is not installed here",
+            hint=f"install it (Debian: apt-get install {tool}) or pull {distro.base.image} instead",
+        )
+    if boot.keyring and not Path(boot.keyring).exists():
+        raise BaseUnavailable(f"bootstrapping {distro.name} needs the keyring {boot.keyring}, which is missing",
+                              hint="install the distro's archive keyring package (ubuntu-keyring)")
+    epoch = source_date_epoch if source_date_epoch is not None else DEFAULT_EPOCH
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="forge-bootstrap-", dir=scratch) as tmp:
+        tar = Path(tmp) / f"{distro.name}.tar"
+        cmd = family.bootstrap_command(str(tar), source_date_epoch=epoch)
+        env = {**os.environ, "SOURCE_DATE_EPOCH": str(epoch)}
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+        if proc.returncode != 0 or not tar.exists():
+            host = urlparse(boot.mirror).hostname or boot.mirror
+            tail = "\n    ".join((proc.stderr or proc.stdout).strip().splitlines()[-6:])
+            raise BaseUnavailable(
+                f"could not bootstrap {distro.name} from {boot.mirror} ({host}):\n    {tail}",
+                hint=f"make {host} reachable, point base.bootstrap.mirror in distros/{distro.name}.yaml at a "
+                f"mirror you can reach, or load an image tagged {distro.base.local_tag}",
+            )
+        digest = hashlib.sha256(tar.read_bytes()).hexdigest()
+        engine.import_rootfs(str(tar), distro.base.local_tag, changes=['CMD ["/bin/sh"]'])
+    info = engine.image_info(distro.base.local_tag)
+    return BaseResult(ref=distro.base.local_tag, image_id=info.id, how="bootstrapped",
+                      seconds=time.monotonic() - start, rootfs_sha256=digest)
+
+
+def ensure_base(distro: Distro, engine: Engine, *, allow_bootstrap: bool = True, allow_pull: bool = True) -> BaseResult:
+    """A local base if present, else pulled, else bootstrapped; else stop at once saying what was unreachable."""
+    start = time.monotonic()
+    if engine.image_exists(distro.base.local_tag):
+        info = engine.image_info(distro.base.local_tag)
+        return BaseResult(ref=distro.base.local_tag, image_id=info.id, how="local", seconds=0.0)
+    problems: list[str] = []
+    if allow_pull:
+        try:
+            engine.pull(distro.base.pinned_ref)
+            engine.tag(distro.base.pinned_ref, distro.base.local_tag)
+            info = engine.image_info(distro.base.local_tag)
+            return BaseResult(ref=distro.base.local_tag, image_id=info.id, how="pulled",
+                              seconds=time.monotonic() - start)
+        except Exception as exc:  # the engine reports unreachable registries in several shapes
+            registry = distro.base.image.split("/", 1)[0]
+            problems.append(f"pull {distro.base.pinned_ref}: registry {registry} unreachable or refused ({exc})")
+    if allow_bootstrap and distro.base.bootstrap:
+        try:
+            return bootstrap(distro, engine)
+        except BaseUnavailable as exc:
+            problems.append(exc.message)
+    raise BaseUnavailable(
+        f"no base image for {distro.name}:\n  - " + "\n  - ".join(problems or ["bootstrap and pull disabled"]),
+        hint=f"run `forge bootstrap {distro.name}` where its package mirror is reachable, pull "
+        f"{distro.base.pinned_ref} where its registry is, or `docker load` an image tagged {distro.base.local_tag}",
+    )

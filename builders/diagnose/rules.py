@@ -1,0 +1,233 @@
+"""Load and validate the diagnosis rule book (rules.yaml): the knowledge lives in data, not in code."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from builders.errors import ConfigError
+
+DEFAULT_RULES_PATH = Path(__file__).with_name("rules.yaml")
+UNKNOWN = "unknown"
+_RULE_ID = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+
+
+def _compile_all(patterns: list[str], field: str) -> list[str]:
+    for index, pattern in enumerate(patterns):
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"{field}[{index}] {pattern!r} is not a valid regex: {exc}") from exc
+    try:
+        # The engine joins a list into one alternation; a global flag such as a leading (?i) breaks that.
+        re.compile("|".join(f"(?:{p})" for p in patterns))
+    except re.error as exc:
+        raise ValueError(
+            f"{field} cannot be combined into one regex ({exc}); use a scoped flag group such as "
+            "'(?i:...)' instead of a global '(?i)'"
+        ) from exc
+    return patterns
+
+
+class LineKinds(BaseModel):
+    """Rule-independent regexes that say how much a log line reads like a failure."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    fatal: list[str] = Field(
+        min_length=1, description="Markers of a line that reports a hard error (`fatal error:`, `ERROR:`)."
+    )
+    error: list[str] = Field(
+        min_length=1, description="Markers of a line that sounds wrong but may be routine (`failed`, `cannot`)."
+    )
+    warning: list[str] = Field(
+        min_length=1,
+        description="Markers of warnings and notes; a line whose first marker is one of these never decides.",
+    )
+    fallout: list[str] = Field(
+        default_factory=list,
+        description="Generic consequences of an earlier failure (`ninja: build stopped`, docker's "
+        "`did not complete successfully`): they never anchor 'the first error' and are reported for an "
+        "unknown failure only when nothing better exists.",
+    )
+
+    @field_validator("fatal", "error", "warning", "fallout")
+    @classmethod
+    def _valid_regexes(cls, value: list[str], info: Any) -> list[str]:
+        return _compile_all(value, str(info.field_name))
+
+
+class Rule(BaseModel):
+    """One known cause of a failed build: how to recognise its decisive line, and what to do about it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(description="The category this rule reports, lower-case words joined by '-'.")
+    cause: str = Field(min_length=1, description="One or two sentences saying why the build failed.")
+    remedy: str = Field(min_length=1, description="What the user should change to make the build pass.")
+    weight: float = Field(
+        gt=0.0,
+        le=1.0,
+        description="Priority of the rule: it scales the confidence, and between two rules that match the "
+        "same line the heavier wins. A specific rule must outweigh a generic one it overlaps.",
+    )
+    patterns: list[str] = Field(
+        default_factory=list, description="Regexes that identify the decisive line on their own."
+    )
+    gated_patterns: list[str] = Field(
+        default_factory=list,
+        description="Regexes that identify the decisive line only when one of context_patterns also "
+        "matches in the failing step (pip's 'No matching distribution' means a network failure only when "
+        "pip also logged connection errors).",
+    )
+    context_patterns: list[str] = Field(
+        default_factory=list,
+        description="Regexes for supporting lines (any kind, warnings included) that raise confidence.",
+    )
+    examples: list[str] = Field(
+        min_length=1,
+        description="Real-looking log lines that must match this rule and no other rule of equal or "
+        "higher weight; checked by the test suite.",
+    )
+
+    @field_validator("id")
+    @classmethod
+    def _id_shape(cls, value: str) -> str:
+        if not _RULE_ID.match(value):
+            raise ValueError(f"id {value!r} must be lower-case words joined by '-', e.g. 'disk-full'")
+        if value == UNKNOWN:
+            raise ValueError(f"id {UNKNOWN!r} is reserved for logs no rule explains")
+        return value
+
+    @field_validator("patterns", "gated_patterns", "context_patterns")
+    @classmethod
+    def _valid_regexes(cls, value: list[str], info: Any) -> list[str]:
+        return _compile_all(value, str(info.field_name))
+
+    @model_validator(mode="after")
+    def _has_a_way_to_match(self) -> Rule:
+        if not self.patterns and not self.gated_patterns:
+            raise ValueError("needs at least one entry in patterns or gated_patterns")
+        if self.gated_patterns and not self.context_patterns:
+            raise ValueError("gated_patterns need context_patterns to open the gate")
+        return self
+
+
+class RuleBook(BaseModel):
+    """The whole rules.yaml: how to read lines, and the known causes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    line_kinds: LineKinds = Field(description="How error-like each log line is, independent of any rule.")
+    rules: list[Rule] = Field(min_length=1, description="Known causes of failed builds.")
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> RuleBook:
+        seen: set[str] = set()
+        for rule in self.rules:
+            if rule.id in seen:
+                raise ValueError(f"rule id {rule.id!r} appears twice; each category has exactly one rule")
+            seen.add(rule.id)
+        return self
+
+    @property
+    def categories(self) -> tuple[str, ...]:
+        return (*(rule.id for rule in self.rules), UNKNOWN)
+
+    def rule(self, rule_id: str) -> Rule:
+        for rule in self.rules:
+            if rule.id == rule_id:
+                return rule
+        raise KeyError(rule_id)
+
+
+def _describe_location(loc: tuple[int | str, ...], raw: Any) -> str:
+    """Turn pydantic's ('rules', 3, 'paterns') into "rule 'gcc-gate' (rules[3]) key 'paterns'"."""
+    parts: list[str] = []
+    node = raw
+    for index, key in enumerate(loc):
+        if isinstance(key, int):
+            rule_id = node[key].get("id") if isinstance(node, list) and isinstance(node[key], dict) else None
+            if loc[:1] == ("rules",) and index == 1 and isinstance(rule_id, str):
+                parts.append(f"[{key}] (rule {rule_id!r})")
+            else:
+                parts.append(f"[{key}]")
+        else:
+            parts.append(f".{key}" if parts else str(key))
+        node = node[key] if isinstance(node, dict | list) and _has(node, key) else None
+    return "".join(parts) or "<top level>"
+
+
+def _has(node: dict[Any, Any] | list[Any], key: int | str) -> bool:
+    if isinstance(node, dict):
+        return key in node
+    return isinstance(key, int) and 0 <= key < len(node)
+
+
+def _model_for(loc: tuple[int | str, ...]) -> type[BaseModel]:
+    if loc[:1] == ("rules",) and len(loc) >= 3:
+        return Rule
+    if loc[:1] == ("line_kinds",) and len(loc) >= 2:
+        return LineKinds
+    return RuleBook
+
+
+def _explain(exc: ValidationError, raw: Any, source: str) -> ConfigError:
+    lines: list[str] = []
+    hints: list[str] = []
+    for error in exc.errors():
+        loc = tuple(error["loc"])
+        where = _describe_location(loc, raw)
+        if error["type"] == "extra_forbidden":
+            key = str(loc[-1])
+            valid = sorted(_model_for(loc).model_fields)
+            close = difflib.get_close_matches(key, valid, n=1)
+            lines.append(f"{where}: unknown key {key!r}")
+            if close:
+                hints.append(f"rename {key!r} to {close[0]!r} at {where}")
+            else:
+                hints.append(f"remove {key!r}; valid keys are {', '.join(valid)}")
+        else:
+            lines.append(f"{where}: {error['msg']}")
+    message = f"{source} is not a valid rule book:\n  " + "\n  ".join(lines)
+    hint = "; ".join(hints) if hints else "fix the entries named above (see builders/diagnose/README.md)"
+    return ConfigError(message, hint=hint)
+
+
+def parse_rules(text: str, *, source: str = "rules.yaml") -> RuleBook:
+    """Validate rule-book YAML text; every problem names the rule id and key path."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source} is not valid YAML: {exc}", hint="fix the YAML syntax") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            f"{source} must be a mapping with keys 'line_kinds' and 'rules', found {type(raw).__name__}",
+            hint="start the file with 'line_kinds:' and 'rules:'",
+        )
+    try:
+        return RuleBook.model_validate(raw)
+    except ValidationError as exc:
+        raise _explain(exc, raw, source) from exc
+
+
+def load_rules(path: Path | None = None) -> RuleBook:
+    """The rule book at `path`, or Forge's own rules.yaml (parsed once per process)."""
+    if path is None:
+        return _default_rules()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read rule book {path}: {exc.strerror}", hint="pass an existing file") from exc
+    return parse_rules(text, source=str(path))
+
+
+@cache
+def _default_rules() -> RuleBook:
+    return parse_rules(DEFAULT_RULES_PATH.read_text(encoding="utf-8"), source=str(DEFAULT_RULES_PATH))

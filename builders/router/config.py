@@ -1,0 +1,192 @@
+"""Router configuration: validated, frozen, loaded from a JSON or YAML file."""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from builders.errors import ConfigError
+from builders.router.classes import ALL_CLASSES, RequestClass
+
+
+class SlowClientDetection(BaseModel):
+    """How the router learns that a client reads slowly, so its later streams go to the slow pool."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = Field(default=True, description="Remember clients that stalled a stream and classify them slow.")
+    client_id_header: str = Field(
+        default="x-client-id",
+        description="Header naming the client; without it a client cannot be remembered (peer addresses "
+        "are all 127.0.0.1 behind a local proxy, so they are not used).",
+    )
+    stall_s: float = Field(
+        default=0.5, gt=0, description="A single wait for the client to drain longer than this marks the client slow."
+    )
+    remember_s: float = Field(default=300.0, gt=0, description="How long a client stays marked slow.")
+    max_clients: int = Field(default=10_000, ge=1, description="Bound on remembered slow clients (oldest forgotten).")
+
+
+class RouterConfig(BaseModel):
+    """Everything the class-aware router needs: where to listen, which pools exist, how to protect itself."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = Field(default="127.0.0.1", description="Address to listen on; loopback by default.")
+    port: int = Field(default=8000, ge=0, le=65535, description="Port to listen on; 0 picks a free one.")
+    pools: dict[str, list[str]] = Field(
+        description="Pool name -> base URLs of its vLLM replicas (http://127.0.0.1:PORT, no /v1 suffix)."
+    )
+    class_pools: dict[RequestClass, str] = Field(
+        default_factory=dict,
+        description="Request class -> pool name; classes left out go to default_pool.",
+    )
+    default_pool: str | None = Field(default=None, description="Pool for classes missing from class_pools.")
+    api_key: str | None = Field(
+        default=None, description="If set, /v1/* requires 'Authorization: Bearer <key>'; /health and /metrics do not."
+    )
+    upstream_api_key: str | None = Field(
+        default=None, description="Bearer key sent to replicas; the client's own Authorization is never forwarded."
+    )
+    stream_buffer_bytes: int = Field(
+        default=256 * 1024,
+        ge=4096,
+        description="Per-stream bound on bytes the router holds for a client; above it the stream is cut.",
+    )
+    stream_cut_timeout_s: float = Field(
+        default=10.0, gt=0, description="How long a client that does not drain may block its stream before it is cut."
+    )
+    client_sndbuf_bytes: int | None = Field(
+        default=65536,
+        ge=4096,
+        description="SO_SNDBUF for streaming client sockets, so a stalled reader is seen within this many "
+        "kernel bytes instead of megabytes of autotuned buffer; null leaves the kernel default.",
+    )
+    connect_timeout_s: float = Field(default=2.0, gt=0, description="TCP connect timeout to a replica.")
+    first_byte_timeout_s: float = Field(
+        default=120.0, gt=0, description="Wait for a replica's first response byte (prefill included) before 504."
+    )
+    upstream_idle_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="Longest silence from a replica mid-stream before the stream ends with an error.",
+    )
+    max_response_bytes: int = Field(
+        default=64 * 1024 * 1024, ge=1024, description="Largest non-streamed response body accepted from a replica."
+    )
+    max_request_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, description="Largest request body accepted.")
+    health_interval_s: float = Field(default=2.0, gt=0, description="Seconds between GET /health rounds on replicas.")
+    health_timeout_s: float = Field(default=1.0, gt=0, description="Timeout of one replica health check.")
+    long_prefill_tokens: int = Field(
+        default=2048, ge=1, description="Estimated prompt tokens (chars/4) at or above which a request is long_prefill."
+    )
+    batch_max_tokens: int = Field(
+        default=512, ge=1, description="max_tokens at or above which a non-streamed request is batch."
+    )
+    prefix_chars: int = Field(
+        default=256, ge=16, description="Leading prompt characters that form the shared prefix (rag and affinity)."
+    )
+    prefix_ttl_s: float = Field(default=600.0, gt=0, description="How long a seen prefix counts as 'seen recently'.")
+    prefix_cache_entries: int = Field(
+        default=10_000, ge=1, description="Bound on remembered prefixes and affinity entries (oldest forgotten)."
+    )
+    affinity_max_extra_in_flight: int = Field(
+        default=4,
+        ge=0,
+        description="Affinity is kept unless its replica has more than this many in-flight requests above "
+        "the least loaded healthy replica.",
+    )
+    upstream_connection_limit: int = Field(
+        default=1000, ge=1, description="Bound on open connections from the router to all replicas together."
+    )
+    slow_client: SlowClientDetection = Field(
+        default_factory=SlowClientDetection, description="Slow-client detection settings."
+    )
+
+    @field_validator("pools")
+    @classmethod
+    def _replica_urls(cls, pools: dict[str, list[str]]) -> dict[str, list[str]]:
+        if not pools:
+            raise ValueError("at least one pool is needed")
+        for name, urls in pools.items():
+            if not urls:
+                raise ValueError(f"pool {name!r} has no replicas; list at least one base URL")
+            for url in urls:
+                parts = urlsplit(url)
+                if parts.scheme not in ("http", "https") or not parts.hostname or parts.port is None:
+                    raise ValueError(f"pool {name!r}: replica {url!r} is not a base URL like http://127.0.0.1:8001")
+                if parts.path.rstrip("/"):
+                    raise ValueError(f"pool {name!r}: replica {url!r} has a path; give the base URL without /v1")
+            if len(set(urls)) != len(urls):
+                raise ValueError(f"pool {name!r} lists a replica twice")
+        return {name: [u.rstrip("/") for u in urls] for name, urls in pools.items()}
+
+    @model_validator(mode="after")
+    def _every_class_has_a_pool(self) -> RouterConfig:
+        if self.default_pool is not None and self.default_pool not in self.pools:
+            raise ValueError(f"default_pool {self.default_pool!r} is not a pool; pools: {sorted(self.pools)}")
+        for request_class, pool in self.class_pools.items():
+            if pool not in self.pools:
+                close = difflib.get_close_matches(pool, list(self.pools), n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ValueError(f"class_pools.{request_class.value} names unknown pool {pool!r}{hint}")
+        missing = [c.value for c in ALL_CLASSES if c not in self.class_pools]
+        if missing and self.default_pool is None:
+            raise ValueError(f"classes {missing} have no pool: add them to class_pools or set default_pool")
+        return self
+
+    def pool_for(self, request_class: RequestClass) -> str:
+        pool = self.class_pools.get(request_class, self.default_pool)
+        assert pool is not None  # guaranteed by _every_class_has_a_pool
+        return pool
+
+
+def _explain(exc: ValidationError, data: Any, source: str) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(part) for part in err["loc"])
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            parent: Any = data
+            for part in err["loc"][:-1]:
+                parent = parent.get(part) if isinstance(parent, dict) else None
+            model: type[BaseModel] = RouterConfig
+            if len(err["loc"]) > 1 and err["loc"][0] == "slow_client":
+                model = SlowClientDetection
+            close = difflib.get_close_matches(str(err["loc"][-1]), list(model.model_fields), n=1)
+            if close:
+                msg += f"; did you mean {close[0]!r}?"
+        lines.append(f"{source}: {loc or '<top>'}: {msg}")
+    return "\n".join(lines)
+
+
+def config_from_mapping(data: Any, *, source: str = "<config>") -> RouterConfig:
+    """Validate an already parsed mapping; errors name the source, the key path and a close valid key."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the router config must be a mapping, found {type(data).__name__}")
+    try:
+        return RouterConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(
+            _explain(exc, data, source),
+            hint="fix the keys named above; the fields are described in builders/router/config.py",
+        ) from None
+
+
+def load_config(path: str | Path) -> RouterConfig:
+    """Read a router config from a JSON or YAML file (JSON is valid YAML, so one parser serves both)."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read router config {file}: {exc.strerror}", hint="pass an existing file") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{file}: not valid YAML/JSON: {exc}", hint="fix the syntax at the place named") from None
+    return config_from_mapping(data, source=str(file))

@@ -1,0 +1,157 @@
+"""Checks an OpenAI-style request body and extracts what routing needs, naming the field at fault."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+
+class Endpoint(StrEnum):
+    CHAT = "/v1/chat/completions"
+    COMPLETIONS = "/v1/completions"
+
+
+class BadRequest(Exception):
+    """A client error the router answers with 400 and the offending field."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+        self.message = message
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParsedRequest:
+    """What the router reads from a request; the original bytes are forwarded unchanged."""
+
+    endpoint: Endpoint
+    stream: bool
+    max_tokens: int | None
+    uses_tools: bool
+    prompt_text: str
+    prompt_token_ids: int
+    """Exact token count when the prompt was given as token ids, else 0."""
+    tools_chars: int
+    model: str | None
+
+    @property
+    def token_estimate(self) -> int:
+        # chars/4 is the usual English BPE ratio; it costs nothing and only needs to separate
+        # "near the context limit" from "short", not to count exactly.
+        return self.prompt_token_ids + (len(self.prompt_text) + self.tools_chars + 3) // 4
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _content_text(content: Any, param: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for i, part in enumerate(content):
+            if not isinstance(part, dict):
+                raise BadRequest(f"{param}[{i}]", f"`{param}[{i}]` must be an object (a content part)")
+            text = part.get("text")
+            if isinstance(text, str):
+                texts.append(text)
+        return "".join(texts)
+    raise BadRequest(param, f"`{param}` must be a string, a list of content parts or null")
+
+
+def _chat_prompt(body: dict[str, Any]) -> tuple[str, bool]:
+    messages = body.get("messages")
+    if messages is None:
+        raise BadRequest("messages", "`messages` is required for chat completions")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages", "`messages` must be a non-empty list of message objects")
+    parts = []
+    tool_turns = False
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise BadRequest(where, f"`{where}` must be an object with `role` and `content`")
+        role = message.get("role")
+        if not isinstance(role, str):
+            raise BadRequest(f"{where}.role", f"`{where}.role` must be a string")
+        text = _content_text(message.get("content"), f"{where}.content")
+        if role == "tool" or message.get("tool_calls"):
+            tool_turns = True
+        # The role is part of the rendered text so that a system document and a user document with
+        # the same words are different prefixes, as they are for the engine's prefix cache.
+        parts.append(f"{role}: {text}\n")
+    return "".join(parts), tool_turns
+
+
+def _completion_prompt(body: dict[str, Any]) -> tuple[str, int]:
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise BadRequest("prompt", "`prompt` is required for completions")
+    if isinstance(prompt, str):
+        return prompt, 0
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            return "".join(prompt), 0
+        if all(_is_int(t) for t in prompt):
+            return "", len(prompt)
+        if all(isinstance(p, list) and all(_is_int(t) for t in p) for p in prompt):
+            return "", sum(len(p) for p in prompt)
+    raise BadRequest(
+        "prompt", "`prompt` must be a string, a list of strings, a list of token ids or a list of such lists"
+    )
+
+
+def parse_request(endpoint: Endpoint, raw: bytes) -> ParsedRequest:
+    """Validate the fields the router relies on; the engine validates the rest."""
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadRequest("body", f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("body", f"request body must be a JSON object, found {type(body).__name__}")
+
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest("model", "`model` must be a string")
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise BadRequest("stream", "`stream` must be true or false")
+    max_tokens: int | None = None
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = body.get(name)
+        if value is None:
+            continue
+        if not _is_int(value) or value < 1:
+            raise BadRequest(name, f"`{name}` must be a positive integer")
+        if max_tokens is None:
+            max_tokens = value
+    tools = body.get("tools")
+    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
+        raise BadRequest("tools", "`tools` must be a list of tool objects")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise BadRequest("stream_options", "`stream_options` must be an object")
+
+    tool_turns = False
+    token_ids = 0
+    if endpoint is Endpoint.CHAT:
+        text, tool_turns = _chat_prompt(body)
+    else:
+        text, token_ids = _completion_prompt(body)
+    return ParsedRequest(
+        endpoint=endpoint,
+        stream=stream,
+        max_tokens=max_tokens,
+        uses_tools=bool(tools) or tool_turns,
+        prompt_text=text,
+        prompt_token_ids=token_ids,
+        tools_chars=len(json.dumps(tools)) if tools else 0,
+        model=model,
+    )

@@ -1,0 +1,83 @@
+"""The router's own metrics: per-class latency histograms and counters, plus stream-buffer bookkeeping."""
+
+from __future__ import annotations
+
+from builders.router.classes import ALL_CLASSES
+from builders.router.prometheus import Registry
+
+LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class RouterMetrics:
+    """Every series the router exports on /metrics; names start with forge_router_."""
+
+    def __init__(self, class_pools: dict[str, str]) -> None:
+        self.registry = Registry()
+        r = self.registry
+        self.requests = r.counter(
+            "forge_router_requests_total", "Requests routed, by class and pool.", ("class", "pool")
+        )
+        self.errors = r.counter(
+            "forge_router_errors_total",
+            "Routed requests that failed, by class, pool and kind (no_replica, first_byte_timeout, "
+            "upstream_error, upstream_died, stream_cut, client_gone).",
+            ("class", "pool", "kind"),
+        )
+        self.rejected = r.counter(
+            "forge_router_rejected_total", "Requests refused before routing (bad_request, unauthorized).", ("reason",)
+        )
+        self.in_flight = r.gauge("forge_router_in_flight", "Requests being served now, by class.", ("class",))
+        self.ttft = r.histogram(
+            "forge_router_ttft_seconds",
+            "Request arrival to the first response byte sent to the client (whole body for non-streamed).",
+            ("class",),
+            LATENCY_BUCKETS_S,
+        )
+        self.itl = r.histogram(
+            "forge_router_itl_seconds",
+            "Gap between consecutive SSE events forwarded to the client (0 for events that arrived together).",
+            ("class",),
+            ITL_BUCKETS_S,
+        )
+        self.e2e = r.histogram(
+            "forge_router_e2e_seconds", "Request arrival to the end of the response.", ("class",), LATENCY_BUCKETS_S
+        )
+        self.failovers = r.counter(
+            "forge_router_failovers_total",
+            "Attempts abandoned before the first byte and retried on another replica.",
+            ("class", "pool"),
+        )
+        self.stream_cuts = r.counter(
+            "forge_router_stream_cuts_total",
+            "Streams cut because the client did not drain (stalled) or its buffer would overflow.",
+            ("class", "reason"),
+        )
+        self.upstream_aborts = r.counter(
+            "forge_router_upstream_aborts_total",
+            "Upstream requests the router aborted by closing the connection.",
+            ("class", "pool"),
+        )
+        self.streams_active = r.gauge("forge_router_streams_active", "Streams being forwarded now.")
+        self.stream_buffer_peak = r.gauge(
+            "forge_router_stream_buffer_peak_bytes",
+            "Largest number of bytes any one stream held in the router's client write buffer.",
+        )
+        self.replica_healthy = r.gauge(
+            "forge_router_replica_healthy", "1 if the replica passes health checks.", ("pool", "replica")
+        )
+        self.replica_in_flight = r.gauge(
+            "forge_router_replica_in_flight", "Requests in flight on the replica.", ("pool", "replica")
+        )
+        for request_class in ALL_CLASSES:
+            name = request_class.value
+            pool = class_pools[name]
+            self.requests.ensure({"class": name, "pool": pool})
+            self.in_flight.ensure({"class": name})
+            for histogram in (self.ttft, self.itl, self.e2e):
+                histogram.ensure({"class": name})
+        self.streams_active.ensure()
+        self.stream_buffer_peak.ensure()
+
+    def render(self) -> str:
+        return self.registry.render()

@@ -1,0 +1,637 @@
+"""The router service: an aiohttp server in front of vLLM pools, proxying with an aiohttp client.
+
+Guarantees it keeps:
+- failover to another healthy replica of the same pool only before the first response byte;
+- after the first byte an upstream failure ends the stream with an SSE error event, never a hang;
+- a stream never holds more than ``stream_buffer_bytes`` for its client: upstream is read only as fast
+  as the client drains, and a client that stalls past ``stream_cut_timeout_s`` is cut and its
+  upstream request aborted (its connection closed, which makes vLLM abort the sequence);
+- when nothing can serve, a 503 JSON error at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import socket
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from builders.router.classes import ALL_CLASSES, RequestClass
+from builders.router.classify import Classifier, Decision
+from builders.router.config import RouterConfig
+from builders.router.openai_request import BadRequest, Endpoint, ParsedRequest, parse_request
+from builders.router.prometheus import CONTENT_TYPE
+from builders.router.replicas import Pool, Replica
+from builders.router.router_metrics import RouterMetrics
+
+HEADER_POOL = "x-forge-pool"
+HEADER_REPLICA = "x-forge-replica"
+HEADER_CLASS = "x-forge-class"
+
+ROUTER_KEY: web.AppKey[Router] = web.AppKey("router")
+
+
+def json_error(status: int, message: str, kind: str, **extra: Any) -> web.Response:
+    error: dict[str, Any] = {"message": message, "type": kind, "code": status}
+    error.update(extra)
+    return web.json_response({"error": error}, status=status)
+
+
+class _StreamCut(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class _ClientGone(Exception):
+    pass
+
+
+@dataclass(kw_only=True)
+class _Call:
+    """One routed request as it goes through the router."""
+
+    request: web.Request
+    raw: bytes
+    parsed: ParsedRequest
+    decision: Decision
+    pool: Pool
+    started: float
+    client_id: str | None
+    tried: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return {"class": self.decision.request_class.value, "pool": self.pool.name}
+
+    @property
+    def class_label(self) -> dict[str, str]:
+        return {"class": self.decision.request_class.value}
+
+    def headers(self, replica: Replica | None = None) -> dict[str, str]:
+        headers = {HEADER_CLASS: self.decision.request_class.value, HEADER_POOL: self.pool.name}
+        if replica is not None:
+            headers[HEADER_REPLICA] = replica.url
+        return headers
+
+
+@dataclass(kw_only=True)
+class _Opened:
+    replica: Replica
+    upstream: aiohttp.ClientResponse
+    first_chunk: bytes
+
+
+class Router:
+    """State shared by the handlers: config, pools, classifier memories, metrics, the upstream session."""
+
+    def __init__(self, config: RouterConfig) -> None:
+        self.config = config
+        self.classifier = Classifier(config)
+        self.pools = {
+            name: Pool(
+                name=name,
+                replicas=[Replica(pool=name, url=url) for url in urls],
+                max_extra_in_flight=config.affinity_max_extra_in_flight,
+                max_affinity_entries=config.prefix_cache_entries,
+            )
+            for name, urls in config.pools.items()
+        }
+        self.metrics = RouterMetrics({c.value: config.pool_for(c) for c in ALL_CLASSES})
+        self._session: aiohttp.ClientSession | None = None
+        self._health_task: asyncio.Task[None] | None = None
+        self.stream_buffer_peak = 0
+        self.streams_active = 0
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.config.max_request_bytes)
+        app[ROUTER_KEY] = self
+        app.router.add_post(Endpoint.CHAT.value, self._chat)
+        app.router.add_post(Endpoint.COMPLETIONS.value, self._completions)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        app.cleanup_ctx.append(self._lifespan)
+        return app
+
+    async def _lifespan(self, _app: web.Application) -> AsyncIterator[None]:
+        connector = aiohttp.TCPConnector(limit=self.config.upstream_connection_limit, limit_per_host=0)
+        self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        self._health_task = asyncio.create_task(self._health_loop())
+        try:
+            yield
+        finally:
+            self._health_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._health_task
+            await self._session.close()
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("the router's client session exists only while the app runs")
+        return self._session
+
+    # --- health ----------------------------------------------------------------------------------
+
+    async def check_replica(self, replica: Replica) -> None:
+        timeout = aiohttp.ClientTimeout(total=self.config.health_timeout_s)
+        try:
+            async with self.session.get(f"{replica.url}/health", timeout=timeout) as resp:
+                ok = resp.status == 200
+                error = None if ok else f"GET /health answered {resp.status}"
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            ok, error = False, f"GET /health failed: {type(exc).__name__}: {exc}"
+        replica.last_check = time.monotonic()
+        if ok:
+            replica.healthy = True
+        else:
+            replica.mark_down(error or "unhealthy")
+
+    async def check_all(self) -> None:
+        replicas = [r for pool in self.pools.values() for r in pool.replicas]
+        await asyncio.gather(*(self.check_replica(r) for r in replicas))
+
+    async def _health_loop(self) -> None:
+        while True:
+            await self.check_all()
+            await asyncio.sleep(self.config.health_interval_s)
+
+    # --- small handlers --------------------------------------------------------------------------
+
+    def _authorized(self, request: web.Request) -> bool:
+        key = self.config.api_key
+        if key is None:
+            return True
+        given = request.headers.get("Authorization", "")
+        scheme, _, token = given.partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
+
+    def _unauthorized(self) -> web.Response:
+        self.metrics.rejected.inc({"reason": "unauthorized"})
+        return json_error(401, "missing or wrong API key: send 'Authorization: Bearer <key>'", "authentication_error")
+
+    def _upstream_headers(self) -> dict[str, str]:
+        # identity: compressing a token stream only adds latency on loopback.
+        headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
+        if self.config.upstream_api_key:
+            headers["Authorization"] = f"Bearer {self.config.upstream_api_key}"
+        return headers
+
+    async def _health(self, _request: web.Request) -> web.Response:
+        pools = {name: [r.as_json() for r in pool.replicas] for name, pool in self.pools.items()}
+        serving = {name: any(r.healthy for r in pool.replicas) for name, pool in self.pools.items()}
+        status = "ok" if all(serving.values()) else "degraded"
+        return web.json_response({"status": status, "pools": pools, "pool_serving": serving})
+
+    async def _metrics(self, _request: web.Request) -> web.Response:
+        for pool in self.pools.values():
+            for r in pool.replicas:
+                labels = {"pool": pool.name, "replica": r.url}
+                self.metrics.replica_healthy.set(labels, 1.0 if r.healthy else 0.0)
+                self.metrics.replica_in_flight.set(labels, float(r.in_flight))
+        self.metrics.streams_active.set(None, float(self.streams_active))
+        self.metrics.stream_buffer_peak.set(None, float(self.stream_buffer_peak))
+        return web.Response(body=self.metrics.render().encode(), headers={"Content-Type": CONTENT_TYPE})
+
+    async def _models(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            return self._unauthorized()
+        timeout = aiohttp.ClientTimeout(total=self.config.health_timeout_s + self.config.connect_timeout_s)
+        models: dict[str, Any] = {}
+        answered: list[str] = []
+        for pool in self.pools.values():
+            ordered = sorted(pool.replicas, key=lambda r: not r.healthy)
+            for replica in ordered:
+                try:
+                    async with self.session.get(
+                        f"{replica.url}/v1/models", headers=self._upstream_headers(), timeout=timeout
+                    ) as resp:
+                        if resp.status != 200:
+                            continue
+                        body = await resp.json(content_type=None)
+                except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+                    continue
+                for model in body.get("data", []) if isinstance(body, dict) else []:
+                    if isinstance(model, dict) and isinstance(model.get("id"), str):
+                        models.setdefault(model["id"], model)
+                answered.append(pool.name)
+                break
+        if not answered:
+            return json_error(503, "no replica of any pool answered GET /v1/models", "no_replica_available")
+        return web.json_response({"object": "list", "data": list(models.values())})
+
+    # --- routed requests -------------------------------------------------------------------------
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._route(request, Endpoint.CHAT)
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._route(request, Endpoint.COMPLETIONS)
+
+    async def _route(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+        started = time.monotonic()
+        if not self._authorized(request):
+            return self._unauthorized()
+        try:
+            raw = await request.read()
+            parsed = parse_request(endpoint, raw)
+            decision = self.classifier.classify(parsed, request.headers)
+        except BadRequest as exc:
+            self.metrics.rejected.inc({"reason": "bad_request"})
+            return json_error(400, exc.message, "invalid_request_error", param=exc.param)
+        except web.HTTPRequestEntityTooLarge:
+            self.metrics.rejected.inc({"reason": "bad_request"})
+            return json_error(
+                413, f"request body is over {self.config.max_request_bytes} bytes", "invalid_request_error"
+            )
+        pool = self.pools[self.config.pool_for(decision.request_class)]
+        call = _Call(
+            request=request,
+            raw=raw,
+            parsed=parsed,
+            decision=decision,
+            pool=pool,
+            started=started,
+            client_id=self.classifier.client_id(request.headers),
+        )
+        self.metrics.requests.inc(call.labels)
+        self.metrics.in_flight.inc(call.class_label)
+        try:
+            return await (self._stream(call) if parsed.stream else self._unary(call))
+        finally:
+            self.metrics.in_flight.dec(call.class_label)
+            self.metrics.e2e.observe(call.class_label, time.monotonic() - started)
+
+    def _error(self, call: _Call, status: int, kind: str, message: str, **extra: Any) -> web.Response:
+        self.metrics.errors.inc({**call.labels, "kind": kind})
+        response = json_error(
+            status,
+            message,
+            kind,
+            **{"class": call.decision.request_class.value, "pool": call.pool.name},
+            **extra,
+        )
+        response.headers.update(call.headers())
+        return response
+
+    def _no_replica(self, call: _Call) -> web.Response:
+        if call.failures:
+            why = "every replica failed before answering: " + "; ".join(call.failures)
+        else:
+            why = "no healthy replica"
+        return self._error(
+            call,
+            503,
+            "no_replica_available",
+            f"pool {call.pool.name!r} cannot serve class {call.decision.request_class.value!r}: {why}",
+        )
+
+    async def _open(self, call: _Call) -> tuple[_Opened | web.Response, Replica | None]:
+        """Send the request to replicas of the pool until one answers; failover happens only here.
+
+        Returns the outcome and the replica whose in_flight count stays raised until the caller ends.
+        """
+        while True:
+            replica, _by_affinity = call.pool.choose(call.decision.prefix, exclude=call.tried)
+            if replica is None:
+                return self._no_replica(call), None
+            call.tried.append(replica.url)
+            replica.in_flight += 1
+            outcome = await self._attempt(call, replica)
+            if not isinstance(outcome, str):
+                return outcome, replica
+            replica.in_flight -= 1
+            call.failures.append(f"{replica.url}: {outcome}")
+            self.metrics.failovers.inc(call.labels)
+
+    async def _attempt(self, call: _Call, replica: Replica) -> _Opened | web.Response | str:
+        """One try on one replica: an opened response, a final answer, or the reason to try the next one."""
+        cfg = self.config
+        deadline = call.started + cfg.first_byte_timeout_s
+        url = f"{replica.url}{call.parsed.endpoint.value}"
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout_s, connect=cfg.connect_timeout_s)
+        try:
+            upstream = await asyncio.wait_for(
+                self.session.post(url, data=call.raw, headers=self._upstream_headers(), timeout=timeout),
+                timeout=max(0.001, deadline - time.monotonic()),
+            )
+        except TimeoutError:
+            return self._first_byte_timeout(call)
+        except (aiohttp.ClientConnectorError, ConnectionRefusedError) as exc:
+            replica.mark_down(f"connect failed: {exc}")
+            return f"connect failed ({type(exc).__name__})"
+        except (aiohttp.ClientError, OSError) as exc:
+            return f"failed before any byte ({type(exc).__name__}: {exc})"
+
+        if upstream.status >= 500:
+            detail = await self._short_body(upstream)
+            upstream.close()
+            return f"answered {upstream.status} {detail}".strip()
+        if upstream.status != 200 or not call.parsed.stream:
+            return await self._read_whole(call, replica, upstream, deadline)
+        try:
+            first = await asyncio.wait_for(upstream.content.readany(), timeout=max(0.001, deadline - time.monotonic()))
+        except TimeoutError:
+            upstream.close()
+            return self._first_byte_timeout(call)
+        except (aiohttp.ClientError, OSError) as exc:
+            upstream.close()
+            return f"died before the first byte ({type(exc).__name__})"
+        if not first:
+            upstream.close()
+            return "closed the stream before the first byte"
+        return _Opened(replica=replica, upstream=upstream, first_chunk=first)
+
+    def _first_byte_timeout(self, call: _Call) -> web.Response:
+        # No failover here: the replica may still be working on it, and a retry would double the load.
+        return self._error(
+            call,
+            504,
+            "first_byte_timeout",
+            f"no first byte from pool {call.pool.name!r} within {self.config.first_byte_timeout_s}s",
+        )
+
+    @staticmethod
+    async def _short_body(upstream: aiohttp.ClientResponse) -> str:
+        try:
+            text = (await asyncio.wait_for(upstream.content.read(500), timeout=1.0)).decode(errors="replace")
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            return ""
+        return text.strip().replace("\n", " ")[:200]
+
+    async def _read_whole(
+        self, call: _Call, replica: Replica, upstream: aiohttp.ClientResponse, deadline: float
+    ) -> web.Response:
+        """A non-streamed answer (or an upstream 4xx): read it all, bounded, then answer the client."""
+        limit = self.config.max_response_bytes
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            while True:
+                chunk = await asyncio.wait_for(
+                    upstream.content.read(65536),
+                    timeout=max(self.config.upstream_idle_timeout_s, deadline - time.monotonic()),
+                )
+                if not chunk:
+                    break
+                size += len(chunk)
+                if size > limit:
+                    upstream.close()
+                    return self._error(
+                        call, 502, "upstream_error", f"replica {replica.url} sent more than {limit} bytes"
+                    )
+                chunks.append(chunk)
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            upstream.close()
+            return self._error(
+                call,
+                502,
+                "upstream_died",
+                f"replica {replica.url} failed while sending its response ({type(exc).__name__})",
+                replica=replica.url,
+            )
+        finally:
+            upstream.release()
+        headers = call.headers(replica)
+        headers["Content-Type"] = upstream.headers.get("Content-Type", "application/json")
+        if upstream.status == 200:
+            call.pool.remember(call.decision.prefix, replica)
+            replica.served += 1
+        return web.Response(status=upstream.status, body=b"".join(chunks), headers=headers)
+
+    async def _unary(self, call: _Call) -> web.Response:
+        outcome, held = await self._open(call)
+        try:
+            if isinstance(outcome, _Opened):
+                # _attempt only opens a stream for streamed requests; this is a guard, not a path.
+                outcome.upstream.close()
+                return self._error(call, 502, "upstream_error", "replica opened a stream for a non-streamed request")
+            if outcome.status == 200:
+                # The whole body is the first byte a non-streamed client gets.
+                self.metrics.ttft.observe(call.class_label, time.monotonic() - call.started)
+            return outcome
+        finally:
+            if held is not None:
+                held.in_flight -= 1
+
+    # --- streaming -------------------------------------------------------------------------------
+
+    async def _stream(self, call: _Call) -> web.StreamResponse:
+        outcome, held = await self._open(call)
+        try:
+            if not isinstance(outcome, _Opened):
+                return outcome
+            replica, upstream = outcome.replica, outcome.upstream
+            call.pool.remember(call.decision.prefix, replica)
+            replica.served += 1
+            self.streams_active += 1
+            try:
+                return await self._pump(call, replica, upstream, outcome.first_chunk)
+            finally:
+                self.streams_active -= 1
+                upstream.close()
+        finally:
+            if held is not None:
+                held.in_flight -= 1
+
+    def _prepare_transport(self, request: web.Request) -> asyncio.Transport:
+        transport = request.transport
+        if transport is None:
+            raise _ClientGone
+        limit = self.config.stream_buffer_bytes
+        # Pausing at half the limit and never accepting a chunk over the other half keeps the buffer
+        # under the limit: each write starts from at most `high` bytes.
+        transport.set_write_buffer_limits(high=limit // 2, low=limit // 8)
+        sndbuf = self.config.client_sndbuf_bytes
+        sock = transport.get_extra_info("socket")
+        if sndbuf is not None and sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
+        return transport
+
+    async def _send(self, call: _Call, resp: web.StreamResponse, transport: asyncio.Transport, data: bytes) -> None:
+        """Write one chunk, then wait until the client has drained below the low-water mark."""
+        cfg = self.config
+        if transport.is_closing():
+            raise _ClientGone
+        if len(data) > cfg.stream_buffer_bytes // 2 or (
+            transport.get_write_buffer_size() + len(data) > cfg.stream_buffer_bytes
+        ):
+            raise _StreamCut("overflow")
+        began = time.monotonic()
+        try:
+            await asyncio.wait_for(resp.write(data), timeout=cfg.stream_cut_timeout_s)
+            buffered = transport.get_write_buffer_size()
+            self.stream_buffer_peak = max(self.stream_buffer_peak, buffered)
+            if buffered > cfg.stream_buffer_bytes:
+                raise _StreamCut("overflow")
+            remaining = cfg.stream_cut_timeout_s - (time.monotonic() - began)
+            await asyncio.wait_for(call.request.writer.drain(), timeout=max(0.001, remaining))
+        except TimeoutError:
+            self.classifier.mark_slow(call.client_id)
+            raise _StreamCut("stalled") from None
+        except ConnectionError:
+            raise _ClientGone from None
+        if time.monotonic() - began > cfg.slow_client.stall_s:
+            self.classifier.mark_slow(call.client_id)
+
+    async def _pump(
+        self, call: _Call, replica: Replica, upstream: aiohttp.ClientResponse, first: bytes
+    ) -> web.StreamResponse:
+        request = call.request
+        headers = call.headers(replica)
+        headers.update({"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        resp = web.StreamResponse(status=200, headers=headers)
+        events = _EventFramer(max_pending=self.config.stream_buffer_bytes // 2)
+        try:
+            transport = self._prepare_transport(request)
+            await resp.prepare(request)
+            self.metrics.ttft.observe(call.class_label, time.monotonic() - call.started)
+            chunk = first
+            upstream_error: str | None = None
+            while chunk:
+                complete, gaps = events.feed(chunk, time.monotonic())
+                if complete:
+                    await self._send(call, resp, transport, complete)
+                for gap in gaps:
+                    self.metrics.itl.observe(call.class_label, gap)
+                try:
+                    chunk = await asyncio.wait_for(
+                        upstream.content.readany(), timeout=self.config.upstream_idle_timeout_s
+                    )
+                except TimeoutError:
+                    upstream_error = f"replica {replica.url} sent nothing for {self.config.upstream_idle_timeout_s}s"
+                except (aiohttp.ClientError, OSError) as exc:
+                    upstream_error = f"replica {replica.url} failed mid-stream ({type(exc).__name__})"
+                if upstream_error is not None:
+                    break
+            if upstream_error is None:
+                upstream.release()
+                rest = events.flush()
+                if rest:
+                    await self._send(call, resp, transport, rest)
+            else:
+                # A partial event is dropped so the client's parser sees only whole events.
+                self.metrics.errors.inc({**call.labels, "kind": "upstream_died"})
+                self._abort_upstream(call, upstream)
+                error = {
+                    "message": upstream_error,
+                    "type": "upstream_died",
+                    "code": 502,
+                    "class": call.decision.request_class.value,
+                    "pool": call.pool.name,
+                    "replica": replica.url,
+                }
+                await self._send(call, resp, transport, _sse({"error": error}) + b"data: [DONE]\n\n")
+            await resp.write_eof()
+        except _StreamCut as cut:
+            self.metrics.stream_cuts.inc({"class": call.decision.request_class.value, "reason": cut.reason})
+            self.metrics.errors.inc({**call.labels, "kind": "stream_cut"})
+            self._abort_upstream(call, upstream)
+            if request.transport is not None:
+                request.transport.abort()
+        except _ClientGone:
+            self.metrics.errors.inc({**call.labels, "kind": "client_gone"})
+            self._abort_upstream(call, upstream)
+        return resp
+
+    def _abort_upstream(self, call: _Call, upstream: aiohttp.ClientResponse) -> None:
+        # Closing (not releasing) the upstream connection is how vLLM learns to abort the sequence.
+        if not upstream.closed:
+            upstream.close()
+            self.metrics.upstream_aborts.inc(call.labels)
+
+
+def _sse(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+class _EventFramer:
+    """Passes on whole SSE events only, and times them: each yields its gap since the previous one.
+
+    Holding back a partial event costs nothing in latency (the client could not use it either) and
+    lets a mid-stream failure append a clean error event.
+    """
+
+    def __init__(self, *, max_pending: int) -> None:
+        self._max_pending = max_pending
+        self._pending = b""
+        self._last_event: float | None = None
+
+    def feed(self, chunk: bytes, now: float) -> tuple[bytes, list[float]]:
+        data = self._pending + chunk
+        found = ((data.rfind(b"\n\n"), 2), (data.rfind(b"\r\n\r\n"), 4))
+        end = max((at + size for at, size in found if at >= 0), default=0)
+        if end == 0 and len(data) > self._max_pending:
+            # Not SSE as expected: pass it on rather than hold it without bound.
+            self._pending = b""
+            return data, []
+        complete, self._pending = data[:end], data[end:]
+        gaps = []
+        for i in range(complete.count(b"\n\n") + complete.count(b"\r\n\r\n")):
+            if self._last_event is not None:
+                # Events read together reached the client together: their gap really is zero.
+                gaps.append(now - self._last_event if i == 0 else 0.0)
+            self._last_event = now
+        return complete, gaps
+
+    def flush(self) -> bytes:
+        rest, self._pending = self._pending, b""
+        return rest
+
+
+@dataclass
+class RunningRouter:
+    """A router started inside the current event loop (tests, embedding); stop() shuts it down."""
+
+    router: Router
+    runner: web.AppRunner
+    url: str
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+
+
+async def start_router(config: RouterConfig) -> RunningRouter:
+    router = Router(config)
+    runner = web.AppRunner(router.app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    return RunningRouter(router=router, runner=runner, url=f"http://{host}:{port}")
+
+
+async def serve(config: RouterConfig) -> None:
+    """Run the router until cancelled (the CLI entry point runs this)."""
+    running = await start_router(config)
+    print(f"forge router listening on {running.url}", flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await running.stop()
+
+
+__all__ = [
+    "HEADER_CLASS",
+    "HEADER_POOL",
+    "HEADER_REPLICA",
+    "RequestClass",
+    "Router",
+    "RunningRouter",
+    "json_error",
+    "serve",
+    "start_router",
+]
