@@ -462,30 +462,33 @@ class Router:
         return transport
 
     async def _send(self, call: _Call, resp: web.StreamResponse, transport: asyncio.Transport, data: bytes) -> None:
-        """Write one chunk, then wait until the client has drained below the low-water mark."""
+        """Write data in slices, each followed by a wait until the client drains below the low-water mark.
+
+        Slices of a quarter of the limit, written onto at most half of it, keep the buffer under the limit
+        however much the replica sent at once.
+        """
         cfg = self.config
-        if transport.is_closing():
-            raise _ClientGone
-        if len(data) > cfg.stream_buffer_bytes // 2 or (
-            transport.get_write_buffer_size() + len(data) > cfg.stream_buffer_bytes
-        ):
-            raise _StreamCut("overflow")
-        began = time.monotonic()
-        try:
-            await asyncio.wait_for(resp.write(data), timeout=cfg.stream_cut_timeout_s)
-            buffered = transport.get_write_buffer_size()
-            self.stream_buffer_peak = max(self.stream_buffer_peak, buffered)
-            if buffered > cfg.stream_buffer_bytes:
+        piece = max(1, cfg.stream_buffer_bytes // 4)
+        for start in range(0, len(data), piece):
+            chunk = data[start : start + piece]
+            if transport.is_closing():
+                raise _ClientGone
+            if transport.get_write_buffer_size() + len(chunk) > cfg.stream_buffer_bytes:
                 raise _StreamCut("overflow")
-            remaining = cfg.stream_cut_timeout_s - (time.monotonic() - began)
-            await asyncio.wait_for(call.request.writer.drain(), timeout=max(0.001, remaining))
-        except TimeoutError:
-            self.classifier.mark_slow(call.client_id)
-            raise _StreamCut("stalled") from None
-        except ConnectionError:
-            raise _ClientGone from None
-        if time.monotonic() - began > cfg.slow_client.stall_s:
-            self.classifier.mark_slow(call.client_id)
+            began = time.monotonic()
+            try:
+                await asyncio.wait_for(resp.write(chunk), timeout=cfg.stream_cut_timeout_s)
+                buffered = transport.get_write_buffer_size()
+                self.stream_buffer_peak = max(self.stream_buffer_peak, buffered)
+                remaining = cfg.stream_cut_timeout_s - (time.monotonic() - began)
+                await asyncio.wait_for(call.request.writer.drain(), timeout=max(0.001, remaining))
+            except TimeoutError:
+                self.classifier.mark_slow(call.client_id)
+                raise _StreamCut("stalled") from None
+            except ConnectionError:
+                raise _ClientGone from None
+            if time.monotonic() - began > cfg.slow_client.stall_s:
+                self.classifier.mark_slow(call.client_id)
 
     async def _pump(
         self, call: _Call, replica: Replica, upstream: aiohttp.ClientResponse, first: bytes

@@ -1,0 +1,206 @@
+"""Streaming through the router: failures after the first byte, bounded buffers, slow and vanished clients."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+
+import aiohttp
+from router_fakes import Behavior, FakeReplica, chat_body, router_config, run, sse_data
+
+from builders.router import start_router
+
+
+async def read_stream(url: str, body: dict[str, object], headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(f"{url}/v1/chat/completions", json=body, headers=headers or {}) as resp,
+    ):
+        return resp.status, await resp.read()
+
+
+async def raw_request(url: str, body: dict[str, object], *, rcvbuf: int, headers: str = "") -> socket.socket:
+    """Send a request on a socket with a tiny receive buffer and return it unread."""
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    await loop.sock_connect(sock, (host, int(port)))
+    payload = json.dumps(body).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\n{headers}\r\n"
+    )
+    await loop.sock_sendall(sock, head.encode() + payload)
+    return sock
+
+
+def test_failure_after_first_byte_ends_with_an_error_event() -> None:
+    async def body() -> None:
+        dying = await FakeReplica(Behavior(tokens=10, die_after=3), name="dying").start()
+        spare = await FakeReplica(name="spare").start()
+        router = await start_router(router_config({"p": [dying.url, spare.url]}))
+        try:
+            status, raw = await read_stream(router.url, chat_body("x", stream=True))
+            assert status == 200
+            events = sse_data(raw)
+            contents = [json.loads(e)["choices"][0]["delta"]["content"] for e in events[:3]]
+            assert contents == ["t0 ", "t1 ", "t2 "]
+            error = json.loads(events[3])["error"]
+            assert error["type"] == "upstream_died" and error["replica"] == dying.url
+            assert events[4:] == ["[DONE]"]
+            # After the first byte there is no failover: the spare never saw the request.
+            assert spare.requests == []
+            errors = router.router.metrics.errors
+            assert errors.value({"class": "interactive", "pool": "p", "kind": "upstream_died"}) == 1
+        finally:
+            await router.stop()
+            await dying.stop()
+            await spare.stop()
+
+    run(body())
+
+
+def test_silent_upstream_mid_stream_ends_with_an_error_event_not_a_hang() -> None:
+    async def body() -> None:
+        stalled = await FakeReplica(Behavior(tokens=3, delay_s=30)).start()
+        router = await start_router(router_config({"p": [stalled.url]}, upstream_idle_timeout_s=0.3))
+        try:
+            began = time.monotonic()
+            status, raw = await read_stream(router.url, chat_body("x", stream=True))
+            assert time.monotonic() - began < 5
+            events = sse_data(raw)
+            assert status == 200 and len(events) == 3
+            assert "sent nothing" in json.loads(events[1])["error"]["message"]
+            assert events[2] == "[DONE]"
+        finally:
+            await router.stop()
+            await stalled.stop()
+
+    run(body())
+
+
+def test_non_streamed_upstream_death_is_502() -> None:
+    async def body() -> None:
+        dying = await FakeReplica(Behavior(die_after=0)).start()
+        router = await start_router(router_config({"p": [dying.url]}))
+        try:
+            async with (
+                aiohttp.ClientSession() as s,
+                s.post(f"{router.url}/v1/chat/completions", json=chat_body("x")) as resp,
+            ):
+                assert resp.status == 502
+                error = (await resp.json())["error"]
+            assert error["type"] == "upstream_died" and error["class"] == "interactive"
+        finally:
+            await router.stop()
+            await dying.stop()
+
+    run(body())
+
+
+def test_client_that_never_reads_is_cut_and_upstream_aborted_with_bounded_buffer() -> None:
+    async def body() -> None:
+        # An endless stream of 2 KiB chunks fills any buffer quickly.
+        flood = await FakeReplica(Behavior(endless=True, pad_bytes=2048)).start()
+        limit = 32 * 1024
+        router = await start_router(
+            router_config(
+                {"p": [flood.url]},
+                stream_buffer_bytes=limit,
+                stream_cut_timeout_s=0.5,
+                client_sndbuf_bytes=4096,
+            )
+        )
+        sock = await raw_request(router.url, chat_body("x", stream=True), rcvbuf=4096, headers="x-client-id: c9\r\n")
+        try:
+            began = time.monotonic()
+            await asyncio.wait_for(flood.abort_seen.wait(), timeout=10)
+            assert time.monotonic() - began < 5
+            metrics = router.router.metrics
+            assert metrics.stream_cuts.value({"class": "interactive", "reason": "stalled"}) == 1
+            assert metrics.upstream_aborts.value({"class": "interactive", "pool": "p"}) == 1
+            assert 0 < router.router.stream_buffer_peak <= limit
+            assert router.router.streams_active == 0
+            assert flood.aborted == 1 and flood.completed == 0
+            # The stall taught the router that this client reads slowly.
+            assert router.router.classifier.slow_clients.contains("c9")
+            # The replica is free again: a normal request still gets served at once.
+            flood.behavior = Behavior()
+            status, raw = await read_stream(router.url, chat_body("y", stream=True), {"x-client-id": "c9"})
+            assert status == 200 and sse_data(raw)[-1] == "[DONE]"
+            replica = router.router.pools["p"].replicas[0]
+            assert replica.in_flight == 0
+        finally:
+            sock.close()
+            await router.stop()
+            await flood.stop()
+
+    run(body())
+
+
+def test_known_slow_client_goes_to_the_slow_pool() -> None:
+    async def body() -> None:
+        flood = await FakeReplica(Behavior(tokens=60, pad_bytes=2048), name="main").start()
+        slow_pool = await FakeReplica(name="slow").start()
+        router = await start_router(
+            router_config(
+                {"main": [flood.url], "slow": [slow_pool.url]},
+                class_pools={"slow_stream": "slow"},
+                default_pool="main",
+                stream_buffer_bytes=32 * 1024,
+                stream_cut_timeout_s=5,
+                client_sndbuf_bytes=4096,
+                slow_client={"stall_s": 0.1},
+            )
+        )
+        sock = await raw_request(router.url, chat_body("x", stream=True), rcvbuf=4096, headers="x-client-id: s1\r\n")
+        loop = asyncio.get_running_loop()
+        try:
+            # Read slowly but completely: the stream finishes, yet the router had to wait for this reader.
+            received = b""
+            while not received.endswith(b"0\r\n\r\n"):
+                await asyncio.sleep(0.05)
+                received += await asyncio.wait_for(loop.sock_recv(sock, 4096), timeout=5)
+            assert b"data: [DONE]" in received
+            assert flood.completed == 1
+            status, _ = await read_stream(router.url, chat_body("y", stream=True), {"x-client-id": "s1"})
+            assert status == 200 and len(slow_pool.requests) == 1
+            status, _ = await read_stream(router.url, chat_body("y", stream=True), {"x-client-id": "fast"})
+            assert status == 200 and len(flood.requests) == 2
+        finally:
+            sock.close()
+            await router.stop()
+            await flood.stop()
+            await slow_pool.stop()
+
+    run(body())
+
+
+def test_client_disconnect_mid_stream_aborts_upstream() -> None:
+    async def body() -> None:
+        slow = await FakeReplica(Behavior(tokens=100, delay_s=0.05)).start()
+        router = await start_router(router_config({"p": [slow.url]}))
+        try:
+            async with (
+                aiohttp.ClientSession() as s,
+                s.post(f"{router.url}/v1/chat/completions", json=chat_body("x", stream=True)) as resp,
+            ):
+                await resp.content.readany()
+            await asyncio.wait_for(slow.abort_seen.wait(), timeout=5)
+            assert slow.completed == 0
+            labels = {"class": "interactive", "pool": "p"}
+            for _ in range(50):
+                if router.router.metrics.upstream_aborts.value(labels) == 1:
+                    break
+                await asyncio.sleep(0.02)
+            assert router.router.metrics.upstream_aborts.value(labels) == 1
+            assert router.router.pools["p"].replicas[0].in_flight == 0
+        finally:
+            await router.stop()
+            await slow.stop()
+
+    run(body())
