@@ -138,7 +138,7 @@ class UbiFamily(FedoraFamily):
             return None
         repos = " ".join(shlex.quote(r) for r in self.distro.extra_repos)
         # EPEL carries gperftools (tcmalloc); CRB carries -devel packages UBI's own repos leave out.
-        return f"dnf install -y {repos} && (dnf config-manager --set-enabled crb 2>/dev/null || true)"
+        return f"dnf install -y {repos} && (dnf config-manager --set-enabled crb 2>/dev/null || true) && dnf clean all"
 
 
 FAMILIES: dict[str, type[DistroFamily]] = {

@@ -33,6 +33,15 @@ class ImageInfo:
     created: str
 
 
+def _volume_specs(volumes: dict[str, str] | None) -> dict[str, dict[str, str]]:
+    """host path -> container path; read-only unless the container path ends in ':rw'."""
+    specs = {}
+    for host, target in (volumes or {}).items():
+        path, _, mode = target.partition(":")
+        specs[host] = {"bind": path, "mode": "rw" if mode == "rw" else "ro"}
+    return specs
+
+
 class Engine:
     """A connected engine. Construct with `Engine.connect()`."""
 
@@ -141,7 +150,7 @@ class Engine:
                 command=command,
                 name=name or f"forge-{uuid.uuid4().hex[:10]}",
                 environment=env or {},
-                volumes={h: {"bind": c, "mode": "ro"} for h, c in (volumes or {}).items()},
+                volumes=_volume_specs(volumes),
                 network_mode="host" if network_host else "none",
                 shm_size=shm_size,
                 labels=all_labels,

@@ -1,0 +1,276 @@
+"""The executor: runs a BuildPlan on an engine. Phases: sources → base → preflight → build → test → tag.
+
+Only this module (through builders.engine) changes engine state. A failed or interrupted build leaves no
+container and no tag: the image is built untagged and tagged only after its test stage passed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from builders.bootstrap import ensure_base
+from builders.config import Project
+from builders.config.models import Distro, Recipe
+from builders.engine import BuildRequest, Builder, Engine, choose_builder
+from builders.engine.image_builders import describe
+from builders.errors import BuildFailed, ForgeError, PreflightBlocked, SourceUnavailable
+from builders.image_tests import run_checks
+from builders.plan import BuildPlan, PlanOptions, make_plan
+from builders.render import render
+from builders.report import BuildReport
+from builders.sources import ResolvedSource, resolve_fetched, resolve_sdist
+from builders.trust import find_ca_bundle
+
+Sink = Callable[[str], None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildOptions:
+    max_jobs: int | None = None
+    skip_preflight: bool = False
+    builder: str = "auto"
+    ca_bundle: str | None = None
+    source_overrides: dict[str, Path] = field(default_factory=dict)
+    wheelhouse: Path | None = None
+    torch_version: str | None = None
+    torch_index: str | None = None
+    cmake_from_pip: bool | None = None
+    tag: str | None = None
+    no_cache: bool = False
+    skip_tests: bool = False
+    reports_dir: Path | None = None
+    scratch_dir: Path | None = None
+    source_date_epoch: int | None = None
+    keep_context: bool = False
+
+
+def derive_max_jobs(recipe: Recipe) -> int:
+    from builders.preflight.host import derive_max_jobs as derive  # the gate and the planner share one rule
+
+    return derive(per_job_gb=recipe.resources.ram_per_job_gb)
+
+
+def _stage_context(ctx: Path, project: Project, plan_items: list[tuple[str, str]], sources: dict[str, ResolvedSource],
+                   wheelhouse: Path | None, ca_bundle: Path | None, buildkit: bool) -> None:
+    """Put into the context exactly what the plan names: hard links where possible, so a 5 GB wheelhouse is free."""
+    shutil.copytree(project.containers_dir / "scripts", ctx / "scripts")
+    for name, kind in plan_items:
+        dest = ctx / name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if kind == "sdist":
+            _link_or_copy(sources["vllm"].path, dest)
+        elif kind == "source-dir":
+            src = sources[Path(name).name].path
+            shutil.copytree(src, dest, symlinks=True, ignore=shutil.ignore_patterns(".git", ".forge-origin"))
+        elif kind == "wheelhouse":
+            if wheelhouse is None:
+                raise SourceUnavailable("this build needs a wheelhouse and none was given",
+                                        hint="pass --wheelhouse DIR (a folder of .whl files)")
+            dest.mkdir(exist_ok=True)
+            for wheel in sorted(wheelhouse.glob("*.whl")):
+                _link_or_copy(wheel, dest / wheel.name)
+        elif kind == "package":
+            shutil.copytree(project.root / "builders", dest / "builders",
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    if ca_bundle and not buildkit:
+        (ctx / "trust").mkdir()
+        shutil.copy2(ca_bundle, ctx / "trust" / "ca_bundle.pem")
+
+
+def _link_or_copy(src: Path, dest: Path) -> None:
+    try:
+        os.link(src, dest)
+    except OSError:
+        shutil.copy2(src, dest)
+
+
+def _read_torch_pin(sdist: ResolvedSource, device: str) -> tuple[str | None, str | None]:
+    from builders.preflight.source_facts import read_source_facts
+
+    facts = read_source_facts(sdist.path)
+    return facts.torch_pin(device), facts.vllm_version
+
+
+def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOptions, sink: Sink) -> BuildReport:
+    report = BuildReport(distro=distro.name, target=recipe.target, recipe=recipe.name)
+    reports_dir = options.reports_dir or project.root / "reports" / f"{distro.name}-{recipe.target}"
+    reports_dir.mkdir(parents=True, exist_ok=True)
+    log_path = reports_dir / "build.log"
+    engine: Engine | None = None
+    image_id: str | None = None
+    ctx: Path | None = None
+    try:
+        with report.phase("engine"):
+            engine = Engine.connect()
+            builder = choose_builder(engine, options.builder)
+            report.engine = {"kind": engine.kind, "version": engine.version, "root_dir": engine.root_dir}
+            report.builder = describe(builder)
+            sink(f"forge: engine {engine.kind} {engine.version}; builder {builder.name}")
+
+        max_jobs = options.max_jobs or recipe.max_jobs or derive_max_jobs(recipe)
+        ca_bundle, ca_origin = find_ca_bundle(options.ca_bundle)
+        report.ca_bundle = f"{ca_bundle} ({ca_origin})" if ca_bundle else ca_origin
+
+        sources: dict[str, ResolvedSource] = {}
+        torch_pin: str | None = None
+        vllm_version: str | None = None
+        with report.phase("sources"):
+            if recipe.kind == "source":
+                sources["vllm"] = resolve_sdist(recipe, project.root, options.source_overrides)
+                report.source = {"origin": sources["vllm"].origin, "sha256": sources["vllm"].sha256,
+                                 "path": str(sources["vllm"].path)}
+                for fetched in recipe.fetched_sources:
+                    resolved = resolve_fetched(fetched, project.root, options.source_overrides)
+                    sources[fetched.name] = resolved
+                    report.fetched_sources.append({"name": fetched.name, "origin": resolved.origin,
+                                                   "path": str(resolved.path), "cmake_var": fetched.cmake_var})
+                torch_pin, vllm_version = _read_torch_pin(sources["vllm"], recipe.device)
+            sink(f"forge: sources {', '.join(f'{k} ({v.origin})' for k, v in sources.items()) or 'none needed'}")
+
+        with report.phase("base"):
+            base = ensure_base(distro, engine)
+            report.base = {"ref": base.ref, "image_id": base.image_id, "how": base.how,
+                           "rootfs_sha256": base.rootfs_sha256, "declared": distro.base.pinned_ref}
+            sink(f"forge: base {base.ref} ({base.how})")
+
+        if not options.skip_preflight:
+            with report.phase("preflight"):
+                from builders.preflight import run_preflight
+
+                scratch = options.scratch_dir or Path(tempfile.gettempdir())
+                pre = run_preflight(project, distro, recipe, engine=engine,
+                                    source=sources["vllm"].path if "vllm" in sources else None,
+                                    max_jobs=max_jobs, scratch_dir=scratch)
+                report.preflight = pre.model_dump(mode="json")
+                for finding in pre.findings:
+                    sink(f"forge: preflight {finding.gate}: {finding.found} vs {finding.required} "
+                         f"{'BLOCKING' if finding.blocking else 'ok/warn'}")
+                if pre.blocked:
+                    blocking = [f for f in pre.findings if f.blocking]
+                    raise PreflightBlocked(
+                        f"{distro.name} {recipe.target}: "
+                        + "; ".join(f"{f.gate}: {f.found} < {f.required} ({f.source})" for f in blocking),
+                        hint=blocking[0].remedy + " — or run with --skip-preflight to try anyway",
+                    )
+
+        plan = make_plan(distro, recipe, PlanOptions(
+            max_jobs=max_jobs, buildkit=builder.supports_secrets, ca_bundle=ca_bundle is not None,
+            torch_version=options.torch_version or torch_pin, torch_index=options.torch_index,
+            cmake_from_pip=options.cmake_from_pip, vllm_version=vllm_version,
+            base_digest=base.image_id, source_date_epoch=options.source_date_epoch, tag=options.tag,
+        ))
+        report.build_args = dict(plan.build_args)
+        report.compile_env = dict(plan.compile_env)
+        if plan.torch:
+            report.torch = {"requirement": plan.torch.requirement, "index": plan.torch.index,
+                            "index_url": plan.torch.index_url, "cuda_build_on_cpu": plan.torch.cuda_build_on_cpu}
+
+        with report.phase("context"):
+            ctx = Path(tempfile.mkdtemp(prefix="forge-context-", dir=options.scratch_dir))
+            text = render(plan, project.containers_dir)
+            (ctx / plan.containerfile).write_text(text)
+            (reports_dir / "Containerfile").write_text(text)
+            report.containerfile = str(reports_dir / "Containerfile")
+            _stage_context(ctx, project, [(i.name, i.kind) for i in plan.context], sources,
+                           options.wheelhouse, ca_bundle, builder.supports_secrets)
+
+        with report.phase("build"):
+            result = builder.build(BuildRequest(
+                context_dir=ctx, containerfile=ctx / plan.containerfile, target=plan.final_stage,
+                build_args=plan.build_args, secrets={"ca_bundle": ca_bundle} if ca_bundle and builder.supports_secrets
+                else {}, labels=plan.labels, no_cache=options.no_cache, log_path=log_path,
+            ), sink)
+            report.log = str(log_path)
+            report.stage_seconds = result.step_times
+        if not result.ok:
+            _diagnose_into(report, log_path)
+            raise BuildFailed(f"the {builder.name} build exited {result.returncode}; log: {log_path}",
+                              hint=(report.diagnosis or {}).get("remedy") or "read the log's last error")
+        image_id = result.image_id
+        assert image_id is not None
+
+        with report.phase("inspect-toolchain"):
+            if recipe.kind == "source":
+                report.versions.update(_toolchain_versions(engine, builder, ctx, plan, ca_bundle, log_path))
+
+        if not options.skip_tests:
+            with report.phase("test"):
+                checks = run_checks(engine, image_id, plan)
+                report.tests = [{"name": c.name, "ok": c.ok, "detail": c.detail, "seconds": round(c.seconds, 1)}
+                                for c in checks]
+                for c in checks:
+                    sink(f"forge: test {c.name}: {'ok' if c.ok else 'FAILED'} {c.detail.splitlines()[0] if c.detail else ''}")
+                imported = next((c for c in checks if c.name == "import-vllm" and c.ok), None)
+                if imported:
+                    vllm_v, torch_v = (imported.detail.split() + ["", ""])[:2]
+                    report.versions.update({"vllm": vllm_v, "torch": torch_v})
+                failed = [c for c in checks if not c.ok]
+                if failed:
+                    raise BuildFailed(f"test stage failed: {', '.join(c.name for c in failed)}",
+                                      hint=failed[0].detail.strip().splitlines()[-1] if failed[0].detail.strip()
+                                      else "see the report")
+
+        with report.phase("tag"):
+            engine.tag(image_id, plan.image_tag)
+            info = engine.image_info(image_id)
+            report.image = {"id": info.id, "tags": list(info.tags), "size": info.size}
+            report.versions.setdefault("python", _python_version(engine, plan.image_tag))
+        report.result = "succeeded"
+        image_id = None  # tagged: keep it
+        return report
+    except PreflightBlocked as exc:
+        report.result, report.error = "blocked", exc.render()
+        raise
+    except KeyboardInterrupt:
+        report.result, report.error = "interrupted", "interrupted by the user"
+        raise
+    except ForgeError as exc:
+        report.result, report.error = "failed", exc.render()
+        raise
+    finally:
+        if image_id is not None and engine is not None:
+            engine.remove_image(image_id)  # built but not proven: no tag, no dangling image
+        if ctx is not None and not options.keep_context:
+            shutil.rmtree(ctx, ignore_errors=True)
+        report.write(reports_dir)
+
+
+def _diagnose_into(report: BuildReport, log_path: Path) -> None:
+    try:
+        from builders.diagnose import diagnose_file
+    except ImportError:
+        return
+    diagnosis = diagnose_file(log_path)
+    report.diagnosis = diagnosis.to_dict() if hasattr(diagnosis, "to_dict") else diagnosis.model_dump(mode="json")
+
+
+def _toolchain_versions(engine: Engine, builder: Builder, ctx: Path, plan: BuildPlan, ca_bundle: Path | None,
+                        log_path: Path) -> dict[str, str]:
+    """gcc, cmake and python as the compile saw them: the toolchain stage is cached, so this costs seconds."""
+    result = builder.build(BuildRequest(
+        context_dir=ctx, containerfile=ctx / plan.containerfile, target="toolchain", build_args=plan.build_args,
+        secrets={"ca_bundle": ca_bundle} if ca_bundle and builder.supports_secrets else {},
+        log_path=log_path.with_name("toolchain.log"),
+    ), lambda _line: None)
+    if not result.ok or not result.image_id:
+        return {}
+    # The toolchain stage's image is shared with the final image's layers: inspect it, do not remove it.
+    rc, out = engine.run_once(result.image_id, ["-c", "gcc -dumpfullversion; cmake --version | head -n1; "
+                                                "python3 -c 'import platform; print(platform.python_version())'"],
+                              entrypoint=["/bin/sh"], timeout=60)
+    lines = out.strip().splitlines()
+    if rc != 0 or len(lines) < 3:
+        return {}
+    return {"gcc": lines[0].strip(), "cmake": lines[1].replace("cmake version", "").strip(), "python": lines[2].strip()}
+
+
+def _python_version(engine: Engine, image: str) -> str:
+    rc, out = engine.run_once(image, ["-c", "import platform; print(platform.python_version())"],
+                              entrypoint=["python3"], timeout=60)
+    return out.strip().splitlines()[-1] if rc == 0 and out.strip() else "?"
+

@@ -1,0 +1,246 @@
+"""forge list | render | plan | fetch | bootstrap | build."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from builders.config import Project
+from builders.errors import UsageError
+from builders.plan import PlanOptions, make_plan
+from builders.render import render
+
+Subparsers = argparse._SubParsersAction  # type: ignore[type-arg]
+
+
+def _project(args: argparse.Namespace) -> Project:
+    return Project.load(args.root)
+
+
+def _selection(project: Project, distro: str | None, target: str | None) -> list[tuple[Any, Any]]:
+    pairs = project.pairs()
+    if distro:
+        wanted = project.distro(distro).name
+        pairs = [p for p in pairs if p[0].name == wanted]
+    if target:
+        recipe = project.recipe_for(target)
+        pairs = [p for p in pairs if p[1].name == recipe.name]
+    if not pairs:
+        raise UsageError(f"no buildable pair for distro={distro or '*'} target={target or '*'}",
+                         hint="`forge list` shows every distro × target")
+    return pairs
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    project = _project(args)
+    if args.json:
+        print(json.dumps([{"distro": d.name, "target": r.target, "recipe": r.name, "family": d.family,
+                           "default_for_family": d.default_for_family} for d, r in project.pairs()], indent=2))
+        return 0
+    table = Table(title="distro × target")
+    for col in ("session", "distro", "gcc", "python", "cmake", "target", "recipe"):
+        table.add_column(col)
+    for d, r in project.pairs():
+        table.add_row(f"build-{d.name}-{r.target}", d.name, d.gcc, d.toolchain.python, d.toolchain.cmake, r.target, r.name)
+    Console().print(table)
+    return 0
+
+
+def _plan_options(args: argparse.Namespace) -> PlanOptions:
+    return PlanOptions(max_jobs=args.max_jobs or 2, buildkit=args.builder != "legacy", ca_bundle=True,
+                       torch_version=args.torch_version, torch_index=args.torch_index,
+                       cmake_from_pip=args.cmake_from_pip)
+
+
+def _placeholder_torch(project: Project, recipe: Any, args: argparse.Namespace) -> str | None:
+    """Rendering without a build reads vLLM's torch pin from the cached sdist when there is one."""
+    if args.torch_version or recipe.torch.version or recipe.device == "none":
+        return None
+    from builders.preflight.source_facts import read_source_facts
+    from builders.sources import cache_dir
+
+    if recipe.source and recipe.source.pypi:
+        sdist = cache_dir(project.root) / f"{recipe.source.pypi.name}-{recipe.source.pypi.version}.tar.gz"
+        if sdist.exists():
+            return read_source_facts(sdist).torch_pin(recipe.device)
+    return "PINNED-BY-VLLM"
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    project = _project(args)
+    out = Path(args.output)
+    written = []
+    for distro, recipe in _selection(project, args.distro, args.target):
+        options = _plan_options(args)
+        pin = _placeholder_torch(project, recipe, args)
+        if pin:
+            options = PlanOptions(**{**asdict(options), "torch_version": pin})
+        plan = make_plan(distro, recipe, options)
+        path = out / f"{distro.name}-{recipe.target}.Containerfile"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(render(plan, project.containers_dir))
+        written.append(path)
+    for path in written:
+        print(path)
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    project = _project(args)
+    distro, recipe = project.distro(args.distro), project.recipe_for(args.target)
+    options = _plan_options(args)
+    pin = _placeholder_torch(project, recipe, args)
+    if pin:
+        options = PlanOptions(**{**asdict(options), "torch_version": pin})
+    plan = make_plan(distro, recipe, options)
+    data = asdict(plan)
+    data["distro"], data["recipe"] = distro.name, recipe.name
+    print(json.dumps(data, indent=2, default=str))
+    return 0
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    from builders.engine import Engine
+    from builders.sources import fetch_debian_source, fetch_sdist
+
+    project = _project(args)
+    distro = project.distro(args.distro)
+    recipe = project.recipe_for(args.target)
+    wanted = set(args.sources or [])
+    if recipe.source and recipe.source.pypi and (not wanted or "vllm" in wanted):
+        got = fetch_sdist(recipe, project.root)
+        print(f"vllm: {got.path} ({got.origin})")
+    for fetched in recipe.fetched_sources:
+        if wanted and fetched.name not in wanted:
+            continue
+        if fetched.debian_source and distro.family in {"debian", "ubuntu"}:
+            got = fetch_debian_source(fetched, distro, Engine.connect(), project.root)
+            print(f"{fetched.name}: {got.path} ({got.origin})")
+        else:
+            raise UsageError(
+                f"{fetched.name}: only Debian's source package can be fetched by Forge for {distro.name}",
+                hint=f"clone it yourself at the tag pinned in vLLM's {fetched.pinned_in} and pass "
+                f"--source {fetched.name}=PATH",
+            )
+    return 0
+
+
+def cmd_bootstrap(args: argparse.Namespace) -> int:
+    from builders.bootstrap import bootstrap
+    from builders.engine import Engine
+
+    project = _project(args)
+    distro = project.distro(args.distro)
+    result = bootstrap(distro, Engine.connect(), source_date_epoch=args.source_date_epoch)
+    print(f"{result.ref} {result.image_id} ({result.how} in {result.seconds:.1f}s, rootfs sha256 {result.rootfs_sha256})")
+    return 0
+
+
+def _parse_sources(values: list[str] | None) -> dict[str, Path]:
+    out = {}
+    for value in values or []:
+        name, sep, path = value.partition("=")
+        if not sep or not name or not path:
+            raise UsageError(f"--source {value!r}: expected NAME=PATH", hint="for example --source onednn=/src/oneDNN")
+        out[name] = Path(path).resolve()
+    return out
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from builders.build import BuildOptions, build
+
+    project = _project(args)
+    distro, recipe = project.distro(args.distro), project.recipe_for(args.target)
+    if not recipe.supports(distro.name):
+        raise UsageError(f"recipes/{recipe.name}.yaml does not support {distro.name}",
+                         hint=f"its distros: {', '.join(recipe.distros)}")
+    console = Console(stderr=True, highlight=False)
+    quiet = args.quiet
+
+    def sink(line: str) -> None:
+        if not quiet or line.startswith("forge:"):
+            console.print(line, markup=False, soft_wrap=True)
+
+    options = BuildOptions(
+        max_jobs=args.max_jobs, skip_preflight=args.skip_preflight, builder=args.builder, ca_bundle=args.ca_bundle,
+        source_overrides=_parse_sources(args.source), wheelhouse=Path(args.wheelhouse).resolve() if args.wheelhouse else None,
+        torch_version=args.torch_version, torch_index=args.torch_index, cmake_from_pip=args.cmake_from_pip,
+        tag=args.tag, no_cache=args.no_cache, skip_tests=args.skip_tests,
+        reports_dir=Path(args.report_dir).resolve() if args.report_dir else None,
+        scratch_dir=Path(args.scratch_dir).resolve() if args.scratch_dir else None,
+    )
+    try:
+        report = build(project, distro, recipe, options, sink)
+    finally:
+        pass
+    print(report.summary())
+    return 0
+
+
+def _common_plan_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-jobs", type=int, default=None, help="parallel compile jobs (default: derived from RAM)")
+    p.add_argument("--builder", choices=("auto", "buildkit", "legacy"), default="auto")
+    p.add_argument("--torch-version", default=None, help="override vLLM's torch pin")
+    p.add_argument("--torch-index", choices=("pytorch-cpu", "pytorch-cuda", "pypi", "wheelhouse"), default=None,
+                   help="where torch comes from (PyPI's Linux torch is a CUDA build)")
+    p.add_argument("--cmake-from-pip", action=argparse.BooleanOptionalAction, default=None,
+                   help="use PyPI's cmake instead of the distro's")
+
+
+def register(subparsers: Subparsers) -> None:
+    p = subparsers.add_parser("list", help="every distro × target")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_list)
+
+    p = subparsers.add_parser("render", help="render Containerfiles")
+    p.add_argument("distro", nargs="?")
+    p.add_argument("target", nargs="?")
+    p.add_argument("-o", "--output", default="rendered")
+    _common_plan_args(p)
+    p.set_defaults(func=cmd_render)
+
+    p = subparsers.add_parser("plan", help="print the build plan (pure: no engine)")
+    p.add_argument("distro")
+    p.add_argument("target")
+    _common_plan_args(p)
+    p.set_defaults(func=cmd_plan)
+
+    p = subparsers.add_parser("fetch", help="store sources in the cache (vLLM sdist, oneDNN)")
+    p.add_argument("distro")
+    p.add_argument("target")
+    p.add_argument("sources", nargs="*", help="only these (vllm, onednn)")
+    p.set_defaults(func=cmd_fetch)
+
+    p = subparsers.add_parser("bootstrap", help="build a base image from the distro's package archive")
+    p.add_argument("distro")
+    p.add_argument("--source-date-epoch", type=int, default=None)
+    p.set_defaults(func=cmd_bootstrap)
+
+    p = subparsers.add_parser("build", help="preflight, build, test and tag an image")
+    p.add_argument("distro")
+    p.add_argument("target")
+    _common_plan_args(p)
+    p.add_argument("--skip-preflight", action="store_true")
+    p.add_argument("--skip-tests", action="store_true")
+    p.add_argument("--ca-bundle", default=None, help="PEM bundle to trust (default: $PIP_CERT etc.; `none` to disable)")
+    p.add_argument("--source", action="append", metavar="NAME=PATH", help="use a local copy of a source")
+    p.add_argument("--wheelhouse", default=None, help="folder of wheels for wheel targets")
+    p.add_argument("--tag", default=None)
+    p.add_argument("--no-cache", action="store_true")
+    p.add_argument("--report-dir", default=None)
+    p.add_argument("--scratch-dir", default=None, help="where the build context is staged (not a small tmpfs)")
+    p.add_argument("-q", "--quiet", action="store_true", help="only Forge's own lines, not the build output")
+    p.set_defaults(func=cmd_build)
+
+
+def main() -> None:  # pragma: no cover - convenience for `python -m builders.commands.core`
+    from builders.cli import main as cli_main
+
+    sys.exit(cli_main())

@@ -1,0 +1,84 @@
+"""Every build leaves a report: what was built from what, how long each phase took, what was found."""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from collections.abc import Iterator
+
+
+@dataclass
+class BuildReport:
+    distro: str
+    target: str
+    recipe: str
+    result: str = "running"  # running | succeeded | failed | blocked | interrupted
+    error: str | None = None
+    started: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    engine: dict[str, Any] = field(default_factory=dict)
+    builder: dict[str, Any] = field(default_factory=dict)
+    source: dict[str, Any] = field(default_factory=dict)
+    fetched_sources: list[dict[str, Any]] = field(default_factory=list)
+    base: dict[str, Any] = field(default_factory=dict)
+    build_args: dict[str, str] = field(default_factory=dict)
+    compile_env: dict[str, str] = field(default_factory=dict)
+    torch: dict[str, Any] = field(default_factory=dict)
+    ca_bundle: str | None = None
+    phases: dict[str, float] = field(default_factory=dict)
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    image: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    tests: list[dict[str, Any]] = field(default_factory=list)
+    preflight: dict[str, Any] | None = None
+    diagnosis: dict[str, Any] | None = None
+    log: str | None = None
+    containerfile: str | None = None
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            self.phases[name] = round(time.monotonic() - start, 2)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=False)
+
+    def summary(self) -> str:
+        lines = [f"forge build {self.distro} {self.target}: {self.result.upper()}"]
+        if self.error:
+            lines.append(f"  error: {self.error.splitlines()[0]}")
+        if self.source:
+            lines.append(f"  source: {self.source.get('origin')} sha256={self.source.get('sha256')}")
+        if self.base:
+            lines.append(f"  base: {self.base.get('ref')} ({self.base.get('how')}) {self.base.get('image_id', '')[:19]}")
+        if self.builder:
+            lines.append(f"  builder: {self.builder.get('name')} ({self.builder.get('cli') or 'engine API'})")
+        if self.image:
+            size = self.image.get("size", 0) / 1e9
+            lines.append(f"  image: {', '.join(self.image.get('tags', []))} {self.image.get('id', '')[:19]} {size:.2f} GB")
+        if self.versions:
+            lines.append("  versions: " + ", ".join(f"{k} {v}" for k, v in self.versions.items()))
+        if self.phases:
+            lines.append("  phases: " + ", ".join(f"{k} {v:.1f}s" for k, v in self.phases.items()))
+        for test in self.tests:
+            lines.append(f"  test {test['name']}: {'ok' if test['ok'] else 'FAILED'} {test.get('detail', '')}".rstrip())
+        if self.diagnosis:
+            lines.append(f"  diagnosis: {self.diagnosis.get('category')} at line {self.diagnosis.get('line_number')}: "
+                         f"{self.diagnosis.get('line', '')[:100]}")
+            lines.append(f"  remedy: {self.diagnosis.get('remedy')}")
+        if self.log:
+            lines.append(f"  log: {self.log}")
+        return "\n".join(lines)
+
+    def write(self, folder: Path) -> Path:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / "report.json"
+        path.write_text(self.to_json() + "\n")
+        (folder / "summary.txt").write_text(self.summary() + "\n")
+        return path

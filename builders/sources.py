@@ -1,0 +1,168 @@
+"""The source cache: the vLLM sdist and the sources vLLM's CMake would otherwise fetch from the network.
+
+`forge fetch` fills it where the network allows; `--source NAME=PATH` (or `path:` in the recipe) points a
+source at a local copy instead. A build that lacks a source stops before the compile, naming both ways.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+from builders.config.models import Distro, FetchedSource, Recipe
+from builders.engine import Engine
+from builders.errors import SourceUnavailable
+
+PYPI_SIMPLE = os.environ.get("FORGE_PYPI_SIMPLE", "https://pypi.org/simple")
+
+
+def cache_dir(root: Path) -> Path:
+    return Path(os.environ.get("FORGE_CACHE", root / ".forge" / "cache")) / "sources"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResolvedSource:
+    name: str
+    path: Path
+    origin: str  # "cache", "override", "fetched: <url>", "debian-source: <pkg> <version>"
+    sha256: str | None = None
+    version: str | None = None
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def sdist_url(name: str, version: str, sha256: str) -> str:
+    """Ask PyPI's JSON simple API (PEP 691) for the sdist's URL; the sha256 pins which file."""
+    url = f"{PYPI_SIMPLE}/{name}/"
+    try:
+        resp = requests.get(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"}, timeout=30)
+        resp.raise_for_status()
+    except requests.RequestException as exc:
+        raise SourceUnavailable(f"PyPI index {url} unreachable: {exc}",
+                                hint="run `forge fetch` where PyPI is reachable, or pass --source vllm=PATH") from exc
+    for item in resp.json().get("files", []):
+        if item.get("hashes", {}).get("sha256") == sha256:
+            return str(item["url"])
+    raise SourceUnavailable(
+        f"{name}=={version}: no file with sha256 {sha256} on {url}",
+        hint="check recipes/*.yaml source.pypi.sha256 against the release's published sdist",
+    )
+
+
+def fetch_sdist(recipe: Recipe, root: Path) -> ResolvedSource:
+    assert recipe.source is not None and recipe.source.pypi is not None
+    pin = recipe.source.pypi
+    dest = cache_dir(root) / f"{pin.name}-{pin.version}.tar.gz"
+    if dest.exists() and sha256_file(dest) == pin.sha256:
+        return ResolvedSource(name="vllm", path=dest, origin="cache", sha256=pin.sha256, version=pin.version)
+    url = sdist_url(pin.name, pin.version, pin.sha256)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=dest.parent, delete=False) as tmp:
+        try:
+            with requests.get(url, stream=True, timeout=60) as resp:
+                resp.raise_for_status()
+                for chunk in resp.iter_content(1 << 20):
+                    tmp.write(chunk)
+        except requests.RequestException as exc:
+            Path(tmp.name).unlink(missing_ok=True)
+            raise SourceUnavailable(f"could not download {url}: {exc}",
+                                    hint="run `forge fetch` where PyPI is reachable, or pass --source vllm=PATH") from exc
+    got = sha256_file(Path(tmp.name))
+    if got != pin.sha256:
+        Path(tmp.name).unlink(missing_ok=True)
+        raise SourceUnavailable(f"{url}: sha256 {got} does not match the recipe's pin {pin.sha256}",
+                                hint="the file changed upstream or was tampered with; do not build from it")
+    Path(tmp.name).replace(dest)
+    return ResolvedSource(name="vllm", path=dest, origin=f"fetched: {url}", sha256=pin.sha256, version=pin.version)
+
+
+def fetch_debian_source(source: FetchedSource, distro: Distro, engine: Engine, root: Path) -> ResolvedSource:
+    """`apt-get source` inside the Debian base itself: the host need not be Debian nor have deb-src lines."""
+    assert source.debian_source is not None
+    boot = distro.base.bootstrap
+    if distro.family not in {"debian", "ubuntu"} or boot is None:
+        raise SourceUnavailable(f"{source.name}: the debian-source provider needs a Debian or Ubuntu distro")
+    dest = cache_dir(root) / f"{source.name}-debian-{boot.suite}"
+    marker = dest / ".forge-origin"
+    if marker.exists():
+        return ResolvedSource(name=source.name, path=dest, origin=marker.read_text().strip(),
+                              version=marker.read_text().split()[-1])
+    out = Path(tempfile.mkdtemp(prefix=f"forge-{source.name}-", dir=cache_dir(root).parent))
+    try:
+        script = (
+            "set -e; "
+            f"echo 'deb-src {boot.mirror} {boot.suite} {' '.join(boot.components)}' > /etc/apt/sources.list.d/src.list; "
+            "apt-get update -qq; "
+            "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends dpkg-dev xz-utils >/dev/null; "
+            f"cd /out && apt-get source -qq {source.debian_source} >/dev/null 2>&1; "
+            f"dpkg-parsechangelog -l /out/*/debian/changelog -S Version > /out/VERSION; "
+            f"chown -R {os.getuid()}:{os.getgid()} /out"
+        )
+        rc, log = engine.run_once(distro.base.local_tag, ["sh", "-c", script], volumes={str(out): "/out:rw"},
+                                  timeout=600)
+        unpacked = [p for p in out.iterdir() if p.is_dir()]
+        if rc != 0 or len(unpacked) != 1:
+            raise SourceUnavailable(
+                f"`apt-get source {source.debian_source}` failed in {distro.base.local_tag}:\n    "
+                + "\n    ".join(log.strip().splitlines()[-6:]),
+                hint=f"pass --source {source.name}=PATH to a local copy",
+            )
+        version = (out / "VERSION").read_text().strip()
+        if dest.exists():
+            shutil.rmtree(dest)
+        unpacked[0].rename(dest)
+        origin = f"debian-source: {source.debian_source} {version}"
+        (dest / ".forge-origin").write_text(origin + "\n")
+        return ResolvedSource(name=source.name, path=dest, origin=origin, version=version)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def resolve_fetched(source: FetchedSource, root: Path, overrides: dict[str, Path]) -> ResolvedSource:
+    """A local override, else the cache; else stop naming both ways to provide it."""
+    if source.name in overrides:
+        path = overrides[source.name]
+        if not path.is_dir():
+            raise SourceUnavailable(f"--source {source.name}={path}: not a directory")
+        return ResolvedSource(name=source.name, path=path, origin=f"override: {path}")
+    if source.path:
+        return ResolvedSource(name=source.name, path=Path(source.path), origin=f"recipe path: {source.path}")
+    for candidate in sorted(cache_dir(root).glob(f"{source.name}-*")):
+        marker = candidate / ".forge-origin"
+        if marker.exists():
+            return ResolvedSource(name=source.name, path=candidate, origin=marker.read_text().strip(),
+                                  version=marker.read_text().split()[-1])
+    raise SourceUnavailable(
+        f"source {source.name!r} (pinned in vLLM's {source.pinned_in}, fetched by CMake from GitHub) is not "
+        "in the source cache, and CMake's own download would fail here or take place mid-compile",
+        hint=f"run `forge fetch DISTRO {source.name}` to store it (from GitHub or Debian's source package), or "
+        f"pass --source {source.name}=PATH pointing at a local checkout",
+    )
+
+
+def resolve_sdist(recipe: Recipe, root: Path, overrides: dict[str, Path]) -> ResolvedSource:
+    assert recipe.source is not None
+    if "vllm" in overrides:
+        path = overrides["vllm"]
+        return ResolvedSource(name="vllm", path=path, origin=f"override: {path}",
+                              sha256=sha256_file(path) if path.is_file() else None)
+    if recipe.source.pypi is None:
+        raise SourceUnavailable("git sources are fetched with `forge fetch`; none is cached",
+                                hint="pass --source vllm=PATH to a checkout")
+    pin = recipe.source.pypi
+    cached = cache_dir(root) / f"{pin.name}-{pin.version}.tar.gz"
+    if cached.exists() and sha256_file(cached) == pin.sha256:
+        return ResolvedSource(name="vllm", path=cached, origin="cache", sha256=pin.sha256, version=pin.version)
+    return fetch_sdist(recipe, root)
