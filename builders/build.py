@@ -23,7 +23,7 @@ from builders.image_tests import run_checks
 from builders.plan import BuildPlan, PlanOptions, make_plan
 from builders.render import render
 from builders.report import BuildReport
-from builders.sources import ResolvedSource, resolve_fetched, resolve_sdist
+from builders.sources import ResolvedSource, resolve_fetched, resolve_sdist, wheelhouse_dir
 from builders.trust import find_ca_bundle
 
 Sink = Callable[[str], None]
@@ -89,11 +89,13 @@ def _link_or_copy(src: Path, dest: Path) -> None:
         shutil.copy2(src, dest)
 
 
-def _read_torch_pin(sdist: ResolvedSource, device: str) -> tuple[str | None, str | None]:
+def read_pins(sdist: Path, distro: Distro, device: str) -> tuple[str | None, str | None]:
+    """vLLM's torch pin for this device, arch and Python, and vLLM's version, read from the source itself."""
     from builders.preflight.source_facts import read_source_facts
 
-    facts = read_source_facts(sdist.path)
-    return facts.torch_pin(device), facts.vllm_version
+    facts = read_source_facts(sdist)
+    pins = [p.version for p in facts.pins_for(device, arch=distro.arch, python=distro.toolchain.python) if p.version]
+    return (pins[0] if pins else None), facts.vllm_version
 
 
 def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOptions, sink: Sink) -> BuildReport:
@@ -129,7 +131,7 @@ def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOption
                     sources[fetched.name] = resolved
                     report.fetched_sources.append({"name": fetched.name, "origin": resolved.origin,
                                                    "path": str(resolved.path), "cmake_var": fetched.cmake_var})
-                torch_pin, vllm_version = _read_torch_pin(sources["vllm"], recipe.device)
+                torch_pin, vllm_version = read_pins(sources["vllm"].path, distro, recipe.device)
             sink(f"forge: sources {', '.join(f'{k} ({v.origin})' for k, v in sources.items()) or 'none needed'}")
 
         with report.phase("base"):
@@ -137,6 +139,17 @@ def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOption
             report.base = {"ref": base.ref, "image_id": base.image_id, "how": base.how,
                            "rootfs_sha256": base.rootfs_sha256, "declared": distro.base.pinned_ref}
             sink(f"forge: base {base.ref} ({base.how})")
+
+        wheelhouse = options.wheelhouse
+        if wheelhouse is None and recipe.wheelhouse is not None:
+            cached = wheelhouse_dir(project.root, distro, recipe)
+            if not any(cached.glob("*.whl")):
+                raise SourceUnavailable(f"no wheelhouse for {distro.name} {recipe.target} in {cached}",
+                                        hint=f"run `forge fetch {distro.name} {recipe.target}` or pass --wheelhouse DIR")
+            wheelhouse = cached
+        if wheelhouse is not None:
+            report.source = {"origin": f"wheelhouse {wheelhouse}",
+                             "wheels": sorted(p.name for p in wheelhouse.glob("*.whl"))}
 
         if not options.skip_preflight:
             with report.phase("preflight"):
@@ -177,7 +190,7 @@ def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOption
             (reports_dir / "Containerfile").write_text(text)
             report.containerfile = str(reports_dir / "Containerfile")
             _stage_context(ctx, project, [(i.name, i.kind) for i in plan.context], sources,
-                           options.wheelhouse, ca_bundle, builder.supports_secrets)
+                           wheelhouse, ca_bundle, builder.supports_secrets)
 
         with report.phase("build"):
             result = builder.build(BuildRequest(
@@ -217,6 +230,8 @@ def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOption
 
         with report.phase("tag"):
             engine.tag(image_id, plan.image_tag)
+            # `:latest` names the newest proven image of this distro × target: smoke sessions start from it.
+            engine.tag(image_id, plan.image_tag.rsplit(":", 1)[0] + ":latest")
             info = engine.image_info(image_id)
             report.image = {"id": info.id, "tags": list(info.tags), "size": info.size}
             report.versions.setdefault("python", _python_version(engine, plan.image_tag))

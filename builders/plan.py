@@ -121,6 +121,9 @@ def make_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> BuildPlan
     vllm_version = options.vllm_version
     if recipe.source and recipe.source.pypi:
         vllm_version = vllm_version or recipe.source.pypi.version
+    if recipe.wheelhouse:
+        pins = [r.split("==", 1)[1] for r in recipe.wheelhouse.requirements if r.startswith("vllm") and "==" in r]
+        vllm_version = vllm_version or (pins[0] if pins else None)
     tag = options.tag or f"forge/{distro.name}-{recipe.target}:{vllm_version or 'latest'}"
 
     context: list[ContextItem] = [ContextItem(name="scripts", kind="script", origin="containers/scripts")]

@@ -166,3 +166,40 @@ def resolve_sdist(recipe: Recipe, root: Path, overrides: dict[str, Path]) -> Res
     if cached.exists() and sha256_file(cached) == pin.sha256:
         return ResolvedSource(name="vllm", path=cached, origin="cache", sha256=pin.sha256, version=pin.version)
     return fetch_sdist(recipe, root)
+
+
+def manylinux_platforms(glibc: str, arch: str) -> list[str]:
+    """Every manylinux tag a distro with this glibc accepts, newest first (PEP 600 plus the legacy aliases)."""
+    major, minor = (int(x) for x in glibc.split(".")[:2])
+    tags = [f"manylinux_{major}_{m}_{arch}" for m in range(minor, 4, -1)]
+    return tags + [f"manylinux2014_{arch}", f"manylinux2010_{arch}", f"manylinux1_{arch}", f"linux_{arch}"]
+
+
+def wheelhouse_dir(root: Path, distro: Distro, recipe: Recipe) -> Path:
+    return cache_dir(root).parent / "wheelhouses" / f"{distro.name}-{recipe.target}"
+
+
+def fetch_wheelhouse(recipe: Recipe, distro: Distro, root: Path) -> Path:
+    """Download the recipe's wheels for the distro's Python and arch (not the host's) into the cache."""
+    import subprocess
+    import sys
+
+    assert recipe.wheelhouse is not None
+    dest = wheelhouse_dir(root, distro, recipe)
+    dest.mkdir(parents=True, exist_ok=True)
+    py = distro.toolchain.python
+    cmd = [sys.executable, "-m", "pip", "download", "--only-binary=:all:", "--python-version", py,
+           "--implementation", "cp", "-d", str(dest)]
+    for tag in manylinux_platforms(distro.toolchain.glibc, distro.arch):
+        cmd += ["--platform", tag]
+    for folder in recipe.wheelhouse.find_links:
+        cmd += ["--find-links", folder]
+    cmd += list(recipe.wheelhouse.requirements)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise SourceUnavailable(
+            f"could not download {' '.join(recipe.wheelhouse.requirements)} for CPython {py} {distro.arch}:\n    "
+            + "\n    ".join(proc.stderr.strip().splitlines()[-5:]),
+            hint="make PyPI (and your torch index) reachable, or pass --wheelhouse DIR with the wheels",
+        )
+    return dest

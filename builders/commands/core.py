@@ -59,17 +59,17 @@ def _plan_options(args: argparse.Namespace) -> PlanOptions:
                        cmake_from_pip=args.cmake_from_pip)
 
 
-def _placeholder_torch(project: Project, recipe: Any, args: argparse.Namespace) -> str | None:
+def _placeholder_torch(project: Project, distro: Any, recipe: Any, args: argparse.Namespace) -> str | None:
     """Rendering without a build reads vLLM's torch pin from the cached sdist when there is one."""
     if args.torch_version or recipe.torch.version or recipe.device == "none":
         return None
-    from builders.preflight.source_facts import read_source_facts
+    from builders.build import read_pins
     from builders.sources import cache_dir
 
     if recipe.source and recipe.source.pypi:
         sdist = cache_dir(project.root) / f"{recipe.source.pypi.name}-{recipe.source.pypi.version}.tar.gz"
         if sdist.exists():
-            return read_source_facts(sdist).torch_pin(recipe.device)
+            return read_pins(sdist, distro, recipe.device)[0]
     return "PINNED-BY-VLLM"
 
 
@@ -79,7 +79,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     written = []
     for distro, recipe in _selection(project, args.distro, args.target):
         options = _plan_options(args)
-        pin = _placeholder_torch(project, recipe, args)
+        pin = _placeholder_torch(project, distro, recipe, args)
         if pin:
             options = PlanOptions(**{**asdict(options), "torch_version": pin})
         plan = make_plan(distro, recipe, options)
@@ -96,7 +96,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     project = _project(args)
     distro, recipe = project.distro(args.distro), project.recipe_for(args.target)
     options = _plan_options(args)
-    pin = _placeholder_torch(project, recipe, args)
+    pin = _placeholder_torch(project, distro, recipe, args)
     if pin:
         options = PlanOptions(**{**asdict(options), "torch_version": pin})
     plan = make_plan(distro, recipe, options)
@@ -108,7 +108,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_fetch(args: argparse.Namespace) -> int:
     from builders.engine import Engine
-    from builders.sources import fetch_debian_source, fetch_sdist
+    from builders.sources import fetch_debian_source, fetch_sdist, fetch_wheelhouse
 
     project = _project(args)
     distro = project.distro(args.distro)
@@ -117,6 +117,8 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     if recipe.source and recipe.source.pypi and (not wanted or "vllm" in wanted):
         got = fetch_sdist(recipe, project.root)
         print(f"vllm: {got.path} ({got.origin})")
+    if recipe.wheelhouse and (not wanted or "wheelhouse" in wanted):
+        print(f"wheelhouse: {fetch_wheelhouse(recipe, distro, project.root)}")
     for fetched in recipe.fetched_sources:
         if wanted and fetched.name not in wanted:
             continue
@@ -215,7 +217,7 @@ def register(subparsers: Subparsers) -> None:
     p = subparsers.add_parser("fetch", help="store sources in the cache (vLLM sdist, oneDNN)")
     p.add_argument("distro")
     p.add_argument("target")
-    p.add_argument("sources", nargs="*", help="only these (vllm, onednn)")
+    p.add_argument("sources", nargs="*", help="only these (vllm, onednn, wheelhouse)")
     p.set_defaults(func=cmd_fetch)
 
     p = subparsers.add_parser("bootstrap", help="build a base image from the distro's package archive")

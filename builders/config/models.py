@@ -41,6 +41,7 @@ class Toolchain(Strict):
     gcc: str = Field(description="GCC version the distro ships (major.minor)")
     python: str = Field(description="Python version of the distro's python3 (major.minor)")
     cmake: str = Field(description="CMake version the distro ships (major.minor)")
+    glibc: str = Field(default="2.28", description="glibc version: decides which manylinux wheels install")
 
 
 class CompilerEnable(Strict):

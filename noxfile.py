@@ -1,0 +1,85 @@
+"""Forge's sessions. Build, smoke and render sessions are generated from distros/ × recipes/: no second list.
+
+Every session is a thin wrapper over the `forge` CLI in the current environment (`pip install -e '.[dev]'`),
+so `nox -s build-fedora-cpu` and `forge build fedora-44 cpu` are the same thing.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+sys.path.insert(0, str(ROOT))
+
+from builders.config import Project  # noqa: E402
+
+nox.options.sessions = ["lint", "render", "tests"]
+nox.options.default_venv_backend = "none"
+
+PROJECT = Project.load(ROOT)
+
+
+def _build_session(distro: str, target: str, aliases: list[str]) -> None:
+    def session_fn(session: nox.Session) -> None:
+        session.run("forge", "build", distro, target, *session.posargs, external=True)
+
+    session_fn.__doc__ = f"Build {target} on {distro}: preflight, build, test stage, tag, report."
+    nox.session(name=f"build-{distro}-{target}", python=False, default=False)(session_fn)
+    for alias in aliases:
+        alias_fn = _alias(distro, target)
+        alias_fn.__doc__ = f"Build {target} on {distro}, the {alias.split('-')[1]} family's default release."
+        nox.session(name=alias, python=False, default=False)(alias_fn)
+
+
+def _alias(distro: str, target: str):  # type: ignore[no-untyped-def]
+    def alias_fn(session: nox.Session) -> None:
+        session.run("forge", "build", distro, target, *session.posargs, external=True)
+
+    return alias_fn
+
+
+def _smoke_session(distro: str, target: str) -> None:
+    def session_fn(session: nox.Session) -> None:
+        session.run("forge", "smoke", f"forge/{distro}-{target}:latest", "--profile", "ci", *session.posargs,
+                    external=True)
+
+    session_fn.__doc__ = f"Bring up the router stack on the {distro} {target} image and judge each class's gates."
+    nox.session(name=f"smoke-{distro}-{target}", python=False, default=False)(session_fn)
+
+
+for _distro, _recipe in PROJECT.pairs():
+    _aliases = [f"build-{_distro.family}-{_recipe.target}"] if _distro.default_for_family else []
+    _build_session(_distro.name, _recipe.target, _aliases)
+    if _recipe.device == "cpu":
+        _smoke_session(_distro.name, _recipe.target)
+
+
+@nox.session(python=False)
+def render(session: nox.Session) -> None:
+    """Render every distro × target Containerfile into rendered/ and lint each with hadolint."""
+    out = ROOT / "rendered"
+    session.run("forge", "render", "-o", str(out), *session.posargs, external=True)
+    session.run("hadolint", *sorted(str(p) for p in out.glob("*.Containerfile")), external=True)
+
+
+@nox.session(python=False)
+def lint(session: nox.Session) -> None:
+    """ruff and mypy --strict over the package, the tests and this file."""
+    session.run("ruff", "check", "builders", "tests", "noxfile.py", external=True)
+    session.run("ruff", "format", "--check", "builders", "tests", "noxfile.py", external=True)
+    session.run("mypy", external=True)
+
+
+@nox.session(python=False)
+def tests(session: nox.Session) -> None:
+    """All tests, engine- and server-backed ones included (they need Docker: see .ci/run)."""
+    session.run("pytest", *session.posargs, external=True)
+
+
+@nox.session(python=False, name="tests-fast")
+def tests_fast(session: nox.Session) -> None:
+    """Only the tests that need no engine and no vLLM server: seconds."""
+    session.run("pytest", "-m", "not engine and not server", *session.posargs, external=True)

