@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -165,10 +167,14 @@ def cmd_build(args: argparse.Namespace) -> int:
                          hint=f"its distros: {', '.join(recipe.distros)}")
     console = Console(stderr=True, highlight=False)
     quiet = args.quiet
+    status = console.status("forge: starting", spinner="dots")
+    progress = BuildProgress()
 
     def sink(line: str) -> None:
         if not quiet or line.startswith("forge:"):
             console.print(line, markup=False, soft_wrap=True)
+        if progress.feed(line):
+            status.update(progress.text())
 
     options = BuildOptions(
         max_jobs=args.max_jobs, skip_preflight=args.skip_preflight, builder=args.builder, ca_bundle=args.ca_bundle,
@@ -178,12 +184,36 @@ def cmd_build(args: argparse.Namespace) -> int:
         reports_dir=Path(args.report_dir).resolve() if args.report_dir else None,
         scratch_dir=Path(args.scratch_dir).resolve() if args.scratch_dir else None,
     )
-    try:
+    with status:
         report = build(project, distro, recipe, options, sink)
-    finally:
-        pass
     print(report.summary())
     return 0
+
+
+class BuildProgress:
+    """The live line under the streamed log: which stage runs, and how far ninja is through the compile."""
+
+    STEP = re.compile(r"^#\d+ \[(?P<stage>[\w.-]+) +(?P<i>\d+)/(?P<n>\d+)\]")
+    NINJA = re.compile(r"\[(?P<k>\d+)/(?P<total>\d+)\] (Building|Linking)")
+
+    def __init__(self) -> None:
+        self.stage = ""
+        self.ninja = ""
+        self.start = time.monotonic()
+
+    def feed(self, line: str) -> bool:
+        if m := self.STEP.match(line):
+            self.stage, self.ninja = f"{m['stage']} step {m['i']}/{m['n']}", ""
+            return True
+        if m := self.NINJA.search(line):
+            self.ninja = f"compile {m['k']}/{m['total']}"
+            return True
+        return line.startswith("forge:")
+
+    def text(self) -> str:
+        elapsed = time.monotonic() - self.start
+        parts = [p for p in (self.stage, self.ninja) if p]
+        return f"forge: {' · '.join(parts) or 'preparing'} · {elapsed / 60:.1f} min"
 
 
 def _common_plan_args(p: argparse.ArgumentParser) -> None:

