@@ -14,6 +14,9 @@ from typing import Any
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
+from builders.errors import SmokeFailed
+from builders.traffic.plan import DEFAULT_VOCABULARY
+
 BOS = "<s>"
 EOS = "</s>"
 PAD = "<pad>"
@@ -25,9 +28,9 @@ SPECIAL_TOKENS = (PAD, BOS, EOS, IM_START, IM_END)
 # weights cannot produce an undecodable stream.
 VOCAB_SIZE = 1024
 
-# Fixed corpus the merges are learned from: ordinary English plus the words the traffic plans use, so a
-# prompt costs roughly one token per short word, as with a real tokenizer.
-_CORPUS_WORDS = (
+# Fixed corpus the merges are learned from: ordinary English plus the traffic generator's vocabulary, whose
+# plans assume one token per word after a space (TrafficPlan.tokens_per_word = 1.0), as with Llama's BPE.
+_CORPUS_WORDS = (  # noqa: SIM905 - one readable block of text, not 140 quoted words
     "the of and to in is was for on that with as by at from it an be this are or which have not but "
     "had his they you were their one all we can her has there been if more when will would who so no "
     "she other its may these two about than into could out only some what time first new very after "
@@ -48,40 +51,43 @@ _CORPUS_SENTENCES = (
 )
 
 # ChatML with tools, in the shape vLLM's OpenAI server renders: `tools` arrive as OpenAI tool dicts,
-# assistant turns may carry `tool_calls`, and tool results come back with role "tool".
+# assistant turns may carry `tool_calls`, tool results come back with role "tool". vLLM passes message
+# content either as a string or as a list of parts (it guesses the format from the template), so every
+# content goes through one macro that accepts both.
 CHAT_TEMPLATE = (
+    "{%- macro text(content) -%}"
+    "{%- if content is string -%}{{- content -}}"
+    "{%- elif content is iterable -%}"
+    "{%- for part in content -%}{%- if part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}{%- endfor -%}"
+    "{%- endif -%}"
+    "{%- endmacro -%}"
     "{%- if tools %}"
     "{{- '<|im_start|>system\\n' }}"
-    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
-    "{{- 'You may call these tools. Reply with <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>.\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- text(messages[0]['content']) + '\\n\\n' }}{%- endif %}"
+    '{{- \'You may call these tools. Reply with <tool_call>{"name": ..., "arguments": ...}</tool_call>.\\n\' }}'
     "{%- for tool in tools %}{{- (tool.function if tool.function is defined else tool) | tojson }}"
     "{{- '\\n' }}{%- endfor %}"
     "{{- '<|im_end|>\\n' }}"
     "{%- elif messages[0]['role'] == 'system' %}"
-    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{{- '<|im_start|>system\\n' + text(messages[0]['content']) + '<|im_end|>\\n' }}"
     "{%- endif %}"
     "{%- for message in messages %}"
     "{%- if message['role'] == 'system' %}"
     "{%- elif message['role'] == 'tool' %}"
-    "{{- '<|im_start|>tool\\n<tool_response>' + (message['content'] | string) + '</tool_response><|im_end|>\\n' }}"
+    "{{- '<|im_start|>tool\\n<tool_response>' + text(message['content']) + '</tool_response><|im_end|>\\n' }}"
     "{%- elif message['role'] == 'assistant' %}"
-    "{{- '<|im_start|>assistant\\n' }}"
-    "{%- if message['content'] %}{{- message['content'] }}{%- endif %}"
+    "{{- '<|im_start|>assistant\\n' + text(message['content']) }}"
     "{%- if message.tool_calls is defined and message.tool_calls %}"
     "{%- for call in message.tool_calls %}"
     "{%- set fn = call.function if call.function is defined else call %}"
-    "{{- '<tool_call>{\"name\": \"' + fn.name + '\", \"arguments\": ' }}"
+    '{{- \'<tool_call>{"name": "\' + fn.name + \'", "arguments": \' }}'
     "{%- if fn.arguments is string %}{{- fn.arguments }}{%- else %}{{- fn.arguments | tojson }}{%- endif %}"
     "{{- '}</tool_call>' }}"
     "{%- endfor %}"
     "{%- endif %}"
     "{{- '<|im_end|>\\n' }}"
     "{%- else %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' }}"
-    "{%- if message['content'] is string %}{{- message['content'] }}"
-    "{%- else %}{%- for part in message['content'] %}"
-    "{%- if part['type'] == 'text' %}{{- part['text'] }}{%- endif %}{%- endfor %}{%- endif %}"
-    "{{- '<|im_end|>\\n' }}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + text(message['content']) + '<|im_end|>\\n' }}"
     "{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
@@ -101,7 +107,9 @@ def build_tokenizer() -> Tokenizer:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    corpus = [" ".join(_CORPUS_WORDS), *_CORPUS_SENTENCES] * 4
+    # The traffic vocabulary is repeated most, so its words are merged into single tokens before the
+    # vocabulary budget runs out.
+    corpus = [" ".join(DEFAULT_VOCABULARY)] * 16 + [" ".join(_CORPUS_WORDS), *_CORPUS_SENTENCES] * 4
     tokenizer.train_from_iterator(corpus, trainer=trainer)
     return tokenizer
 
@@ -141,7 +149,12 @@ def write_tiny_model(dest: Path, *, max_position_embeddings: int = 4096) -> Path
     dest.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer()
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
-    ids = {tok: tokenizer.token_to_id(tok) for tok in SPECIAL_TOKENS}
+    ids: dict[str, int] = {}
+    for tok in SPECIAL_TOKENS:
+        token_id = tokenizer.token_to_id(tok)
+        if token_id is None:
+            raise SmokeFailed(f"the generated tokenizer lost its special token {tok!r}")
+        ids[tok] = token_id
     tokenizer.save(str(dest / "tokenizer.json"))
 
     config = _model_config(vocab_size, ids[BOS], ids[EOS], ids[PAD], max_position_embeddings)

@@ -1,0 +1,1 @@
+"""Smoke tests of a built image: a tiny model, vLLM pools, the class-aware router, mixed traffic, gates."""
