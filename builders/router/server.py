@@ -270,6 +270,11 @@ class Router:
         self.metrics.in_flight.inc(call.class_label)
         try:
             return await (self._stream(call) if parsed.stream else self._unary(call))
+        except asyncio.CancelledError:
+            # The client went away (aiohttp cancels its handler); unwinding closes the upstream
+            # connection, which makes the replica abort the request instead of finishing it for nobody.
+            self.metrics.errors.inc({**call.labels, "kind": "client_gone"})
+            raise
         finally:
             self.metrics.in_flight.dec(call.class_label)
             self.metrics.e2e.observe(call.class_label, time.monotonic() - started)
@@ -309,7 +314,12 @@ class Router:
                 return self._no_replica(call), None
             call.tried.append(replica.url)
             replica.in_flight += 1
-            outcome = await self._attempt(call, replica)
+            try:
+                outcome = await self._attempt(call, replica)
+            except BaseException:
+                # Cancelled (client gone) mid-attempt: nobody else will lower the count.
+                replica.in_flight -= 1
+                raise
             if not isinstance(outcome, str):
                 return outcome, replica
             replica.in_flight -= 1
@@ -609,7 +619,8 @@ class RunningRouter:
 
 async def start_router(config: RouterConfig) -> RunningRouter:
     router = Router(config)
-    runner = web.AppRunner(router.app(), access_log=None)
+    # handler_cancellation: a client that disconnects must free its replica too, streamed or not.
+    runner = web.AppRunner(router.app(), access_log=None, handler_cancellation=True, shutdown_timeout=5.0)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port)
     await site.start()

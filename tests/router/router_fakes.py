@@ -98,6 +98,14 @@ class FakeReplica:
         return b"data: " + json.dumps({"id": "fake", "choices": [choice]}).encode() + b"\n\n"
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
+        try:
+            return await self._answer(request)
+        except asyncio.CancelledError:
+            self.aborted += 1
+            self.abort_seen.set()
+            raise
+
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.requests.append(body)
         self.headers.append(dict(request.headers))
@@ -129,10 +137,6 @@ class FakeReplica:
             self.aborted += 1
             self.abort_seen.set()
             return resp
-        except asyncio.CancelledError:
-            self.aborted += 1
-            self.abort_seen.set()
-            raise
         self.completed += 1
         return resp
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import time
@@ -199,6 +200,37 @@ def test_client_disconnect_mid_stream_aborts_upstream() -> None:
                 await asyncio.sleep(0.02)
             assert router.router.metrics.upstream_aborts.value(labels) == 1
             assert router.router.pools["p"].replicas[0].in_flight == 0
+        finally:
+            await router.stop()
+            await slow.stop()
+
+    run(body())
+
+
+def test_client_leaving_a_non_streamed_request_frees_the_replica() -> None:
+    async def body() -> None:
+        slow = await FakeReplica(Behavior(first_delay_s=10)).start()
+        router = await start_router(router_config({"p": [slow.url]}))
+        try:
+            async with aiohttp.ClientSession() as s:
+                with contextlib.suppress(TimeoutError):
+                    await s.post(
+                        f"{router.url}/v1/chat/completions",
+                        json=chat_body("x", max_tokens=900),
+                        timeout=aiohttp.ClientTimeout(total=0.3),
+                    )
+            began = time.monotonic()
+            await asyncio.wait_for(slow.abort_seen.wait(), timeout=5)
+            assert time.monotonic() - began < 2 and slow.completed == 0
+            labels = {"class": "batch", "pool": "p", "kind": "client_gone"}
+            replica = router.router.pools["p"].replicas[0]
+            for _ in range(50):
+                if replica.in_flight == 0:
+                    break
+                await asyncio.sleep(0.02)
+            assert replica.in_flight == 0
+            assert router.router.metrics.errors.value(labels) == 1
+            assert router.router.metrics.in_flight.value({"class": "batch"}) == 0
         finally:
             await router.stop()
             await slow.stop()
