@@ -95,7 +95,7 @@ def _render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None =
 
 def test_chat_template_renders_tools_calls_and_results() -> None:
     tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": "weather?"},
         {
