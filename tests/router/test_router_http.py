@@ -236,8 +236,7 @@ def test_upstream_4xx_is_passed_through_without_failover() -> None:
 
 def test_prefix_affinity_until_the_replica_is_much_busier() -> None:
     async def body() -> None:
-        # Replica a answers slowly so requests pile up on it while b stays idle.
-        a = await FakeReplica(Behavior(first_delay_s=0.6), name="a").start()
+        a = await FakeReplica(name="a").start()
         b = await FakeReplica(name="b").start()
         router = await start_router(
             router_config({"p": [a.url, b.url]}, prefix_chars=32, affinity_max_extra_in_flight=1)
@@ -257,10 +256,15 @@ def test_prefix_affinity_until_the_replica_is_much_busier() -> None:
                 _, other, _ = await post(s, router.url, chat_body("z" * 80))
                 assert other["x-forge-replica"] == b.url
 
+                # a now answers slowly, so requests pile up on it while b stays idle.
+                a.behavior = Behavior(first_delay_s=1.0)
+                replica_a = router.router.pools["p"].replicas[0]
                 first = asyncio.create_task(post(s, router.url, ask("three?")))
-                await asyncio.sleep(0.1)
                 second = asyncio.create_task(post(s, router.url, ask("four?")))
-                await asyncio.sleep(0.1)
+                for _ in range(100):
+                    if replica_a.in_flight == 2:
+                        break
+                    await asyncio.sleep(0.01)
                 # a now has 2 in flight, b none: more than 1 above the least loaded, so b serves.
                 _, h5, _ = await post(s, router.url, ask("five?"))
                 assert h5["x-forge-replica"] == b.url

@@ -93,7 +93,7 @@ def test_slow_stream_really_reads_slowly() -> None:
         assert slow.ok and fast.ok and slow.output_chunks == fast.output_chunks == 16
         # Each event is ~70 bytes: at 32 bytes a read every 20 ms, 17 events take well over 0.5 s.
         assert slow.e2e_s is not None and fast.e2e_s is not None
-        assert slow.e2e_s > 0.5 > fast.e2e_s
+        assert slow.e2e_s > 0.5 and fast.e2e_s < slow.e2e_s / 3
         assert min(slow.itl_gaps_s) >= 0.02
 
     run(body())
@@ -107,9 +107,9 @@ def test_ttft_and_itl_reflect_server_timing() -> None:
         finally:
             await server.stop()
         summary = result.summaries[RequestClass.INTERACTIVE]
-        assert summary.ttft_ms.p50 is not None and 200 <= summary.ttft_ms.p50 < 400
-        assert summary.itl_ms.p50 is not None and 25 <= summary.itl_ms.p50 < 100
-        assert summary.tpot_ms.p50 is not None and 25 <= summary.tpot_ms.p50 < 100
+        assert summary.ttft_ms.p50 is not None and 200 <= summary.ttft_ms.p50 < 1000
+        assert summary.itl_ms.p50 is not None and 25 <= summary.itl_ms.p50 < 200
+        assert summary.tpot_ms.p50 is not None and 25 <= summary.tpot_ms.p50 < 200
 
     run(body())
 
