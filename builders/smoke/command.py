@@ -1,0 +1,124 @@
+"""`forge smoke`: prove a built image serves mixed traffic through the class-aware router."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+
+from builders.config.project import find_root
+from builders.errors import UsageError
+from builders.smoke.profile import load_profile
+from builders.smoke.runtimes import (
+    ContainerReplicas,
+    ContainerRouter,
+    LocalReplicas,
+    LocalRouter,
+    ReplicaRuntime,
+    RouterRuntime,
+)
+from builders.smoke.stack import SmokeOptions, SmokeRun, summary_table, validate_profile
+from builders.smoke.vllm_args import check_pools, raise_for_problems
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "smoke",
+        help="start a router stack on an image and judge mixed traffic against per-class SLOs",
+        description="Start vLLM pools from IMAGE (a tiny random model, loopback only), the class-aware router "
+        "in front, drive the profile's traffic plan, judge each class's gate, write a report, and tear "
+        "everything down, also on failure or Ctrl-C.",
+    )
+    parser.add_argument("image", nargs="?", help="image with vLLM to test (omit with --local-vllm)")
+    parser.add_argument("--profile", default="ci", help="profile name in profiles/ or a YAML path (default: ci)")
+    parser.add_argument("--report", type=Path, default=None, metavar="DIR", help="write the JSON report here")
+    parser.add_argument(
+        "--router-image",
+        default=None,
+        metavar="IMAGE",
+        help="run the router from this image (default: a local process)",
+    )
+    parser.add_argument(
+        "--local-vllm",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="run replicas as host processes of this `vllm` executable instead of containers of IMAGE",
+    )
+    parser.add_argument("--base-port", type=int, default=None, help="router port; replicas use the ports after it")
+    parser.add_argument(
+        "--check-slow-clients",
+        action="store_true",
+        help="also run without slow clients and check the other classes' p99 TTFT/ITL stay within the margin",
+    )
+    parser.add_argument(
+        "--check-kill-replica",
+        action="store_true",
+        help="also run while killing a replica (profile checks.kill_replica): its clients must get an error "
+        "within the bound and the other pools' classes must keep their gates",
+    )
+    parser.add_argument(
+        "--validate-only",
+        action="store_true",
+        help="only check the profile and its vLLM arguments against the image's vLLM; start nothing",
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    console = Console(stderr=True)
+    root = Path(args.root).resolve() if getattr(args, "root", None) else find_root()
+    if args.image is None and args.local_vllm is None:
+        raise UsageError("give an IMAGE to test, or --local-vllm PATH to run vLLM on this host")
+    if args.image is not None and args.local_vllm is not None:
+        raise UsageError("give either IMAGE or --local-vllm, not both")
+    if args.base_port is not None and not 1024 <= args.base_port <= 65000:
+        raise UsageError(f"--base-port {args.base_port}: use a port between 1024 and 65000")
+    profile, path = load_profile(args.profile, root=root)
+    engine = None
+    if args.image is not None or args.router_image is not None:
+        from builders.engine import Engine
+
+        engine = Engine.connect()
+
+    def replicas(model_dir: Path, logs_dir: Path) -> ReplicaRuntime:
+        if args.local_vllm is not None:
+            return LocalReplicas(args.local_vllm, model_dir=model_dir, log_dir=logs_dir)
+        assert engine is not None
+        return ContainerReplicas(engine, args.image, model_dir=model_dir)
+
+    def router(logs_dir: Path) -> RouterRuntime:
+        if args.router_image is not None:
+            assert engine is not None
+            return ContainerRouter(engine, args.router_image)
+        return LocalRouter(log_dir=logs_dir)
+
+    if args.validate_only:
+        # The traffic plans and router config are checked first: they need no vLLM.
+        valid = validate_profile(profile, str(path), run_id="validate", base_port=args.base_port)
+        runtime = replicas(Path("/nonexistent"), Path("/nonexistent"))
+        probe = runtime.probe(timeout_s=profile.timeouts.probe_s)
+        problems = check_pools(valid.plan.pool_argvs(), probe.spec)
+        for problem in problems:
+            console.print(f"{problem.severity}: {problem.render()}")
+        raise_for_problems(problems, profile=str(path))
+        console.print(
+            f"profile {profile.name}: every pool's arguments are accepted by {runtime.description} "
+            f"(entry: {' '.join(probe.entry)})"
+        )
+        return 0
+
+    options = SmokeOptions(
+        profile=profile,
+        profile_path=path,
+        report_dir=args.report,
+        base_port=args.base_port,
+        check_slow_clients=args.check_slow_clients,
+        check_kill_replica=args.check_kill_replica,
+    )
+    smoke = SmokeRun(options=options, replicas_runtime_factory=replicas, router_runtime_factory=router, console=console)
+    report = smoke.execute()
+    console.print(summary_table(report))
+    console.print(f"[green]smoke passed[/green]: profile {profile.name}, report {report.get('report_file', '(none)')}")
+    return 0

@@ -1,0 +1,330 @@
+"""Stack profiles: which vLLM pools a smoke run starts, how each is tuned, and which class goes where.
+
+A profile is data (profiles/<name>.yaml). Its `router` and `traffic` sections are handed to the router's
+and the traffic generator's own schema models, so a typo there is reported with this file's name and key
+path just like one in the pool settings.
+"""
+
+from __future__ import annotations
+
+import difflib
+import enum
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from builders.config.loading import load_yaml
+from builders.errors import ConfigError, UsageError
+from builders.router.classes import ALL_CLASSES, RequestClass
+
+_POOL_NAME = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSettings(_Strict):
+    """The tiny random model every replica serves, and the settings all pools share."""
+
+    max_model_len: int = Field(
+        default=2048, ge=64, description="Context length of every replica unless a pool overrides it."
+    )
+    max_position_embeddings: int = Field(
+        default=4096,
+        ge=64,
+        description="Positions the generated model config declares; must cover every max_model_len.",
+    )
+    dtype: Literal["bfloat16", "float32", "float16"] = Field(
+        default="bfloat16", description="Weights and activations dtype; bfloat16 is native to vLLM's CPU backend."
+    )
+    enforce_eager: bool = Field(
+        default=True,
+        description="Skip torch.compile: startup drops from about 45 s to about 20 s per replica on 2 cores, "
+        "and the compile cache would not survive a throwaway container anyway.",
+    )
+    kv_cache_memory: str = Field(
+        default="128M",
+        pattern=r"^\d+(\.\d+)?[kKmMgG]?$",
+        description="KV cache size per replica (vLLM's --kv-cache-memory-bytes, human-readable: 128M = 128 MiB).",
+    )
+    served_model_name: str = Field(default="forge-tiny", min_length=1, description="Model name clients send.")
+    seed: int = Field(default=0, ge=0, description="Sampling seed of every replica.")
+
+
+class PoolSettings(_Strict):
+    """One vLLM pool: identical replicas tuned for the classes routed to it."""
+
+    replicas: int = Field(default=1, ge=1, le=8, description="Number of vLLM servers in the pool.")
+    max_num_batched_tokens: int | None = Field(
+        default=None, ge=1, description="Token budget per scheduler step (small keeps decode steps short for TTFT/ITL)."
+    )
+    max_num_seqs: int | None = Field(default=None, ge=1, description="Most sequences one replica runs at once.")
+    long_prefill_token_threshold: int | None = Field(
+        default=None, ge=0, description="Prompt length above which a prefill is chunked to share steps with decodes."
+    )
+    stream_interval: int | None = Field(
+        default=None, ge=1, description="Tokens per streamed chunk (1 = every token, lowest inter-token latency)."
+    )
+    enable_prefix_caching: bool | None = Field(default=None, description="Reuse KV blocks of shared prompt prefixes.")
+    max_model_len: int | None = Field(
+        default=None, ge=64, description="Context length of this pool; default from model."
+    )
+    extra_args: tuple[str, ...] = Field(
+        default=(), description="Further `vllm serve` arguments, checked against the image's vLLM before start."
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment of each replica.")
+
+
+class PortSettings(_Strict):
+    """Loopback ports: the router takes `base`, replicas the ports after it in pool order."""
+
+    base: int = Field(default=18100, ge=1024, le=65000, description="Router port; replica ports follow it.")
+
+
+class SlowClientCheck(_Strict):
+    """Isolation check (a): slow readers must not slow the other classes down."""
+
+    max_ratio: float = Field(
+        default=1.5,
+        ge=1.0,
+        description="Other classes' p99 TTFT and ITL with slow clients may be this many times the p99 without them ...",
+    )
+    allowance_ms: float = Field(
+        default=50.0, ge=0, description="... plus this many milliseconds, so scheduler noise on tiny numbers passes."
+    )
+    scope: Literal["other_pools", "all_classes"] = Field(
+        default="other_pools",
+        description="Which classes are held to the margin: those served by pools other than slow_stream's "
+        "(what routing promises), or every class (what a shared pool is measured by).",
+    )
+
+
+class KillReplicaCheck(_Strict):
+    """Isolation check (b): a replica dying mid-run fails only its own clients, and fails them fast."""
+
+    pool: str = Field(description="Pool one of whose replicas is killed.")
+    after_s: float = Field(
+        default=5.0, gt=0, description="Seconds into the traffic run at which the replica is killed."
+    )
+    error_within_s: float = Field(
+        default=5.0, gt=0, description="Clients in flight on the killed replica must get an error within this time."
+    )
+    traffic: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Changes to the traffic section for this run (merged key by key), so that requests are "
+        "still being generated on the victim at after_s and the other classes still run after it.",
+    )
+
+
+class CheckSettings(_Strict):
+    """Settings of the isolation checks; whether they run is chosen on the command line."""
+
+    slow_clients: SlowClientCheck = Field(
+        default_factory=lambda: SlowClientCheck(), description="Margins of the slow-client check."
+    )
+    kill_replica: KillReplicaCheck | None = Field(default=None, description="Which pool loses a replica, and when.")
+
+
+class Timeouts(_Strict):
+    """Upper bounds on every phase, so a smoke run always ends."""
+
+    startup_s: float = Field(default=300.0, gt=0, description="All replicas and the router healthy within this time.")
+    probe_s: float = Field(default=180.0, gt=0, description="Asking the image's vLLM for its arguments.")
+    traffic_s: float = Field(default=300.0, gt=0, description="One traffic run, from its start to its result.")
+
+
+class StackProfile(_Strict):
+    """A whole smoke-test stack: model, pools, class map, router settings, traffic plan, checks."""
+
+    name: str = Field(description="Profile name; the file's stem.")
+    description: str = Field(default="", description="What this profile is for.")
+    model: ModelSettings = Field(default_factory=lambda: ModelSettings(), description="Model settings.")
+    ports: PortSettings = Field(default_factory=lambda: PortSettings(), description="Loopback ports.")
+    cpu_bind: Literal["round_robin", "auto", "nobind"] = Field(
+        default="round_robin",
+        description="How replicas' OpenMP threads are pinned: round_robin gives replica k core k mod N "
+        "(vLLM's 'auto' pins every replica to the same core); 'nobind' leaves it to the kernel.",
+    )
+    pools: dict[str, PoolSettings] = Field(description="Pool name -> settings (names: lowercase, digits, '-').")
+    classes: dict[RequestClass, str] = Field(description="Each of the six request classes -> pool name.")
+    router: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Further RouterConfig settings (builders/router/config.py); pools, ports and keys are "
+        "filled in by the smoke run.",
+    )
+    traffic: dict[str, Any] = Field(
+        default_factory=dict, description="The traffic plan, as builders.traffic's TrafficPlan fields."
+    )
+    checks: CheckSettings = Field(
+        default_factory=lambda: CheckSettings(), description="Settings of the isolation checks."
+    )
+    timeouts: Timeouts = Field(default_factory=lambda: Timeouts(), description="Phase time limits.")
+
+    @field_validator("pools")
+    @classmethod
+    def _pool_names(cls, pools: dict[str, PoolSettings]) -> dict[str, PoolSettings]:
+        if not pools:
+            raise ValueError("at least one pool is needed")
+        for name in pools:
+            if not _POOL_NAME.match(name):
+                raise ValueError(f"pool name {name!r} must be lowercase letters, digits and '-' (max 31)")
+        return pools
+
+    @model_validator(mode="after")
+    def _consistent(self) -> StackProfile:
+        missing = [c.value for c in ALL_CLASSES if c not in self.classes]
+        if missing:
+            raise ValueError(f"classes: {', '.join(missing)} have no pool; map every class to a pool")
+        for request_class, target in self.classes.items():
+            if target not in self.pools:
+                raise ValueError(
+                    f"classes.{request_class.value}: unknown pool {target!r}{_suggest(target, self.pools)}"
+                )
+        unused = sorted(set(self.pools) - set(self.classes.values()))
+        if unused:
+            raise ValueError(f"pools {unused} receive no class; map a class to them or drop them")
+        kill = self.checks.kill_replica
+        if kill is not None and kill.pool not in self.pools:
+            raise ValueError(f"checks.kill_replica.pool: unknown pool {kill.pool!r}{_suggest(kill.pool, self.pools)}")
+        for name, settings in self.pools.items():
+            length = settings.max_model_len or self.model.max_model_len
+            if length > self.model.max_position_embeddings:
+                raise ValueError(
+                    f"pools.{name}: max_model_len {length} exceeds model.max_position_embeddings "
+                    f"{self.model.max_position_embeddings}"
+                )
+        last = self.ports.base + self.replica_count
+        if last > 65535:
+            raise ValueError(f"ports.base {self.ports.base} leaves no room for {self.replica_count} replicas")
+        return self
+
+    @property
+    def replica_count(self) -> int:
+        return sum(p.replicas for p in self.pools.values())
+
+    def classes_of(self, pool: str) -> list[RequestClass]:
+        return [c for c in ALL_CLASSES if self.classes[c] == pool]
+
+
+def _suggest(name: str, choices: typing.Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.5)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+# --- loading ----------------------------------------------------------------------------------------------
+
+
+def _inner(annotation: Any, part: str | int) -> Any:
+    """The type found one step down `annotation` along a key path part (a field, dict key or list index)."""
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        for arg in args:
+            if arg is type(None):
+                continue
+            found = _inner(arg, part)
+            if found is not None:
+                return found
+        return None
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        field = annotation.model_fields.get(str(part))
+        return field.annotation if field is not None else None
+    if origin is dict and len(args) == 2:
+        return args[1]
+    if origin in (list, tuple) and args:
+        return args[0]
+    return None
+
+
+def _keys_at(model: type[BaseModel], path: tuple[str | int, ...]) -> list[str]:
+    """Valid keys where `path` points in `model`: fields, or enum values for a dict keyed by an enum."""
+    annotation: Any = model
+    for part in path:
+        annotation = _inner(annotation, part)
+        if annotation is None:
+            return []
+    origin_args = typing.get_args(annotation)
+    for arg in (annotation, *origin_args):
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            return list(arg.model_fields)
+    if typing.get_origin(annotation) is dict:
+        key = typing.get_args(annotation)[0]
+        if isinstance(key, type) and issubclass(key, enum.Enum):
+            return [str(m.value) for m in key]
+    return []
+
+
+def _dotted(path: tuple[str | int, ...]) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def explain(
+    exc: ValidationError,
+    source: str,
+    *,
+    model: type[BaseModel] | None = None,
+    prefix: tuple[str | int, ...] = (),
+) -> list[str]:
+    """One line per validation error of `model` (found at `prefix` in the file): file, key path, what is
+    wrong, the closest valid key."""
+    root = model or StackProfile
+    lines = []
+    for err in exc.errors():
+        loc = tuple(part for part in err["loc"] if part != "[key]")
+        path = (*prefix, *loc)
+        if err["type"] == "extra_forbidden":
+            close = _suggest(str(loc[-1]), _keys_at(root, loc[:-1]))
+            lines.append(f"{source}: {_dotted(path)}: unknown key{close}")
+        elif err["type"] == "enum" and err["loc"][-1] == "[key]":
+            close = _suggest(str(loc[-1]), _keys_at(root, loc[:-1]))
+            lines.append(f"{source}: {_dotted(path)}: not a request class{close}")
+        else:
+            lines.append(f"{source}: {_dotted(path)}: {err['msg']}")
+    return lines
+
+
+def profile_from_mapping(data: Any, *, source: str, name: str) -> StackProfile:
+    """Validate parsed YAML; every error names `source`, the key path and, for a typo, the intended key."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: a profile must be a mapping, found {type(data).__name__}")
+    try:
+        profile = StackProfile.model_validate({"name": name, **data})
+    except ValidationError as exc:
+        raise ConfigError(
+            "\n  ".join(explain(exc, source)),
+            hint="fix the keys named above; every field is described in builders/smoke/profile.py",
+        ) from None
+    return profile
+
+
+def profiles_dir(root: Path) -> Path:
+    return root / "profiles"
+
+
+def available_profiles(root: Path) -> list[str]:
+    return sorted(p.stem for p in profiles_dir(root).glob("*.yaml"))
+
+
+def load_profile(name_or_path: str, *, root: Path) -> tuple[StackProfile, Path]:
+    """A profile by name (profiles/NAME.yaml under `root`) or by path to a YAML file."""
+    candidate = Path(name_or_path)
+    if candidate.suffix in (".yaml", ".yml") or "/" in name_or_path:
+        path = candidate
+    else:
+        path = profiles_dir(root) / f"{name_or_path}.yaml"
+    if not path.is_file():
+        known = available_profiles(root)
+        raise UsageError(
+            f"no profile {name_or_path!r} (looked for {path}){_suggest(name_or_path, known)}",
+            hint=f"known profiles: {', '.join(known) or 'none'}; or pass a path to a YAML file",
+        )
+    profile = profile_from_mapping(load_yaml(path), source=str(path), name=path.stem)
+    return profile, path

@@ -1,0 +1,308 @@
+"""Where the stack's servers run: containers from an image (through builders.engine) or host processes.
+
+Both give the same handles, so the orchestration in stack.py never knows which it drives. The host-process
+mode (`--local-vllm`) exists to develop the router against real vLLM without building an image.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Protocol
+
+from builders.engine import Engine
+from builders.errors import EngineError, UsageError
+from builders.smoke.plan import CONTAINER_MODEL_DIR, RUN_LABEL, ReplicaPlan
+from builders.smoke.vllm_args import SERVE_ENTRIES, ServeProbe, local_cache_key, probe_serve
+
+ROUTER_CONFIG_DIR = "/forge/router"
+
+
+class Launched(Protocol):
+    """A started server: a container or a host process group."""
+
+    name: str
+
+    def alive(self) -> bool: ...
+
+    def logs(self, tail: int = 200) -> str: ...
+
+    def kill(self) -> None:
+        """Die at once, as a crash would (SIGKILL)."""
+
+    def stop(self) -> None:
+        """Shut down cleanly if it can within a few seconds, else kill; afterwards nothing of it remains."""
+
+
+@dataclass(kw_only=True)
+class LaunchedContainer:
+    engine: Engine
+    cid: str
+    name: str
+
+    def alive(self) -> bool:
+        return self.engine.is_running(self.cid)
+
+    def logs(self, tail: int = 200) -> str:
+        return self.engine.logs(self.cid, tail=tail)
+
+    def kill(self) -> None:
+        self.engine.kill(self.cid)
+
+    def stop(self) -> None:
+        self.engine.stop_and_remove(self.cid, timeout=5)
+
+
+@dataclass(kw_only=True)
+class LaunchedProcess:
+    """A host process started in its own session, so its whole tree (vLLM's engine core and worker
+    processes included) is signalled through its process group."""
+
+    process: subprocess.Popen[bytes]
+    name: str
+    log_path: Path
+    _log: IO[bytes] | None = field(default=None, repr=False)
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def group_alive(self) -> bool:
+        try:
+            os.killpg(self.process.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def logs(self, tail: int = 200) -> str:
+        try:
+            lines = self.log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-tail:])
+
+    def _signal(self, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, sig)
+
+    def kill(self) -> None:
+        self._signal(signal.SIGKILL)
+
+    def stop(self) -> None:
+        self._signal(signal.SIGTERM)
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline and self.group_alive():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=0.2)
+            if self.process.poll() is not None and not self.group_alive():
+                break
+        if self.group_alive():
+            self._signal(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=5)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+def start_process(argv: Sequence[str], *, name: str, env: Mapping[str, str], log_path: Path) -> LaunchedProcess:
+    log = log_path.open("wb")
+    try:
+        process = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **env},
+            start_new_session=True,
+        )
+    except OSError as exc:
+        log.close()
+        raise UsageError(f"cannot start {argv[0]}: {exc.strerror}", hint="check the path given") from exc
+    return LaunchedProcess(process=process, name=name, log_path=log_path, _log=log)
+
+
+class ReplicaRuntime(Protocol):
+    description: str
+
+    def probe(self, *, timeout_s: float) -> ServeProbe: ...
+
+    def start(self, replica: ReplicaPlan, probe: ServeProbe, *, run_id: str) -> Launched: ...
+
+    def leftovers(self, run_id: str) -> list[str]: ...
+
+
+def serve_argv(probe: ServeProbe, model_path: str, args: Sequence[str]) -> list[str]:
+    """The full server command: entry point, model, then the pool's arguments."""
+    model = [model_path] if probe.model_is_positional else ["--model", model_path]
+    return [*probe.entry, *model, *args]
+
+
+class ContainerReplicas:
+    """Replicas as containers of the image under test, on the host network, bound to loopback."""
+
+    def __init__(self, engine: Engine, image: str, *, model_dir: Path) -> None:
+        if not engine.image_exists(image):
+            raise UsageError(f"image {image!r} is not in the engine", hint="build it first (`forge build`) or pull it")
+        self.engine = engine
+        self.image = image
+        self.model_dir = model_dir
+        self.image_id = engine.image_info(image).id
+        self.description = f"image {image} ({self.image_id[:19]})"
+        self._started: list[LaunchedContainer] = []
+
+    def probe(self, *, timeout_s: float) -> ServeProbe:
+        def run(argv: list[str]) -> tuple[int, str]:
+            return self.engine.run_once(
+                self.image,
+                argv[1:],
+                entrypoint=[argv[0]],
+                env={"HF_HUB_OFFLINE": "1"},
+                timeout=timeout_s,
+            )
+
+        return probe_serve(
+            run, entries=SERVE_ENTRIES, source=self.description, cache_key=self.image_id.replace(":", "-")
+        )
+
+    def start(self, replica: ReplicaPlan, probe: ServeProbe, *, run_id: str) -> Launched:
+        argv = serve_argv(probe, CONTAINER_MODEL_DIR, replica.args)
+        cid = self.engine.run_detached(
+            image=self.image,
+            entrypoint=[argv[0]],
+            command=argv[1:],
+            name=replica.name,
+            env=dict(replica.env),
+            volumes={str(self.model_dir): CONTAINER_MODEL_DIR},
+            network_host=True,
+            shm_size="2g",
+            labels={RUN_LABEL: run_id, f"{RUN_LABEL}.replica": replica.label},
+        )
+        launched = LaunchedContainer(engine=self.engine, cid=cid, name=replica.name)
+        self._started.append(launched)
+        return launched
+
+    def leftovers(self, run_id: str) -> list[str]:
+        return self.engine.containers_with_label(RUN_LABEL, run_id)
+
+
+class LocalReplicas:
+    """Replicas as host processes of a vLLM installed on this machine (`--local-vllm PATH_TO_vllm`)."""
+
+    def __init__(self, vllm_binary: Path, *, model_dir: Path, log_dir: Path) -> None:
+        binary = vllm_binary if vllm_binary.is_absolute() or "/" in str(vllm_binary) else None
+        resolved = binary or (Path(found) if (found := shutil.which(str(vllm_binary))) else None)
+        if resolved is None or not resolved.is_file() or not os.access(resolved, os.X_OK):
+            raise UsageError(
+                f"--local-vllm {vllm_binary}: not an executable file",
+                hint="pass the `vllm` script of a virtualenv with vLLM installed, e.g. VENV/bin/vllm",
+            )
+        self.binary = resolved
+        self.model_dir = model_dir
+        self.log_dir = log_dir
+        self.description = f"local vLLM {resolved}"
+        python = resolved.parent / "python"
+        self.entries: tuple[tuple[str, ...], ...] = (
+            (str(resolved), "serve"),
+            (str(python) if python.exists() else sys.executable, *SERVE_ENTRIES[1][1:]),
+        )
+        self._started: list[LaunchedProcess] = []
+
+    def probe(self, *, timeout_s: float) -> ServeProbe:
+        def run(argv: list[str]) -> tuple[int, str]:
+            try:
+                done = subprocess.run(
+                    argv,
+                    capture_output=True,
+                    timeout=timeout_s,
+                    env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                    check=False,
+                )
+            except subprocess.TimeoutExpired:
+                return 124, f"timed out after {timeout_s:.0f}s"
+            except OSError as exc:
+                return 127, f"cannot run {argv[0]}: {exc.strerror}"
+            return done.returncode, (done.stdout + done.stderr).decode(errors="replace")
+
+        return probe_serve(run, entries=self.entries, source=self.description, cache_key=local_cache_key(self.binary))
+
+    def start(self, replica: ReplicaPlan, probe: ServeProbe, *, run_id: str) -> Launched:
+        argv = serve_argv(probe, str(self.model_dir), replica.args)
+        launched = start_process(
+            argv, name=replica.name, env=replica.env, log_path=self.log_dir / f"{replica.name}.log"
+        )
+        self._started.append(launched)
+        return launched
+
+    def leftovers(self, run_id: str) -> list[str]:
+        return [f"{p.name} (pid {p.process.pid})" for p in self._started if p.group_alive()]
+
+
+class RouterRuntime(Protocol):
+    description: str
+
+    def start(self, config_dir: Path, config_name: str, *, run_id: str) -> Launched: ...
+
+    def leftovers(self, run_id: str) -> list[str]: ...
+
+
+class LocalRouter:
+    """The router as a host process of this Python (`python -m builders.router`)."""
+
+    description = "local process (python -m builders.router)"
+
+    def __init__(self, *, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self._started: list[LaunchedProcess] = []
+
+    def start(self, config_dir: Path, config_name: str, *, run_id: str) -> Launched:
+        argv = [sys.executable, "-m", "builders.router", "--config", str(config_dir / config_name)]
+        launched = start_process(
+            argv, name=f"forge-smoke-{run_id}-router", env={}, log_path=self.log_dir / "router.log"
+        )
+        self._started.append(launched)
+        return launched
+
+    def leftovers(self, run_id: str) -> list[str]:
+        return [f"{p.name} (pid {p.process.pid})" for p in self._started if p.group_alive()]
+
+
+class ContainerRouter:
+    """The router as a container of a router image (one with Forge installed)."""
+
+    def __init__(self, engine: Engine, image: str) -> None:
+        if not engine.image_exists(image):
+            raise UsageError(f"router image {image!r} is not in the engine", hint="build or pull it first")
+        self.engine = engine
+        self.image = image
+        self.description = f"router image {image}"
+
+    def start(self, config_dir: Path, config_name: str, *, run_id: str) -> Launched:
+        name = f"forge-smoke-{run_id}-router"
+        try:
+            cid = self.engine.run_detached(
+                image=self.image,
+                entrypoint=["python3", "-m", "builders.router"],
+                command=["--config", f"{ROUTER_CONFIG_DIR}/{config_name}"],
+                name=name,
+                env={},
+                volumes={str(config_dir): ROUTER_CONFIG_DIR},
+                network_host=True,
+                shm_size="64m",
+                labels={RUN_LABEL: run_id, f"{RUN_LABEL}.router": "1"},
+            )
+        except EngineError as exc:
+            raise EngineError(exc.message, hint="the router image needs python3 with Forge installed") from exc
+        return LaunchedContainer(engine=self.engine, cid=cid, name=name)
+
+    def leftovers(self, run_id: str) -> list[str]:
+        return [c for c in self.engine.containers_with_label(RUN_LABEL, run_id)]

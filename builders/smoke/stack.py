@@ -1,0 +1,691 @@
+"""One smoke run: check the pools' vLLM arguments, start the stack, drive traffic, judge, tear down.
+
+Everything started is stopped in a `finally`, whatever ends the run (a failed gate, an exception, Ctrl-C or
+SIGTERM), and the engine is asked afterwards whether anything with this run's label survived.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import requests
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from builders.errors import ConfigError, ForgeError, SmokeFailed, UsageError
+from builders.router.classes import ALL_CLASSES, RequestClass
+from builders.router.config import RouterConfig, config_from_mapping
+from builders.smoke.plan import ReplicaPlan, StackPlan, plan_stack
+from builders.smoke.profile import StackProfile, explain
+from builders.smoke.runtimes import Launched, ReplicaRuntime, RouterRuntime
+from builders.smoke.tiny_model import write_tiny_model
+from builders.smoke.vllm_args import ArgProblem, ServeProbe, check_pools, raise_for_problems
+from builders.traffic.metrics import RequestRecord
+from builders.traffic.plan import TrafficPlan
+from builders.traffic.results import TrafficResult
+from builders.traffic.runner import run_traffic
+
+ROUTER_CONFIG_NAME = "router.json"
+HEALTH_POLL_S = 0.5
+
+
+@dataclass(frozen=True, kw_only=True)
+class SmokeOptions:
+    """What the command line chose for one run."""
+
+    profile: StackProfile
+    profile_path: Path
+    report_dir: Path | None = None
+    base_port: int | None = None
+    check_slow_clients: bool = False
+    check_kill_replica: bool = False
+
+
+# --- validation before anything starts ----------------------------------------------------------------------
+
+
+def merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `changes` applied key by key, nested mappings merged rather than replaced."""
+    out = dict(base)
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def traffic_plan(
+    profile: StackProfile, source: str, *, changes: dict[str, Any] | None = None, where: str = "traffic"
+) -> TrafficPlan:
+    """The profile's traffic section as a TrafficPlan; model name and context length come from the profile
+    (the smallest context of any pool, so every request fits wherever it is routed)."""
+    lengths = [p.max_model_len or profile.model.max_model_len for p in profile.pools.values()]
+    data = {
+        "model": profile.model.served_model_name,
+        "max_model_len": min(lengths),
+        **merged(profile.traffic, changes or {}),
+    }
+    try:
+        return TrafficPlan.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(
+            "\n  ".join(explain(exc, source, model=TrafficPlan, prefix=tuple(where.split(".")))),
+            hint="the traffic section takes builders/traffic/plan.py's TrafficPlan fields",
+        ) from None
+
+
+def router_config(plan: StackPlan, source: str, *, api_key: str, upstream_api_key: str) -> RouterConfig:
+    try:
+        return config_from_mapping(
+            plan.router_config(api_key=api_key, upstream_api_key=upstream_api_key), source=f"{source}: router"
+        )
+    except ConfigError as exc:
+        raise ConfigError(exc.message, hint="the router section takes builders/router/config.py's fields") from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ValidatedProfile:
+    """Everything derived from a profile that can be checked without starting anything."""
+
+    plan: StackPlan
+    traffic: TrafficPlan
+    kill_traffic: TrafficPlan
+    router: RouterConfig
+    api_key: str
+    upstream_api_key: str
+
+
+def validate_profile(
+    profile: StackProfile, source: str, *, run_id: str, base_port: int | None = None
+) -> ValidatedProfile:
+    """Plan the stack and validate the traffic plans and the router config the run would use."""
+    plan = plan_stack(profile, run_id=run_id, base_port=base_port, cpus=os.cpu_count() or 1)
+    traffic = traffic_plan(profile, source)
+    kill = profile.checks.kill_replica
+    kill_traffic = (
+        traffic_plan(profile, source, changes=kill.traffic, where="checks.kill_replica.traffic")
+        if kill is not None
+        else traffic
+    )
+    api_key = secrets.token_urlsafe(16)
+    upstream_api_key = secrets.token_urlsafe(16)
+    router = router_config(plan, source, api_key=api_key, upstream_api_key=upstream_api_key)
+    return ValidatedProfile(
+        plan=plan,
+        traffic=traffic,
+        kill_traffic=kill_traffic,
+        router=router,
+        api_key=api_key,
+        upstream_api_key=upstream_api_key,
+    )
+
+
+def check_ports_free(ports: list[int]) -> None:
+    busy = []
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                busy.append(port)
+    if busy:
+        raise UsageError(
+            f"loopback port(s) {', '.join(map(str, busy))} are in use; the stack needs {ports[0]}..{ports[-1]}",
+            hint="stop what holds them, or pass --base-port with a free range",
+        )
+
+
+# --- signals ------------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """A SIGTERM (a CI job cancelled, `timeout` expiring) unwinds like Ctrl-C, so `finally` tears down."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: nothing to install
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Teardown is not interrupted by a second Ctrl-C; it is bounded in time instead."""
+    try:
+        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+# --- the running stack --------------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class RunningStack:
+    plan: StackPlan
+    replicas: dict[str, Launched] = field(default_factory=dict)
+    router: Launched | None = None
+    startup_s: dict[str, float] = field(default_factory=dict)
+
+    def everything(self) -> list[Launched]:
+        started: list[Launched] = [self.router] if self.router is not None else []
+        return started + list(self.replicas.values())
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return requests.get(f"{url}/health", timeout=1.0).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def _tail(launched: Launched, lines: int = 40) -> str:
+    text = launched.logs(tail=lines).rstrip()
+    return "\n      ".join(text.splitlines()[-lines:]) if text else "(no log output)"
+
+
+def wait_healthy(targets: dict[str, tuple[str, Launched]], *, deadline_s: float) -> dict[str, float]:
+    """Poll each target's /health until all answer 200; fail at once, with its log tail, if one exits."""
+    started = time.monotonic()
+    pending = dict(targets)
+    ready: dict[str, float] = {}
+    while pending:
+        for label, (url, launched) in list(pending.items()):
+            if _healthy(url):
+                ready[label] = round(time.monotonic() - started, 2)
+                del pending[label]
+            elif not launched.alive():
+                raise SmokeFailed(
+                    f"{label} ({launched.name}) exited before it answered {url}/health; last log lines:\n"
+                    f"      {_tail(launched)}",
+                    hint="the log above says why; a rejected argument or too little memory are the usual causes",
+                )
+        if not pending:
+            break
+        if time.monotonic() - started > deadline_s:
+            details = "\n    ".join(f"{label}: {_tail(launched, 15)}" for label, (_, launched) in pending.items())
+            raise SmokeFailed(
+                f"not healthy within {deadline_s:.0f}s: {', '.join(pending)}\n    {details}",
+                hint="raise timeouts.startup_s in the profile, or start fewer replicas on a small machine",
+            )
+        time.sleep(HEALTH_POLL_S)
+    return ready
+
+
+# --- checks -------------------------------------------------------------------------------------------------
+
+
+def compare_slow_clients(
+    with_slow: TrafficResult,
+    without_slow: TrafficResult,
+    *,
+    judged: set[RequestClass],
+    max_ratio: float,
+    allowance_ms: float,
+) -> dict[str, Any]:
+    """Check (a): each judged class's p99 TTFT and ITL with slow clients stays within ratio × baseline +
+    allowance."""
+    rows: dict[str, Any] = {}
+    failures: list[str] = []
+    for request_class, summary in with_slow.summaries.items():
+        if request_class not in judged or request_class not in without_slow.summaries:
+            continue
+        base = without_slow.summaries[request_class]
+        row: dict[str, Any] = {}
+        for metric, ours, theirs in (
+            ("ttft_p99_ms", summary.ttft_ms.p99, base.ttft_ms.p99),
+            ("itl_p99_ms", summary.itl_ms.p99, base.itl_ms.p99),
+        ):
+            if ours is None or theirs is None:
+                continue
+            bound = theirs * max_ratio + allowance_ms
+            row[metric] = {"with_slow": round(ours, 1), "without_slow": round(theirs, 1), "bound": round(bound, 1)}
+            if ours > bound:
+                failures.append(
+                    f"{request_class.value} {metric} {ours:.1f} ms with slow clients > {bound:.1f} ms "
+                    f"({max_ratio}× {theirs:.1f} ms without + {allowance_ms:.0f} ms)"
+                )
+        if row:
+            rows[request_class.value] = row
+    if not rows:
+        failures.append("no class to compare: none is judged, or none was measured in both runs")
+    return {
+        "margin": f"p99 with slow clients <= {max_ratio} × p99 without + {allowance_ms:.0f} ms",
+        "classes": rows,
+        "failures": failures,
+        "passed": not failures,
+    }
+
+
+def judge_kill(
+    result: TrafficResult,
+    *,
+    plan: StackPlan,
+    victim: ReplicaPlan,
+    killed_at_s: float,
+    error_within_s: float,
+) -> dict[str, Any]:
+    """Check (b): requests the kill cut off end in an error within the bound, and every class served by other
+    pools still passes its gate.
+
+    A request counts as on the victim when its x-forge-replica header names it. One that was in flight for
+    its client at the kill but completes successfully had been fully generated before (a slow reader still
+    draining the router's buffer); it is counted, not failed. The kill must cut at least one request, or
+    the check proved nothing."""
+    pool_size = sum(1 for r in plan.replicas if r.pool == victim.pool)
+    victim_classes = {c for c in ALL_CLASSES if plan.profile.classes[c] == victim.pool}
+
+    def on_victim(record: RequestRecord) -> bool:
+        if record.replica is not None:
+            return record.replica.rstrip("/") == victim.url
+        # A non-streamed answer carries its replica header only once complete; with one replica in the pool
+        # the request can only have been on the victim.
+        return pool_size == 1 and record.request_class in victim_classes
+
+    in_flight = [
+        r
+        for r in result.records
+        if r.sent_at_s < killed_at_s and (r.e2e_s is None or r.sent_at_s + r.e2e_s > killed_at_s) and on_victim(r)
+    ]
+    failures: list[str] = []
+    waits: list[float] = []
+    cut = [r for r in in_flight if r.error is not None]
+    for record in cut:
+        wait = record.sent_at_s + (record.e2e_s or 0.0) - killed_at_s
+        waits.append(wait)
+        if wait > error_within_s:
+            failures.append(
+                f"{record.request_class.value}#{record.index} got its error {wait:.1f}s after the kill "
+                f"(bound {error_within_s:.0f}s): {record.error}"
+            )
+    others = {c.value: s.gate_passed for c, s in result.summaries.items() if c not in victim_classes}
+    failures += [f"{name} (served by another pool) failed its gate" for name, ok in others.items() if not ok]
+    # With survivors in the pool, what is sent after the kill must be served by them (the router fails
+    # over before the first byte); without survivors, an immediate error is the right answer.
+    after = [r for r in result.records if r.request_class in victim_classes and r.sent_at_s >= killed_at_s]
+    failed_after = [r for r in after if r.error is not None]
+    if pool_size > 1:
+        failures += [
+            f"{r.request_class.value}#{r.index} sent {r.sent_at_s - killed_at_s:.1f}s after the kill failed although "
+            f"{pool_size - 1} replica(s) of pool {victim.pool} survive: {r.error}"
+            for r in failed_after
+        ]
+    if not cut:
+        failures.append(
+            "the kill cut no request (none was being generated on the replica); give the kill run longer "
+            "outputs (checks.kill_replica.traffic) or kill earlier"
+        )
+    return {
+        "pool": victim.pool,
+        "replica": victim.url,
+        "killed_at_s": round(killed_at_s, 2),
+        "in_flight": len(in_flight),
+        # In flight for the client but already generated (a slow reader draining the router's buffer).
+        "completed_anyway": len(in_flight) - len(cut),
+        "cut": len(cut),
+        "error_after_s_max": round(max(waits), 2) if waits else None,
+        "sent_after_kill": len(after),
+        "failed_after_kill": len(failed_after),
+        "survivors_in_pool": pool_size - 1,
+        "bound_s": error_within_s,
+        "other_classes_gates": others,
+        "failures": failures,
+        "passed": not failures,
+    }
+
+
+# --- the run ------------------------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class SmokeRun:
+    options: SmokeOptions
+    replicas_runtime_factory: Callable[[Path, Path], ReplicaRuntime]
+    router_runtime_factory: Callable[[Path], RouterRuntime]
+    console: Console = field(default_factory=Console)
+    run_id: str = field(default_factory=lambda: secrets.token_hex(4))
+    report: dict[str, Any] = field(default_factory=dict)
+
+    def say(self, text: str) -> None:
+        self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {text}")
+
+    def execute(self) -> dict[str, Any]:
+        """Run the smoke test; returns the report. Raises SmokeFailed (after writing the report) on a failed
+        gate or check."""
+        opts = self.options
+        profile = opts.profile
+        source = str(opts.profile_path)
+        started = time.time()
+        self.report = {
+            "run_id": self.run_id,
+            "profile": profile.name,
+            "profile_file": source,
+            "started_at": datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"),
+            "checks_requested": {"slow_clients": opts.check_slow_clients, "kill_replica": opts.check_kill_replica},
+        }
+        if opts.check_kill_replica and profile.checks.kill_replica is None:
+            raise UsageError(
+                f"--check-kill-replica: profile {profile.name} has no checks.kill_replica section",
+                hint="add checks.kill_replica.pool (and after_s) to the profile",
+            )
+        valid = validate_profile(profile, source, run_id=self.run_id, base_port=opts.base_port)
+        plan = valid.plan
+        workdir = Path(tempfile.mkdtemp(prefix=f"forge-smoke-{self.run_id}-"))
+        stack: RunningStack | None = None
+        error: BaseException | None = None
+        replicas_runtime: ReplicaRuntime | None = None
+        router_runtime: RouterRuntime | None = None
+        try:
+            with sigterm_as_interrupt():
+                model_dir = workdir / "model"
+                write_tiny_model(model_dir, max_position_embeddings=profile.model.max_position_embeddings)
+                # Replicas may run as another user (the images use uid 1000): everything they read is public.
+                for path in (workdir, model_dir, *model_dir.iterdir()):
+                    path.chmod(0o755 if path.is_dir() else 0o644)
+                logs_dir = workdir / "logs"
+                logs_dir.mkdir()
+                replicas_runtime = self.replicas_runtime_factory(model_dir, logs_dir)
+                router_runtime = self.router_runtime_factory(logs_dir)
+                self.report["replicas_from"] = replicas_runtime.description
+                self.report["router_from"] = router_runtime.description
+
+                self.say(f"asking {replicas_runtime.description} which `vllm serve` arguments it accepts")
+                probe = replicas_runtime.probe(timeout_s=profile.timeouts.probe_s)
+                problems = check_pools(plan.pool_argvs(), probe.spec)
+                self._record_probe(probe, problems)
+                raise_for_problems(problems, profile=source)
+
+                config_dir = workdir / "router"
+                config_dir.mkdir(mode=0o755)
+                config_file = config_dir / ROUTER_CONFIG_NAME
+                config_file.write_text(valid.router.model_dump_json(indent=2), encoding="utf-8")
+                config_file.chmod(0o644)
+                check_ports_free([plan.router_port, *(r.port for r in plan.replicas)])
+
+                stack = RunningStack(plan=plan)
+                self._start(stack, replicas_runtime, router_runtime, probe, config_dir, valid.upstream_api_key)
+                self._traffic(stack, valid.traffic, valid.kill_traffic, valid.api_key)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            with signals_deferred():
+                self._teardown(stack, replicas_runtime, router_runtime, workdir, error)
+                self._finish(started)
+        return self.report
+
+    def _record_probe(self, probe: ServeProbe, problems: list[ArgProblem]) -> None:
+        self.report["vllm"] = {
+            "entry": list(probe.entry),
+            "flags_known": len({id(o) for o in probe.spec.options.values()}),
+            "notes": list(probe.notes),
+            "argument_problems": [
+                {"severity": p.severity, "pool": p.pool, "key": p.key, "argument": p.argument, "message": p.render()}
+                for p in problems
+            ],
+        }
+        for note in probe.notes:
+            self.say(f"[yellow]note:[/yellow] {note}")
+        for problem in problems:
+            self.say(f"[{'red' if problem.severity == 'error' else 'yellow'}]{problem.severity}:[/] {problem.render()}")
+
+    def _start(
+        self,
+        stack: RunningStack,
+        replicas: ReplicaRuntime,
+        router: RouterRuntime,
+        probe: ServeProbe,
+        config_dir: Path,
+        upstream_key: str,
+    ) -> None:
+        plan = stack.plan
+        self.say(f"starting {len(plan.replicas)} vLLM replica(s) (run {self.run_id})")
+        for replica in plan.replicas:
+            stack.replicas[replica.label] = replicas.start(
+                _with_env(replica, {"VLLM_API_KEY": upstream_key}), probe, run_id=self.run_id
+            )
+        deadline = plan.profile.timeouts.startup_s
+        t0 = time.monotonic()
+        ready = wait_healthy({r.label: (r.url, stack.replicas[r.label]) for r in plan.replicas}, deadline_s=deadline)
+        stack.startup_s.update(ready)
+        self.say(f"replicas healthy: {', '.join(f'{k} {v:.0f}s' for k, v in ready.items())}")
+        stack.router = router.start(config_dir, ROUTER_CONFIG_NAME, run_id=self.run_id)
+        left = max(10.0, deadline - (time.monotonic() - t0))
+        router_ready = wait_healthy({"router": (plan.router_url, stack.router)}, deadline_s=left)
+        stack.startup_s.update(router_ready)
+        self.report["startup"] = {
+            "replicas": {
+                r.label: {"port": r.port, "healthy_after_s": stack.startup_s.get(r.label)} for r in plan.replicas
+            },
+            "router": {"port": plan.router_port, "healthy_after_s": stack.startup_s.get("router")},
+        }
+
+    def _drive(self, stack: RunningStack, plan: TrafficPlan, api_key: str, label: str) -> TrafficResult:
+        self.say(f"traffic run '{label}': up to {plan.max_total_requests} requests, at most {plan.deadline_s:.0f}s")
+        bound = stack.plan.profile.timeouts.traffic_s
+
+        async def bounded() -> TrafficResult:
+            async with asyncio.timeout(bound):
+                return await run_traffic(stack.plan.router_url, plan, api_key=api_key)
+
+        try:
+            result = asyncio.run(bounded())
+        except TimeoutError:
+            raise SmokeFailed(
+                f"traffic run '{label}' did not finish within timeouts.traffic_s={bound:.0f}s",
+                hint="lower traffic.deadline_s or raise timeouts.traffic_s",
+            ) from None
+        self.console.print(result.render_table())
+        return result
+
+    def _traffic(self, stack: RunningStack, base: TrafficPlan, kill_traffic: TrafficPlan, api_key: str) -> None:
+        profile = stack.plan.profile
+        traffic: dict[str, Any] = {}
+        self.report["traffic"] = traffic
+        main = self._drive(stack, base, api_key, "main")
+        traffic["main"] = self._result_json(main, stack.plan)
+        failures = [f"{c.value}: {'; '.join(s.gate_failures)}" for c, s in main.summaries.items() if not s.gate_passed]
+        checks: dict[str, Any] = {}
+        self.report["checks"] = checks
+        if self.options.check_slow_clients:
+            if base.slow_stream.count == 0:
+                raise UsageError(
+                    "--check-slow-clients: the profile's traffic plan sends no slow_stream requests",
+                    hint="set traffic.slow_stream.count above 0",
+                )
+            quiet = base.model_copy(update={"slow_stream": base.slow_stream.model_copy(update={"count": 0})})
+            without = self._drive(stack, quiet, api_key, "without slow clients")
+            traffic["without_slow_clients"] = self._result_json(without, stack.plan)
+            margins = profile.checks.slow_clients
+            slow_pool = profile.classes[RequestClass.SLOW_STREAM]
+            judged: set[RequestClass] = {
+                c
+                for c in ALL_CLASSES
+                if c is not RequestClass.SLOW_STREAM
+                and (margins.scope == "all_classes" or profile.classes[c] != slow_pool)
+            }
+            checks["slow_clients"] = compare_slow_clients(
+                main, without, judged=judged, max_ratio=margins.max_ratio, allowance_ms=margins.allowance_ms
+            )
+            checks["slow_clients"]["scope"] = margins.scope
+            failures += [f"slow-client isolation: {f}" for f in checks["slow_clients"]["failures"]]
+        if self.options.check_kill_replica:
+            checks["kill_replica"] = self._kill_check(stack, kill_traffic, api_key)
+            traffic["kill_replica"] = checks["kill_replica"].pop("traffic")
+            failures += [f"kill-replica isolation: {f}" for f in checks["kill_replica"]["failures"]]
+        self.report["gates"] = {"passed": not failures, "failures": failures}
+        if failures:
+            raise SmokeFailed(
+                f"profile {profile.name}: {len(failures)} gate(s) failed:\n  " + "\n  ".join(failures),
+                hint="the report names each class's numbers; compare with the profile's SLOs",
+            )
+
+    def _kill_check(self, stack: RunningStack, base: TrafficPlan, api_key: str) -> dict[str, Any]:
+        settings = stack.plan.profile.checks.kill_replica
+        assert settings is not None  # checked before the run started
+        victim = next(r for r in stack.plan.replicas if r.pool == settings.pool)
+        launched = stack.replicas[victim.label]
+        bound = stack.plan.profile.timeouts.traffic_s
+        self.say(f"traffic run 'kill replica': killing {victim.label} after {settings.after_s:.0f}s")
+        killed_at: list[float] = []
+
+        async def run() -> TrafficResult:
+            started = time.monotonic()
+
+            async def killer() -> None:
+                await asyncio.sleep(settings.after_s)
+                # Taken before the kill call, so the measured wait for the error is never flattered.
+                killed_at.append(time.monotonic() - started)
+                await asyncio.to_thread(launched.kill)
+
+            kill_task = asyncio.create_task(killer())
+            try:
+                async with asyncio.timeout(bound):
+                    return await run_traffic(stack.plan.router_url, base, api_key=api_key)
+            finally:
+                kill_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await kill_task
+
+        result = asyncio.run(run())
+        self.console.print(result.render_table())
+        if not killed_at:
+            return {
+                "traffic": self._result_json(result, stack.plan),
+                "failures": [f"the run ended before the kill at {settings.after_s:.0f}s; kill earlier"],
+                "passed": False,
+            }
+        verdict = judge_kill(
+            result,
+            plan=stack.plan,
+            victim=victim,
+            killed_at_s=killed_at[0],
+            error_within_s=settings.error_within_s,
+        )
+        verdict["traffic"] = self._result_json(result, stack.plan)
+        return verdict
+
+    @staticmethod
+    def _result_json(result: TrafficResult, plan: StackPlan) -> dict[str, Any]:
+        return {
+            "wall_s": round(result.wall_s, 2),
+            "stopped_by": result.stopped_by,
+            "requests": len(result.records),
+            "classes": {c.value: {"pool": plan.profile.classes[c], **s.as_json()} for c, s in result.summaries.items()},
+        }
+
+    def _teardown(
+        self,
+        stack: RunningStack | None,
+        replicas: ReplicaRuntime | None,
+        router: RouterRuntime | None,
+        workdir: Path,
+        error: BaseException | None,
+    ) -> None:
+        teardown: dict[str, Any] = {}
+        self.report["teardown"] = teardown
+        if stack is not None:
+            if self.options.report_dir is not None and error is not None:
+                self._save_logs(stack)
+            self.say(f"stopping {len(stack.everything())} server(s)")
+            for launched in stack.everything():
+                try:
+                    launched.stop()
+                except ForgeError as exc:
+                    teardown.setdefault("stop_errors", []).append(f"{launched.name}: {exc.message}")
+        leftovers: list[str] = []
+        for runtime in (replicas, router):
+            if runtime is not None:
+                leftovers += runtime.leftovers(self.run_id)
+        teardown["leftovers"] = sorted(set(leftovers))
+        teardown["clean"] = not leftovers
+        if leftovers:
+            self.say(f"[red]still running after teardown:[/red] {', '.join(sorted(set(leftovers)))}")
+        shutil.rmtree(workdir, ignore_errors=True)
+        if error is not None:
+            teardown["ended_by"] = f"{type(error).__name__}: {error}"[:500]
+
+    def _save_logs(self, stack: RunningStack) -> None:
+        assert self.options.report_dir is not None
+        logs = self.options.report_dir / f"smoke-{stack.plan.profile.name}-{self.run_id}-logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        for launched in stack.everything():
+            (logs / f"{launched.name}.log").write_text(launched.logs(tail=400), encoding="utf-8")
+        self.report["logs_dir"] = str(logs)
+
+    def _finish(self, started: float) -> None:
+        self.report["duration_s"] = round(time.time() - started, 1)
+        if self.options.report_dir is not None:
+            self.options.report_dir.mkdir(parents=True, exist_ok=True)
+            path = self.options.report_dir / f"smoke-{self.options.profile.name}-{self.run_id}.json"
+            path.write_text(json.dumps(self.report, indent=2) + "\n", encoding="utf-8")
+            self.report["report_file"] = str(path)
+            self.say(f"report: {path}")
+
+
+def _with_env(replica: ReplicaPlan, extra: dict[str, str]) -> ReplicaPlan:
+    return ReplicaPlan(
+        pool=replica.pool,
+        index=replica.index,
+        port=replica.port,
+        args=replica.args,
+        keys=replica.keys,
+        env={**replica.env, **extra},
+        name=replica.name,
+    )
+
+
+def summary_table(report: dict[str, Any]) -> Table:
+    """The main run per class, with the pool that served it."""
+    table = Table(title=f"forge smoke {report.get('profile')} (run {report.get('run_id')})")
+    for column in ("class", "pool", "req", "err", "TTFT p50/p99 ms", "ITL p50/p99 ms", "goodput", "gate"):
+        table.add_column(column)
+    classes = report.get("traffic", {}).get("main", {}).get("classes", {})
+    for name, row in classes.items():
+
+        def pair(key: str, row: dict[str, Any] = row) -> str:
+            values = row.get(key) or {}
+            return " / ".join("-" if values.get(q) is None else f"{values[q]:.1f}" for q in ("p50", "p99"))
+
+        table.add_row(
+            name,
+            str(row.get("pool")),
+            str(row.get("requests")),
+            str(row.get("errors")),
+            pair("ttft_ms"),
+            pair("itl_ms"),
+            f"{row.get('goodput', 0):.2f}",
+            "pass" if row.get("gate_passed") else "FAIL",
+        )
+    return table

