@@ -1,0 +1,120 @@
+"""`forge preflight DISTRO TARGET`: every gate, in seconds, before any compile."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from rich.console import Console
+
+from builders.config import Project
+from builders.engine import Engine
+from builders.errors import EngineError, PreflightBlocked, UsageError
+from builders.preflight.findings import render_table
+from builders.preflight.host import parse_cpu_flags
+from builders.preflight.runner import run_preflight
+
+
+def read_flags_file(path: Path) -> frozenset[str]:
+    """A copy of the run host's /proc/cpuinfo, or just its flags separated by spaces or newlines."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise UsageError(
+            f"--run-host-flags {path}: cannot read it ({exc.strerror})",
+            hint="save the run host's /proc/cpuinfo (or its flags line) to a file",
+        ) from exc
+    flags = parse_cpu_flags(text)
+    if not flags:
+        flags = frozenset(w for w in text.split() if w.replace("_", "").replace(".", "").isalnum())
+    if not flags:
+        raise UsageError(
+            f"--run-host-flags {path}: no CPU flags in it",
+            hint="copy the run host's /proc/cpuinfo, e.g. `ssh runhost cat /proc/cpuinfo > flags.txt`",
+        )
+    return flags
+
+
+def cmd_preflight(args: argparse.Namespace) -> int:
+    project = Project.load(args.root)
+    distro = project.distro(args.distro)
+    recipe = project.recipe_for(args.target)
+    if not recipe.supports(distro.name):
+        raise UsageError(
+            f"recipes/{recipe.name}.yaml does not support {distro.name}",
+            hint=f"it supports: {', '.join(recipe.distros) if recipe.distros != 'all' else 'all'}",
+        )
+    engine: Engine | None
+    try:
+        engine = Engine.connect()
+    except EngineError:
+        engine = None  # preflight then runs on declared facts and says so
+    run_flags = read_flags_file(Path(args.run_host_flags)) if args.run_host_flags else None
+    source = Path(args.source) if args.source else None
+    report = run_preflight(
+        project,
+        distro,
+        recipe,
+        engine=engine,
+        source=source,
+        max_jobs=args.max_jobs,
+        scratch_dir=Path(args.scratch_dir) if args.scratch_dir else Path(tempfile.gettempdir()),
+        probe=not args.no_probe,
+        run_host_flags=run_flags,
+        run_host_source=args.run_host_flags,
+        wheelhouse=[Path(w) for w in args.wheelhouse or ()],
+    )
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2, ensure_ascii=False))
+    else:
+        render_table(report, Console(), show_passed=not args.problems_only)
+    if report.blocked:
+        if not args.json:
+            first = report.blocking[0]
+            print(
+                PreflightBlocked(
+                    f"{first.gate}: {first.found} vs {first.required} ({first.source})", hint=first.remedy
+                ).render(),
+                file=sys.stderr,
+            )
+        return PreflightBlocked.exit_code
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "preflight",
+        help="check in seconds whether DISTRO can build TARGET: source gates, real base, host, torch index",
+        description="Every gate a build would hit, each with what was found, what is required, where that "
+        "comes from (vLLM file:line, distro file, host) and what to do. Exit 3 when a gate blocks.",
+    )
+    p.add_argument("distro", help="distro (debian-12) or family (debian: its default release)")
+    p.add_argument("target", help="target (cpu, cpu-wheel, ...)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument(
+        "--source",
+        default=None,
+        metavar="PATH_OR_SDIST",
+        help="vLLM source directory or sdist (default: the recipe's pinned sdist in the source cache)",
+    )
+    p.add_argument("--max-jobs", type=int, default=None, help="compile jobs to check RAM for (default: derived)")
+    p.add_argument("--scratch-dir", default=None, help="where the build stages its context (default: the temp dir)")
+    p.add_argument("--no-probe", action="store_true", help="do not probe the base image: declared facts only")
+    p.add_argument(
+        "--run-host-flags",
+        default=None,
+        metavar="FILE",
+        help="/proc/cpuinfo (or its flags) of the host the image will run on (default: this host)",
+    )
+    p.add_argument(
+        "--wheelhouse",
+        action="append",
+        default=None,
+        metavar="DIR",
+        help="folder of wheels, for targets whose torch comes from a wheelhouse",
+    )
+    p.add_argument("--problems-only", action="store_true", help="list only blocking and warning findings")
+    p.set_defaults(func=cmd_preflight)

@@ -1,0 +1,153 @@
+"""What preflight found, how it reads in a terminal, and its `--json` shape."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+Verdict = Literal["pass", "warn", "block"]
+
+
+class Finding(BaseModel):
+    """One gate's outcome: what was found, what is required, where that requirement comes from, what to do."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gate: str = Field(description="stable gate id: gcc, cmake, python, torch-wheel, disk-scratch, ram, isa, ...")
+    found: str = Field(description="what this distro/host has (GCC 12.2)")
+    required: str = Field(description="what the gate requires (≥ 12.3)")
+    source: str = Field(
+        description="where the requirement or the found value comes from: cmake/cpu_extension.cmake:136, "
+        "distros/debian-12.yaml: toolchain.gcc, host /proc/meminfo"
+    )
+    blocking: bool = Field(description="the build cannot succeed until this is fixed")
+    remedy: str = Field(default="", description="what to do instead; empty when the gate passed")
+    message: str = Field(default="", description="one sentence saying what the gate checked and why it matters")
+    passed: bool = Field(default=False, description="the gate was met; listed to show it was checked")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Finding:
+        if self.passed and self.blocking:
+            raise ValueError("a finding cannot both pass and block")
+        return self
+
+    @property
+    def verdict(self) -> Verdict:
+        return "pass" if self.passed else ("block" if self.blocking else "warn")
+
+
+def passed(gate: str, found: str, required: str, source: str, message: str = "") -> Finding:
+    return Finding(
+        gate=gate, found=found, required=required, source=source, blocking=False, passed=True, message=message
+    )
+
+
+def warning(gate: str, found: str, required: str, source: str, remedy: str, message: str = "") -> Finding:
+    return Finding(
+        gate=gate, found=found, required=required, source=source, blocking=False, remedy=remedy, message=message
+    )
+
+
+def blocker(gate: str, found: str, required: str, source: str, remedy: str, message: str = "") -> Finding:
+    return Finding(
+        gate=gate, found=found, required=required, source=source, blocking=True, remedy=remedy, message=message
+    )
+
+
+class PreflightReport(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    distro: str = Field(description="distro name (debian-12)")
+    target: str = Field(description="target name (cpu)")
+    recipe: str = Field(description="recipe file stem")
+    blocked: bool = Field(description="at least one finding blocks the build")
+    mode: Literal["probed", "declared"] = Field(
+        description="probed: toolchain facts came from the real base image; declared: from distros/*.yaml only"
+    )
+    findings: tuple[Finding, ...] = Field(description="gates that block or warn")
+    passed: tuple[Finding, ...] = Field(description="gates that were checked and met")
+    seconds: float = Field(description="wall time preflight took")
+    vllm_version: str | None = Field(default=None, description="vLLM version of the source read")
+    source: str | None = Field(default=None, description="vLLM source directory or sdist read")
+    max_jobs: int | None = Field(default=None, description="compile jobs the RAM gate assumed")
+    probe_image: str | None = Field(default=None, description="base image probed, in probed mode")
+
+    @classmethod
+    def from_findings(cls, items: list[Finding], **fields: Any) -> PreflightReport:
+        problems = tuple(sorted((f for f in items if not f.passed), key=lambda f: not f.blocking))
+        return cls(
+            blocked=any(f.blocking for f in items),
+            findings=problems,
+            passed=tuple(f for f in items if f.passed),
+            **fields,
+        )
+
+    @property
+    def blocking(self) -> list[Finding]:
+        return [f for f in self.findings if f.blocking]
+
+    def finding(self, gate: str) -> Finding | None:
+        """The first non-passing finding of a gate, else its passing one."""
+        for item in (*self.findings, *self.passed):
+            if item.gate == gate:
+                return item
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        """`distro`, `target`, `blocked`, `findings` (each: gate, found, required, source, blocking, remedy),
+        plus mode, passed checks, timing and what was read."""
+
+        def item(f: Finding) -> dict[str, Any]:
+            return {
+                "gate": f.gate,
+                "found": f.found,
+                "required": f.required,
+                "source": f.source,
+                "blocking": f.blocking,
+                "remedy": f.remedy,
+                "message": f.message,
+            }
+
+        return {
+            "distro": self.distro,
+            "target": self.target,
+            "blocked": self.blocked,
+            "findings": [item(f) for f in self.findings],
+            "mode": self.mode,
+            "recipe": self.recipe,
+            "passed": [item(f) for f in self.passed],
+            "seconds": round(self.seconds, 2),
+            "vllm_version": self.vllm_version,
+            "source": self.source,
+            "max_jobs": self.max_jobs,
+            "probe_image": self.probe_image,
+        }
+
+    def summary(self) -> str:
+        blocking = len(self.blocking)
+        warnings = len(self.findings) - blocking
+        how = f"probed {self.probe_image}" if self.mode == "probed" else "declared facts only, base not probed"
+        verdict = "BLOCKED" if self.blocked else "clear"
+        return (
+            f"preflight {self.distro} × {self.target}: {verdict} — {blocking} blocking, {warnings} warning(s), "
+            f"{len(self.passed)} passed ({how}; {self.seconds:.1f} s)"
+        )
+
+
+_STYLE = {"pass": "green", "warn": "yellow", "block": "bold red"}
+
+
+def render_table(report: PreflightReport, console: Console | None = None, *, show_passed: bool = True) -> None:
+    console = console or Console()
+    table = Table(title=report.summary(), show_lines=True, title_justify="left")
+    for column in ("gate", "found", "required", "source", "verdict", "remedy"):
+        table.add_column(column, overflow="fold")
+    rows = [*report.findings, *(report.passed if show_passed else ())]
+    for f in rows:
+        remedy = f.remedy or f.message
+        table.add_row(f.gate, f.found, f.required, f.source, Text(f.verdict, style=_STYLE[f.verdict]), remedy)
+    console.print(table)

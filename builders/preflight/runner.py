@@ -1,0 +1,467 @@
+"""run_preflight: gather the facts (source, base probe, host, index), run every gate, report.
+
+The build executor calls this as its first phase; `forge preflight` calls it on its own.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from builders.config import Project
+from builders.config.models import Distro, Recipe, Role
+from builders.engine import Engine
+from builders.plan import PlanOptions, torch_spec
+from builders.preflight import gates
+from builders.preflight.findings import Finding, PreflightReport, passed, warning
+from builders.preflight.host import (
+    GIB,
+    HostFacts,
+    derive_max_jobs,
+    free_bytes,
+    mount_for,
+    read_host_facts,
+)
+from builders.preflight.probe import (
+    NUMA_HEADER,
+    ProbeResult,
+    ProbeUnavailable,
+    probe_base,
+    probe_nvcc_max_gcc,
+    probe_packages,
+)
+from builders.preflight.source_facts import SourceFacts, read_source_facts
+from builders.preflight.torch_index import IndexListing, fetch_listing, local_listing, project_url
+from builders.sources import cache_dir
+
+
+def default_source_path(project: Project, recipe: Recipe) -> Path | None:
+    """The recipe's pinned sdist in the source cache (`forge fetch` puts it there), if present."""
+    if recipe.source is None or recipe.source.pypi is None:
+        return None
+    pin = recipe.source.pypi
+    path = cache_dir(project.root) / f"{pin.name}-{pin.version}.tar.gz"
+    return path if path.is_file() else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fact:
+    value: str
+    origin: str  # "distros/debian-12.yaml: toolchain.gcc" or "probe of forge/base:debian-12: g++-12 12.2.0-14"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Toolchain:
+    gcc: Fact
+    gcc_key: str  # the YAML key the declared GCC came from
+    cmake: Fact
+    python: Fact
+
+
+def _toolchain(distro: Distro, device: str, probe: ProbeResult | None) -> tuple[Toolchain, list[Finding]]:
+    """The compiler, CMake and Python the build would use: probed where possible, else declared."""
+    yaml = f"distros/{distro.name}.yaml"
+    cuda_host = distro.cuda.host_compiler if device == "cuda" and distro.cuda else None
+    if cuda_host:
+        gcc_key, gcc_declared, gcc_pkgs = "cuda.host_compiler.gcc", cuda_host.gcc, list(cuda_host.packages)
+    elif distro.compiler_enable:
+        gcc_key, gcc_declared = "compiler_enable.gcc", distro.compiler_enable.gcc
+        gcc_pkgs = list(distro.compiler_enable.packages)
+    else:
+        gcc_key, gcc_declared, gcc_pkgs = "toolchain.gcc", distro.toolchain.gcc, list(distro.packages["c_compiler"])
+    wanted = {
+        gcc_key: (gcc_declared, gcc_pkgs),
+        "toolchain.cmake": (distro.toolchain.cmake, list(distro.packages.get("cmake", ()))),
+        "toolchain.python": (distro.toolchain.python, list(distro.packages["python"][:1])),
+    }
+    facts: dict[str, Fact] = {}
+    probed: dict[str, tuple[str, str]] = {}
+    for key, (declared, pkgs) in wanted.items():
+        got = probe.version_of(pkgs) if probe else None
+        if got and probe:
+            probed[key] = got
+            facts[key] = Fact(value=got[0], origin=f"probe of {probe.image}: {got[1]}")
+        else:
+            facts[key] = Fact(value=declared, origin=f"{yaml}: {key}")
+    findings = gates.declared_vs_probed(
+        distro_name=distro.name, declared={k: v[0] for k, v in wanted.items()}, probed=probed
+    )
+    python = facts["toolchain.python"]
+    short_python = Fact(value=".".join(python.value.split(".")[:2]), origin=python.origin)
+    return Toolchain(gcc=facts[gcc_key], gcc_key=gcc_key, cmake=facts["toolchain.cmake"], python=short_python), findings
+
+
+def _alternatives(project: Project, distro: Distro, device: str) -> list[tuple[str, str]]:
+    """Other distros' compilers, in the order a remedy should suggest them: same family (newest first), then
+    each family's default, then the rest."""
+    others = [d for d in project.distros.values() if d.name != distro.name]
+    if device == "cuda":
+        others = [d for d in others if d.cuda]
+
+    def gcc_of(d: Distro) -> str:
+        if device == "cuda" and d.cuda and d.cuda.host_compiler:
+            return d.cuda.host_compiler.gcc
+        return d.gcc
+
+    def release_key(d: Distro) -> tuple[int, ...]:
+        return tuple(int(p) for p in d.release.split(".") if p.isdigit())
+
+    same = sorted((d for d in others if d.family == distro.family), key=release_key, reverse=True)
+    defaults = sorted((d for d in others if d.default_for_family and d not in same), key=lambda d: d.name)
+    rest = sorted((d for d in others if d not in same and d not in defaults), key=lambda d: d.name)
+    return [(d.name, gcc_of(d)) for d in (*same, *defaults, *rest)]
+
+
+def _torch_findings(
+    facts: SourceFacts | None,
+    distro: Distro,
+    recipe: Recipe,
+    python: str,
+    wheelhouse: Sequence[Path],
+) -> list[Finding]:
+    if recipe.device == "none":
+        return []
+    pin_version, pin_source = recipe.torch.version, f"recipes/{recipe.name}.yaml: torch.version"
+    if pin_version is None and facts is not None:
+        pins = facts.pins_for(recipe.device, arch=distro.arch, python=python)
+        build_pins = [p for p in pins if p.kind == "build" and p.version] or [p for p in pins if p.version]
+        if build_pins:
+            pin_version, pin_source = build_pins[0].version, build_pins[0].source
+    if pin_version is None:
+        return [
+            warning(
+                "torch-wheel",
+                "no torch pin known",
+                "a torch pin",
+                f"recipes/{recipe.name}.yaml: torch",
+                "give torch.version in the recipe, or a vLLM source to read the pin from",
+            )
+        ]
+    spec = torch_spec(recipe, PlanOptions(max_jobs=1, torch_version=pin_version))
+    if spec is None:
+        return []
+    listing: IndexListing
+    if spec.index == "wheelhouse":
+        folders = [*wheelhouse]
+        if recipe.wheelhouse:
+            folders += [Path(f) for f in recipe.wheelhouse.find_links]
+        if spec.index_url and not spec.index_url.startswith(("http://", "https://")):
+            folders.append(Path(spec.index_url))
+        listing = local_listing(folders)
+    elif spec.index_url:
+        listing = fetch_listing(project_url(spec.index_url))
+    else:
+        return [
+            warning(
+                "torch-wheel",
+                f"no URL for index {spec.index}",
+                spec.requirement,
+                pin_source,
+                f"set torch.index_url in recipes/{recipe.name}.yaml",
+            )
+        ]
+    return [
+        gates.torch_wheel_gate(
+            version=spec.version,
+            pin_source=pin_source,
+            python=python,
+            arch=distro.arch,
+            index_name=spec.index,
+            listing=listing,
+            recipe_name=recipe.name,
+            glibc=distro.toolchain.glibc,
+        )
+    ]
+
+
+def _disk_findings(
+    recipe: Recipe, engine: Engine | None, scratch_dir: Path, host: HostFacts
+) -> tuple[list[Finding], int]:
+    """Layer storage and scratch space; returns the findings and the RAM a tmpfs scratch dir would take."""
+    out: list[Finding] = []
+    res = recipe.resources
+    yaml = f"recipes/{recipe.name}.yaml"
+    root = engine.root_dir if engine else None
+    if root and Path(root).is_dir():
+        free, where = free_bytes(Path(root))
+        out.append(
+            gates.disk_gate(
+                gate="disk-layers",
+                where=str(where),
+                free=free,
+                need_gb=res.disk_gb,
+                need_source=f"{yaml}: resources.disk_gb",
+                remedy=f"free space under {root} (`docker builder prune`, `docker image prune`) or move the engine's "
+                "data-root to a bigger disk",
+            )
+        )
+    elif root:
+        out.append(
+            warning(
+                "disk-layers",
+                f"engine data root {root} not visible from here",
+                f"≥ {res.disk_gb:g} GiB",
+                f"{yaml}: resources.disk_gb",
+                f"check free space where the engine keeps {root}",
+                "the engine runs elsewhere (a VM or remote host): its disk was not checked",
+            )
+        )
+    else:
+        out.append(
+            warning(
+                "disk-layers",
+                "no engine connected",
+                f"≥ {res.disk_gb:g} GiB",
+                f"{yaml}: resources.disk_gb",
+                "start the engine and rerun to check its layer storage",
+            )
+        )
+    free, where = free_bytes(scratch_dir)
+    out.append(
+        gates.disk_gate(
+            gate="disk-scratch",
+            where=str(where),
+            free=free,
+            need_gb=res.scratch_gb,
+            need_source=f"{yaml}: resources.scratch_gb",
+            remedy=f"pass --scratch-dir on a filesystem with ≥ {res.scratch_gb:g} GiB free",
+        )
+    )
+    mount = mount_for(scratch_dir, list(host.mounts))
+    out.append(
+        gates.tmpfs_gate(
+            scratch_dir=scratch_dir,
+            mount=mount,
+            need_gb=res.scratch_gb,
+            mem_total=host.memory.total,
+            need_source=f"{yaml}: resources.scratch_gb",
+        )
+    )
+    reserved = int(res.scratch_gb * GIB) if mount is not None and mount.fstype == "tmpfs" else 0
+    return out, reserved
+
+
+def _probe_findings(
+    distro: Distro, device: str, engine: Engine | None, probe: bool
+) -> tuple[ProbeResult | None, list[Finding]]:
+    """Probe the base if asked and possible; say so either way."""
+    yaml = f"distros/{distro.name}.yaml"
+    result: ProbeResult | None = None
+    if not probe:
+        why = "--no-probe given"
+    elif engine is None:
+        why = "no container engine connected"
+    else:
+        outcome = probe_base(engine, distro, device=device)
+        if isinstance(outcome, ProbeUnavailable):
+            why = outcome.reason
+        else:
+            result, why = outcome, ""
+    if result is None:
+        notice = warning(
+            "probe",
+            f"declared facts only: {why}",
+            f"probe of {distro.base.local_tag}",
+            yaml,
+            f"load or bootstrap {distro.base.local_tag} (`forge bootstrap {distro.name}`) and rerun to check "
+            "the real archive",
+            "toolchain versions come from the distro file, unverified",
+        )
+        return None, [notice]
+    out = [passed("probe", f"probed in {result.seconds:.1f} s", "", result.image)]
+    out += [
+        warning("probe", f"probe step failed: {err}", "", result.image, "check the base's package sources")
+        for err in result.errors
+    ]
+    query, _ = probe_packages(distro, device=device)
+    for pkg in result.missing(query):
+        role = next((r for r, pkgs in distro.packages.items() if pkg in pkgs), "packages")
+        out.append(_soften(gates.missing_package_gate(pkg, role, distro.name, result.image), result))
+    return result, out
+
+
+def _soften(finding: Finding, probe: ProbeResult | None) -> Finding:
+    """A probe step that failed (EPEL unreachable) hides packages that do exist: warn rather than block."""
+    if probe is not None and probe.archive_trouble and finding.blocking:
+        return finding.model_copy(update={"blocking": False})
+    return finding
+
+
+def _file_findings(distro: Distro, compiles: bool, probe: ProbeResult | None) -> list[Finding]:
+    files = probe.files if probe else {}
+    origin = probe.image if probe else ""
+    checks: list[tuple[str, str, Role, str]] = [("tcmalloc", distro.tcmalloc_path, "tcmalloc", "tcmalloc_path")]
+    if compiles:
+        checks.insert(0, ("numa-headers", NUMA_HEADER, "numa_headers", "packages.numa_headers"))
+    return [
+        _soften(
+            gates.file_gate(
+                gate=gate,
+                path=path,
+                present=files.get(path),
+                packages=distro.packages[role],
+                origin=origin,
+                yaml_key=key,
+                distro_name=distro.name,
+            ),
+            probe,
+        )
+        for gate, path, role, key in checks
+    ]
+
+
+def _jobs(recipe: Recipe, max_jobs: int | None, usable: int, cores: int) -> tuple[int, str]:
+    if recipe.kind != "source":
+        return 1, "no compile: one install step"
+    if max_jobs is not None:
+        return max_jobs, "--max-jobs"
+    if recipe.max_jobs is not None:
+        return recipe.max_jobs, f"recipes/{recipe.name}.yaml: max_jobs"
+    jobs = derive_max_jobs(usable, cores, recipe.resources.ram_per_job_gb)
+    return jobs, f"derived from {usable / GIB:.1f} GiB and {cores} core(s)"
+
+
+def run_preflight(
+    project: Project,
+    distro: Distro,
+    recipe: Recipe,
+    *,
+    engine: Engine | None,
+    source: Path | None,
+    max_jobs: int | None,
+    scratch_dir: Path,
+    probe: bool = True,
+    run_host_flags: frozenset[str] | None = None,
+    run_host_source: str | None = None,
+    wheelhouse: Sequence[Path] = (),
+    host: HostFacts | None = None,
+) -> PreflightReport:
+    """Every gate for building `recipe` on `distro` here. A failed gate never raises: the report says.
+
+    Raises SourceUnavailable only when an explicitly given source cannot be read.
+    """
+    start = time.monotonic()
+    host = host or read_host_facts()
+    device, arch = recipe.device, distro.arch
+    compiles = recipe.kind == "source"
+    findings: list[Finding] = []
+
+    facts: SourceFacts | None = None
+    source_path = source
+    if compiles:
+        source_path = source or default_source_path(project, recipe)
+        if source_path is None:
+            findings.append(
+                warning(
+                    "source",
+                    "no vLLM source at hand",
+                    "vLLM source (dir or sdist)",
+                    f"recipes/{recipe.name}.yaml: source",
+                    "run `forge fetch` to cache the pinned sdist, or pass --source PATH",
+                    "the GCC, CMake, Python and torch gates come from the source and were not checked",
+                )
+            )
+        else:
+            facts = read_source_facts(source_path)
+
+    probe_result: ProbeResult | None = None
+    if device != "none":
+        probe_result, notes = _probe_findings(distro, device, engine, probe)
+        findings += notes
+    toolchain, agreement = _toolchain(distro, device, probe_result)
+    if device != "none":
+        findings += agreement
+
+    if compiles and facts is not None:
+        findings += gates.gcc_gates(
+            facts,
+            gcc=toolchain.gcc.value,
+            gcc_origin=toolchain.gcc.origin,
+            device=device,
+            arch=arch,
+            distro_name=distro.name,
+            alternatives=_alternatives(project, distro, device),
+            compiler_key="cuda.host_compiler" if device == "cuda" else "compiler_enable",
+        )
+        cmake = gates.cmake_gate(
+            facts,
+            cmake=toolchain.cmake.value,
+            cmake_origin=toolchain.cmake.origin,
+            cmake_from_pip=recipe.cmake_from_pip,
+            recipe_name=recipe.name,
+        )
+        findings += [cmake] if cmake else []
+        findings += gates.python_gates(
+            facts, python=toolchain.python.value, python_origin=toolchain.python.origin, distro_name=distro.name
+        )
+        findings += gates.fetched_source_gates(facts.fetched_for(device, arch), recipe.fetched_sources, recipe.name)
+    if compiles or recipe.kind == "wheel":
+        findings += _torch_findings(facts, distro, recipe, toolchain.python.value, wheelhouse)
+    if device != "none":
+        findings += _file_findings(distro, compiles, probe_result)
+    if device == "cuda" and compiles:
+        findings.append(_nvcc_finding(distro, engine, toolchain))
+
+    disk, reserved = _disk_findings(recipe, engine, scratch_dir, host)
+    findings += disk
+    jobs, jobs_origin = _jobs(recipe, max_jobs, max(host.memory.available - reserved, 0), host.cores)
+    findings.append(
+        gates.ram_gate(
+            memory=host.memory,
+            max_jobs=jobs,
+            jobs_origin=jobs_origin,
+            per_job_gb=recipe.resources.ram_per_job_gb,
+            per_job_source=f"recipes/{recipe.name}.yaml: resources.ram_per_job_gb",
+            cores=host.cores,
+            reserved=reserved,
+            reserved_why="the tmpfs scratch dir" if reserved else "",
+        )
+    )
+    if device == "cpu":
+        findings.append(
+            gates.isa_gate(
+                isa=recipe.isa,
+                arch=arch,
+                build_flags=host.cpu_flags,
+                run_flags=run_host_flags if run_host_flags is not None else host.cpu_flags,
+                run_source=run_host_source or "build host /proc/cpuinfo",
+                recipe_name=recipe.name,
+                serve_test=recipe.serve_test,
+            )
+        )
+
+    return PreflightReport.from_findings(
+        findings,
+        distro=distro.name,
+        target=recipe.target,
+        recipe=recipe.name,
+        mode="probed" if probe_result else "declared",
+        seconds=time.monotonic() - start,
+        vllm_version=facts.vllm_version if facts else None,
+        source=str(source_path) if source_path else None,
+        max_jobs=jobs,
+        probe_image=probe_result.image if probe_result else None,
+    )
+
+
+def _nvcc_finding(distro: Distro, engine: Engine | None, toolchain: Toolchain) -> Finding:
+    if distro.cuda is None:
+        return gates.no_cuda_gate(distro.name)
+    max_major: int | None = None
+    max_source = f"CUDA {distro.cuda.version} → newest GCC table (builders/preflight/gates.py CUDA_MAX_GCC)"
+    read = probe_nvcc_max_gcc(engine, distro.cuda.base_image) if engine else None
+    if read and read[0] is not None:
+        max_major, max_source = read[0], read[1]
+    else:
+        max_major = gates.max_gcc_for_cuda(distro.cuda.version)
+    return gates.nvcc_host_gcc_gate(
+        cuda_version=distro.cuda.version,
+        host_gcc=toolchain.gcc.value,
+        host_gcc_origin=toolchain.gcc.origin,
+        max_major=max_major,
+        max_source=max_source,
+        family=distro.family,
+        distro_name=distro.name,
+    )
