@@ -5,6 +5,7 @@ The build executor calls this as its first phase; `forge preflight` calls it on 
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -71,10 +72,15 @@ def _toolchain(distro: Distro, device: str, probe: ProbeResult | None) -> tuple[
         gcc_pkgs = list(distro.compiler_enable.packages)
     else:
         gcc_key, gcc_declared, gcc_pkgs = "toolchain.gcc", distro.toolchain.gcc, list(distro.packages["c_compiler"])
+    # UBI 9 builds with python3.12 beside the system's 3.9: the interpreter named is the one that counts.
+    exe = re.fullmatch(r"python(\d+\.\d+)", distro.python_executable)
+    python_key, python_declared = (
+        ("python_executable", exe.group(1)) if exe else ("toolchain.python", distro.toolchain.python)
+    )
     wanted = {
         gcc_key: (gcc_declared, gcc_pkgs),
         "toolchain.cmake": (distro.toolchain.cmake, list(distro.packages.get("cmake", ()))),
-        "toolchain.python": (distro.toolchain.python, list(distro.packages["python"][:1])),
+        python_key: (python_declared, list(distro.packages["python"][:1])),
     }
     facts: dict[str, Fact] = {}
     probed: dict[str, tuple[str, str]] = {}
@@ -88,7 +94,7 @@ def _toolchain(distro: Distro, device: str, probe: ProbeResult | None) -> tuple[
     findings = gates.declared_vs_probed(
         distro_name=distro.name, declared={k: v[0] for k, v in wanted.items()}, probed=probed
     )
-    python = facts["toolchain.python"]
+    python = facts[python_key]
     short_python = Fact(value=".".join(python.value.split(".")[:2]), origin=python.origin)
     return Toolchain(gcc=facts[gcc_key], gcc_key=gcc_key, cmake=facts["toolchain.cmake"], python=short_python), findings
 

@@ -350,3 +350,21 @@ def test_cuda_target_gates(project: Project, tmp_path: Path) -> None:
     no_host = f44.model_copy(update={"cuda": f44.cuda.model_copy(update={"host_compiler": None})})
     assert "nvcc-host-gcc" in blocking(no_host)
     assert "cuda" in blocking(project.distros["ubuntu-22.04"])  # no CUDA section in its distro file
+
+
+def test_the_build_interpreter_is_python_executable(project: Project, tmp_path: Path) -> None:
+    ubi9 = project.distros["ubi-9"]
+    assert ubi9.toolchain.python == "3.9" and ubi9.python_executable == "python3.12"
+    report = run_preflight(
+        project,
+        ubi9,
+        project.recipe_for("cpu"),
+        engine=None,
+        source=FIXTURE,
+        max_jobs=None,
+        scratch_dir=tmp_path,
+        probe=False,
+    )
+    python = report.finding("python")
+    assert python is not None and python.passed and python.found == "Python 3.12"
+    assert "python_executable" in python.message
