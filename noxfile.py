@@ -43,8 +43,9 @@ def _alias(distro: str, target: str):  # type: ignore[no-untyped-def]
 
 def _smoke_session(distro: str, target: str) -> None:
     def session_fn(session: nox.Session) -> None:
-        session.run("forge", "smoke", f"forge/{distro}-{target}:latest", "--profile", "ci", *session.posargs,
-                    external=True)
+        session.run(
+            "forge", "smoke", f"forge/{distro}-{target}:latest", "--profile", "ci", *session.posargs, external=True
+        )
 
     session_fn.__doc__ = f"Bring up the router stack on the {distro} {target} image and judge each class's gates."
     nox.session(name=f"smoke-{distro}-{target}", python=False, default=False)(session_fn)

@@ -34,12 +34,15 @@ class BaseResult:
     rootfs_sha256: str | None = None
 
 
-def bootstrap(distro: Distro, engine: Engine, *, source_date_epoch: int | None = None,
-              scratch: Path | None = None) -> BaseResult:
+def bootstrap(
+    distro: Distro, engine: Engine, *, source_date_epoch: int | None = None, scratch: Path | None = None
+) -> BaseResult:
     boot = distro.base.bootstrap
     if boot is None:
-        raise BaseUnavailable(f"distros/{distro.name}.yaml has no base.bootstrap: this base can only be pulled",
-                              hint=f"pull {distro.base.image} where its registry is reachable")
+        raise BaseUnavailable(
+            f"distros/{distro.name}.yaml has no base.bootstrap: this base can only be pulled",
+            hint=f"pull {distro.base.image} where its registry is reachable",
+        )
     family = family_for(distro)
     tool = boot.tool
     if shutil.which(tool) is None:
@@ -48,8 +51,10 @@ def bootstrap(distro: Distro, engine: Engine, *, source_date_epoch: int | None =
             hint=f"install it (Debian: apt-get install {tool}) or pull {distro.base.image} instead",
         )
     if boot.keyring and not Path(boot.keyring).exists():
-        raise BaseUnavailable(f"bootstrapping {distro.name} needs the keyring {boot.keyring}, which is missing",
-                              hint="install the distro's archive keyring package (ubuntu-keyring)")
+        raise BaseUnavailable(
+            f"bootstrapping {distro.name} needs the keyring {boot.keyring}, which is missing",
+            hint="install the distro's archive keyring package (ubuntu-keyring)",
+        )
     epoch = source_date_epoch if source_date_epoch is not None else DEFAULT_EPOCH
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="forge-bootstrap-", dir=scratch) as tmp:
@@ -68,8 +73,13 @@ def bootstrap(distro: Distro, engine: Engine, *, source_date_epoch: int | None =
         digest = hashlib.sha256(tar.read_bytes()).hexdigest()
         engine.import_rootfs(str(tar), distro.base.local_tag, changes=['CMD ["/bin/sh"]'])
     info = engine.image_info(distro.base.local_tag)
-    return BaseResult(ref=distro.base.local_tag, image_id=info.id, how="bootstrapped",
-                      seconds=time.monotonic() - start, rootfs_sha256=digest)
+    return BaseResult(
+        ref=distro.base.local_tag,
+        image_id=info.id,
+        how="bootstrapped",
+        seconds=time.monotonic() - start,
+        rootfs_sha256=digest,
+    )
 
 
 def ensure_base(distro: Distro, engine: Engine, *, allow_bootstrap: bool = True, allow_pull: bool = True) -> BaseResult:
@@ -84,8 +94,9 @@ def ensure_base(distro: Distro, engine: Engine, *, allow_bootstrap: bool = True,
             engine.pull(distro.base.pinned_ref)
             engine.tag(distro.base.pinned_ref, distro.base.local_tag)
             info = engine.image_info(distro.base.local_tag)
-            return BaseResult(ref=distro.base.local_tag, image_id=info.id, how="pulled",
-                              seconds=time.monotonic() - start)
+            return BaseResult(
+                ref=distro.base.local_tag, image_id=info.id, how="pulled", seconds=time.monotonic() - start
+            )
         except Exception as exc:  # the engine reports unreachable registries in several shapes
             registry = distro.base.image.split("/", 1)[0]
             problems.append(f"pull {distro.base.pinned_ref}: registry {registry} unreachable or refused ({exc})")

@@ -16,7 +16,7 @@ from pathlib import Path
 from builders.bootstrap import ensure_base
 from builders.config import Project
 from builders.config.models import Distro, Recipe
-from builders.engine import BuildRequest, Builder, Engine, choose_builder
+from builders.engine import Builder, BuildRequest, Engine, choose_builder
 from builders.engine.image_builders import describe
 from builders.errors import BuildFailed, ForgeError, PreflightBlocked, SourceUnavailable
 from builders.image_tests import run_checks
@@ -55,8 +55,15 @@ def derive_max_jobs(recipe: Recipe) -> int:
     return derive(per_job_gb=recipe.resources.ram_per_job_gb)
 
 
-def _stage_context(ctx: Path, project: Project, plan_items: list[tuple[str, str]], sources: dict[str, ResolvedSource],
-                   wheelhouse: Path | None, ca_bundle: Path | None, buildkit: bool) -> None:
+def _stage_context(
+    ctx: Path,
+    project: Project,
+    plan_items: list[tuple[str, str]],
+    sources: dict[str, ResolvedSource],
+    wheelhouse: Path | None,
+    ca_bundle: Path | None,
+    buildkit: bool,
+) -> None:
     """Put into the context exactly what the plan names: hard links where possible, so a 5 GB wheelhouse is free."""
     shutil.copytree(project.containers_dir / "scripts", ctx / "scripts")
     for name, kind in plan_items:
@@ -69,14 +76,17 @@ def _stage_context(ctx: Path, project: Project, plan_items: list[tuple[str, str]
             shutil.copytree(src, dest, symlinks=True, ignore=shutil.ignore_patterns(".git", ".forge-origin"))
         elif kind == "wheelhouse":
             if wheelhouse is None:
-                raise SourceUnavailable("this build needs a wheelhouse and none was given",
-                                        hint="pass --wheelhouse DIR (a folder of .whl files)")
+                raise SourceUnavailable(
+                    "this build needs a wheelhouse and none was given",
+                    hint="pass --wheelhouse DIR (a folder of .whl files)",
+                )
             dest.mkdir(exist_ok=True)
             for wheel in sorted(wheelhouse.glob("*.whl")):
                 _link_or_copy(wheel, dest / wheel.name)
         elif kind == "package":
-            shutil.copytree(project.root / "builders", dest / "builders",
-                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            shutil.copytree(
+                project.root / "builders", dest / "builders", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+            )
     if ca_bundle and not buildkit:
         (ctx / "trust").mkdir()
         shutil.copy2(ca_bundle, ctx / "trust" / "ca_bundle.pem")
@@ -94,7 +104,7 @@ def read_pins(sdist: Path, distro: Distro, device: str) -> tuple[str | None, str
     from builders.preflight.source_facts import read_source_facts
 
     facts = read_source_facts(sdist)
-    pins = [p.version for p in facts.pins_for(device, arch=distro.arch, python=distro.toolchain.python) if p.version]
+    pins = [p.version for p in facts.pins_for(device, arch=distro.arch, python=distro.build_python[0]) if p.version]
     return (pins[0] if pins else None), facts.vllm_version
 
 
@@ -124,45 +134,72 @@ def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOption
         with report.phase("sources"):
             if recipe.kind == "source":
                 sources["vllm"] = resolve_sdist(recipe, project.root, options.source_overrides)
-                report.source = {"origin": sources["vllm"].origin, "sha256": sources["vllm"].sha256,
-                                 "path": str(sources["vllm"].path)}
+                report.source = {
+                    "origin": sources["vllm"].origin,
+                    "sha256": sources["vllm"].sha256,
+                    "path": str(sources["vllm"].path),
+                }
                 for fetched in recipe.fetched_sources:
                     resolved = resolve_fetched(fetched, project.root, options.source_overrides)
                     sources[fetched.name] = resolved
-                    report.fetched_sources.append({"name": fetched.name, "origin": resolved.origin,
-                                                   "path": str(resolved.path), "cmake_var": fetched.cmake_var})
+                    report.fetched_sources.append(
+                        {
+                            "name": fetched.name,
+                            "origin": resolved.origin,
+                            "path": str(resolved.path),
+                            "cmake_var": fetched.cmake_var,
+                        }
+                    )
                 torch_pin, vllm_version = read_pins(sources["vllm"].path, distro, recipe.device)
             sink(f"forge: sources {', '.join(f'{k} ({v.origin})' for k, v in sources.items()) or 'none needed'}")
 
         with report.phase("base"):
             base = ensure_base(distro, engine)
-            report.base = {"ref": base.ref, "image_id": base.image_id, "how": base.how,
-                           "rootfs_sha256": base.rootfs_sha256, "declared": distro.base.pinned_ref}
+            report.base = {
+                "ref": base.ref,
+                "image_id": base.image_id,
+                "how": base.how,
+                "rootfs_sha256": base.rootfs_sha256,
+                "declared": distro.base.pinned_ref,
+            }
             sink(f"forge: base {base.ref} ({base.how})")
 
         wheelhouse = options.wheelhouse
         if wheelhouse is None and recipe.wheelhouse is not None:
             cached = wheelhouse_dir(project.root, distro, recipe)
             if not any(cached.glob("*.whl")):
-                raise SourceUnavailable(f"no wheelhouse for {distro.name} {recipe.target} in {cached}",
-                                        hint=f"run `forge fetch {distro.name} {recipe.target}` or pass --wheelhouse DIR")
+                raise SourceUnavailable(
+                    f"no wheelhouse for {distro.name} {recipe.target} in {cached}",
+                    hint=f"run `forge fetch {distro.name} {recipe.target}` or pass --wheelhouse DIR",
+                )
             wheelhouse = cached
         if wheelhouse is not None:
-            report.source = {"origin": f"wheelhouse {wheelhouse}",
-                             "wheels": sorted(p.name for p in wheelhouse.glob("*.whl"))}
+            report.source = {
+                "origin": f"wheelhouse {wheelhouse}",
+                "wheels": sorted(p.name for p in wheelhouse.glob("*.whl")),
+            }
 
         if not options.skip_preflight:
             with report.phase("preflight"):
                 from builders.preflight import run_preflight
 
                 scratch = options.scratch_dir or Path(tempfile.gettempdir())
-                pre = run_preflight(project, distro, recipe, engine=engine,
-                                    source=sources["vllm"].path if "vllm" in sources else None,
-                                    max_jobs=max_jobs, scratch_dir=scratch)
+                pre = run_preflight(
+                    project,
+                    distro,
+                    recipe,
+                    engine=engine,
+                    source=sources["vllm"].path if "vllm" in sources else None,
+                    max_jobs=max_jobs,
+                    scratch_dir=scratch,
+                    wheelhouse=[wheelhouse] if wheelhouse else [],
+                )
                 report.preflight = pre.model_dump(mode="json")
                 for finding in pre.findings:
-                    sink(f"forge: preflight {finding.gate}: {finding.found} vs {finding.required} "
-                         f"{'BLOCKING' if finding.blocking else 'ok/warn'}")
+                    sink(
+                        f"forge: preflight {finding.gate}: {finding.found} vs {finding.required} "
+                        f"{'BLOCKING' if finding.blocking else 'ok/warn'}"
+                    )
                 if pre.blocked:
                     blocking = [f for f in pre.findings if f.blocking]
                     raise PreflightBlocked(
@@ -171,17 +208,31 @@ def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOption
                         hint=blocking[0].remedy + " — or run with --skip-preflight to try anyway",
                     )
 
-        plan = make_plan(distro, recipe, PlanOptions(
-            max_jobs=max_jobs, buildkit=builder.supports_secrets, ca_bundle=ca_bundle is not None,
-            torch_version=options.torch_version or torch_pin, torch_index=options.torch_index,
-            cmake_from_pip=options.cmake_from_pip, vllm_version=vllm_version,
-            base_digest=base.image_id, source_date_epoch=options.source_date_epoch, tag=options.tag,
-        ))
+        plan = make_plan(
+            distro,
+            recipe,
+            PlanOptions(
+                max_jobs=max_jobs,
+                buildkit=builder.supports_secrets,
+                ca_bundle=ca_bundle is not None,
+                torch_version=options.torch_version or torch_pin,
+                torch_index=options.torch_index,
+                cmake_from_pip=options.cmake_from_pip,
+                vllm_version=vllm_version,
+                base_digest=base.image_id,
+                source_date_epoch=options.source_date_epoch,
+                tag=options.tag,
+            ),
+        )
         report.build_args = dict(plan.build_args)
         report.compile_env = dict(plan.compile_env)
         if plan.torch:
-            report.torch = {"requirement": plan.torch.requirement, "index": plan.torch.index,
-                            "index_url": plan.torch.index_url, "cuda_build_on_cpu": plan.torch.cuda_build_on_cpu}
+            report.torch = {
+                "requirement": plan.torch.requirement,
+                "index": plan.torch.index,
+                "index_url": plan.torch.index_url,
+                "cuda_build_on_cpu": plan.torch.cuda_build_on_cpu,
+            }
 
         with report.phase("context"):
             ctx = Path(tempfile.mkdtemp(prefix="forge-context-", dir=options.scratch_dir))
@@ -189,21 +240,38 @@ def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOption
             (ctx / plan.containerfile).write_text(text)
             (reports_dir / "Containerfile").write_text(text)
             report.containerfile = str(reports_dir / "Containerfile")
-            _stage_context(ctx, project, [(i.name, i.kind) for i in plan.context], sources,
-                           wheelhouse, ca_bundle, builder.supports_secrets)
+            _stage_context(
+                ctx,
+                project,
+                [(i.name, i.kind) for i in plan.context],
+                sources,
+                wheelhouse,
+                ca_bundle,
+                builder.supports_secrets,
+            )
 
         with report.phase("build"):
-            result = builder.build(BuildRequest(
-                context_dir=ctx, containerfile=ctx / plan.containerfile, target=plan.final_stage,
-                build_args=plan.build_args, secrets={"ca_bundle": ca_bundle} if ca_bundle and builder.supports_secrets
-                else {}, labels=plan.labels, no_cache=options.no_cache, log_path=log_path,
-            ), sink)
+            result = builder.build(
+                BuildRequest(
+                    context_dir=ctx,
+                    containerfile=ctx / plan.containerfile,
+                    target=plan.final_stage,
+                    build_args=plan.build_args,
+                    secrets={"ca_bundle": ca_bundle} if ca_bundle and builder.supports_secrets else {},
+                    labels=plan.labels,
+                    no_cache=options.no_cache,
+                    log_path=log_path,
+                ),
+                sink,
+            )
             report.log = str(log_path)
             report.stage_seconds = result.step_times
         if not result.ok:
             _diagnose_into(report, log_path)
-            raise BuildFailed(f"the {builder.name} build exited {result.returncode}; log: {log_path}",
-                              hint=(report.diagnosis or {}).get("remedy") or "read the log's last error")
+            raise BuildFailed(
+                f"the {builder.name} build exited {result.returncode}; log: {log_path}",
+                hint=(report.diagnosis or {}).get("remedy") or "read the log's last error",
+            )
         image_id = result.image_id
         assert image_id is not None
 
@@ -214,19 +282,25 @@ def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOption
         if not options.skip_tests:
             with report.phase("test"):
                 checks = run_checks(engine, image_id, plan)
-                report.tests = [{"name": c.name, "ok": c.ok, "detail": c.detail, "seconds": round(c.seconds, 1)}
-                                for c in checks]
+                report.tests = [
+                    {"name": c.name, "ok": c.ok, "detail": c.detail, "seconds": round(c.seconds, 1)} for c in checks
+                ]
                 for c in checks:
-                    sink(f"forge: test {c.name}: {'ok' if c.ok else 'FAILED'} {c.detail.splitlines()[0] if c.detail else ''}")
+                    sink(
+                        f"forge: test {c.name}: {'ok' if c.ok else 'FAILED'} {c.detail.splitlines()[0] if c.detail else ''}"
+                    )
                 imported = next((c for c in checks if c.name == "import-vllm" and c.ok), None)
                 if imported:
-                    vllm_v, torch_v = (imported.detail.split() + ["", ""])[:2]
+                    vllm_v, torch_v = ([*imported.detail.split(), "", ""])[:2]
                     report.versions.update({"vllm": vllm_v, "torch": torch_v})
                 failed = [c for c in checks if not c.ok]
                 if failed:
-                    raise BuildFailed(f"test stage failed: {', '.join(c.name for c in failed)}",
-                                      hint=failed[0].detail.strip().splitlines()[-1] if failed[0].detail.strip()
-                                      else "see the report")
+                    raise BuildFailed(
+                        f"test stage failed: {', '.join(c.name for c in failed)}",
+                        hint=failed[0].detail.strip().splitlines()[-1]
+                        if failed[0].detail.strip()
+                        else "see the report",
+                    )
 
         with report.phase("tag"):
             engine.tag(image_id, plan.image_tag)
@@ -264,20 +338,34 @@ def _diagnose_into(report: BuildReport, log_path: Path) -> None:
     report.diagnosis = diagnosis.to_dict() if hasattr(diagnosis, "to_dict") else diagnosis.model_dump(mode="json")
 
 
-def _toolchain_versions(engine: Engine, builder: Builder, ctx: Path, plan: BuildPlan, ca_bundle: Path | None,
-                        log_path: Path) -> dict[str, str]:
+def _toolchain_versions(
+    engine: Engine, builder: Builder, ctx: Path, plan: BuildPlan, ca_bundle: Path | None, log_path: Path
+) -> dict[str, str]:
     """gcc, cmake and python as the compile saw them: the toolchain stage is cached, so this costs seconds."""
-    result = builder.build(BuildRequest(
-        context_dir=ctx, containerfile=ctx / plan.containerfile, target="toolchain", build_args=plan.build_args,
-        secrets={"ca_bundle": ca_bundle} if ca_bundle and builder.supports_secrets else {},
-        log_path=log_path.with_name("toolchain.log"),
-    ), lambda _line: None)
+    result = builder.build(
+        BuildRequest(
+            context_dir=ctx,
+            containerfile=ctx / plan.containerfile,
+            target="toolchain",
+            build_args=plan.build_args,
+            secrets={"ca_bundle": ca_bundle} if ca_bundle and builder.supports_secrets else {},
+            log_path=log_path.with_name("toolchain.log"),
+        ),
+        lambda _line: None,
+    )
     if not result.ok or not result.image_id:
         return {}
     # The toolchain stage's image is shared with the final image's layers: inspect it, do not remove it.
-    rc, out = engine.run_once(result.image_id, ["-c", "gcc -dumpfullversion; cmake --version | head -n1; "
-                                                "python3 -c 'import platform; print(platform.python_version())'"],
-                              entrypoint=["/bin/sh"], timeout=60)
+    rc, out = engine.run_once(
+        result.image_id,
+        [
+            "-c",
+            "gcc -dumpfullversion; cmake --version | head -n1; "
+            "python3 -c 'import platform; print(platform.python_version())'",
+        ],
+        entrypoint=["/bin/sh"],
+        timeout=60,
+    )
     lines = out.strip().splitlines()
     if rc != 0 or len(lines) < 3:
         return {}
@@ -285,7 +373,7 @@ def _toolchain_versions(engine: Engine, builder: Builder, ctx: Path, plan: Build
 
 
 def _python_version(engine: Engine, image: str) -> str:
-    rc, out = engine.run_once(image, ["-c", "import platform; print(platform.python_version())"],
-                              entrypoint=["python3"], timeout=60)
+    rc, out = engine.run_once(
+        image, ["-c", "import platform; print(platform.python_version())"], entrypoint=["python3"], timeout=60
+    )
     return out.strip().splitlines()[-1] if rc == 0 and out.strip() else "?"
-

@@ -43,16 +43,21 @@ def check_import(engine: Engine, image: str, plan: BuildPlan) -> CheckResult:
     rc, out = _python(engine, image, "import vllm, torch; print('VERSIONS', vllm.__version__, torch.__version__)")
     line = next((ln for ln in out.splitlines() if ln.startswith("VERSIONS ")), "")
     ok = rc == 0 and bool(line)
-    return CheckResult(name="import-vllm", ok=ok, detail=line.removeprefix("VERSIONS ") if ok else out[-800:],
-                       seconds=time.monotonic() - start)
+    return CheckResult(
+        name="import-vllm",
+        ok=ok,
+        detail=line.removeprefix("VERSIONS ") if ok else out[-800:],
+        seconds=time.monotonic() - start,
+    )
 
 
 def check_version(import_result: CheckResult, plan: BuildPlan) -> CheckResult:
     version = import_result.detail.split()[0] if import_result.ok else ""
     expected = plan.vllm_version or ""
     ok = import_result.ok and (not expected or version.startswith(expected))
-    return CheckResult(name="vllm-version", ok=ok, detail=f"{version or '?'} (expected {expected or 'any'})",
-                       seconds=0.0)
+    return CheckResult(
+        name="vllm-version", ok=ok, detail=f"{version or '?'} (expected {expected or 'any'})", seconds=0.0
+    )
 
 
 def check_tcmalloc(engine: Engine, image: str, plan: BuildPlan) -> CheckResult:
@@ -61,8 +66,12 @@ def check_tcmalloc(engine: Engine, image: str, plan: BuildPlan) -> CheckResult:
     rc, out = _python(engine, image, code)
     line = next((ln for ln in out.splitlines() if ln.startswith("MAPPED ")), "MAPPED []")
     ok = rc == 0 and "tcmalloc" in line
-    return CheckResult(name="tcmalloc-mapped", ok=ok, detail=line.removeprefix("MAPPED ") if ok else out[-800:],
-                       seconds=time.monotonic() - start)
+    return CheckResult(
+        name="tcmalloc-mapped",
+        ok=ok,
+        detail=line.removeprefix("MAPPED ") if ok else out[-800:],
+        seconds=time.monotonic() - start,
+    )
 
 
 def check_serve(engine: Engine, image: str, plan: BuildPlan) -> CheckResult:
@@ -78,9 +87,23 @@ def check_serve(engine: Engine, image: str, plan: BuildPlan) -> CheckResult:
         Path(tmp).chmod(0o755)
         cid = engine.run_detached(
             image=image,
-            command=["/model", "--load-format", "dummy", "--host", "127.0.0.1", "--port", str(port),
-                     "--max-model-len", "512", "--max-num-seqs", "4", "--served-model-name", "tiny",
-                     "--dtype", "float32"],
+            command=[
+                "/model",
+                "--load-format",
+                "dummy",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--max-model-len",
+                "512",
+                "--max-num-seqs",
+                "4",
+                "--served-model-name",
+                "tiny",
+                "--dtype",
+                "float32",
+            ],
             volumes={str(model): "/model"},
             env={"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"},
             shm_size="2g",
@@ -90,19 +113,31 @@ def check_serve(engine: Engine, image: str, plan: BuildPlan) -> CheckResult:
             deadline = time.monotonic() + SERVE_DEADLINE_S
             while time.monotonic() < deadline:
                 if not engine.is_running(cid):
-                    return CheckResult(name="serve-models", ok=False, seconds=time.monotonic() - start,
-                                       detail="vllm serve exited:\n" + engine.logs(cid, tail=40))
+                    return CheckResult(
+                        name="serve-models",
+                        ok=False,
+                        seconds=time.monotonic() - start,
+                        detail="vllm serve exited:\n" + engine.logs(cid, tail=40),
+                    )
                 try:
                     resp = requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=2)
                     if resp.status_code == 200:
                         ids = [m["id"] for m in resp.json().get("data", [])]
-                        return CheckResult(name="serve-models", ok="tiny" in ids, seconds=time.monotonic() - start,
-                                           detail=f"/v1/models -> {ids}")
+                        return CheckResult(
+                            name="serve-models",
+                            ok="tiny" in ids,
+                            seconds=time.monotonic() - start,
+                            detail=f"/v1/models -> {ids}",
+                        )
                 except requests.RequestException:
                     pass
                 time.sleep(2)
-            return CheckResult(name="serve-models", ok=False, seconds=time.monotonic() - start,
-                               detail=f"no answer within {SERVE_DEADLINE_S}s:\n" + engine.logs(cid, tail=40))
+            return CheckResult(
+                name="serve-models",
+                ok=False,
+                seconds=time.monotonic() - start,
+                detail=f"no answer within {SERVE_DEADLINE_S}s:\n" + engine.logs(cid, tail=40),
+            )
         finally:
             engine.stop_and_remove(cid)
 
@@ -110,8 +145,12 @@ def check_serve(engine: Engine, image: str, plan: BuildPlan) -> CheckResult:
 def check_entrypoint(engine: Engine, image: str, plan: BuildPlan) -> CheckResult:
     start = time.monotonic()
     rc, out = engine.run_once(image, ["--help"], timeout=60)
-    return CheckResult(name="entrypoint-help", ok=rc == 0, detail=out.strip().splitlines()[0] if out.strip() else "",
-                       seconds=time.monotonic() - start)
+    return CheckResult(
+        name="entrypoint-help",
+        ok=rc == 0,
+        detail=out.strip().splitlines()[0] if out.strip() else "",
+        seconds=time.monotonic() - start,
+    )
 
 
 def run_checks(engine: Engine, image: str, plan: BuildPlan) -> list[CheckResult]:

@@ -5,11 +5,13 @@ The executor (builders/build.py) stages what the plan names and runs it; tests c
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import shlex
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from builders.config.models import Distro, Recipe
+from builders.config.models import Distro, Recipe, WheelFile
 from builders.distros import family_for
+from builders.errors import ConfigError
 
 TORCH_INDEXES = {
     "pytorch-cpu": "https://download.pytorch.org/whl/cpu",
@@ -19,6 +21,9 @@ TORCH_INDEXES = {
 
 # Where the build stages its work inside the container: /tmp may be a small tmpfs on some hosts and bases.
 BUILD_DIR = "/var/tmp/forge"
+
+GpuMode = Literal["wheel", "source"]
+PYTORCH_WHEEL_ROOT = "https://download.pytorch.org/whl"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,6 +61,27 @@ class PlanOptions:
     base_digest: str | None = None
     source_date_epoch: int | None = None
     tag: str | None = None
+    gpu_mode: GpuMode | None = None  # device=cuda recipes: overrides recipes' cuda.mode
+    cuda_arch_list: str | None = None  # device=cuda recipes: overrides recipes' cuda.arch_list
+
+
+@dataclass(frozen=True, kw_only=True)
+class CudaPlan:
+    """What a GPU plan adds: the CUDA bases, how vLLM gets in, and what a compile targets."""
+
+    mode: GpuMode
+    version: str  # CUDA major.minor of the bases
+    devel_ref: str | None  # build base; None in wheel mode, which compiles nothing
+    runtime_ref: str
+    home: str  # CUDA_HOME in the build stage
+    torch_tag: str  # cu130
+    arch_list: str
+    nvcc_threads: int
+    host_cxx: str | None  # CUDAHOSTCXX, when the build uses another compiler than the distro's g++
+    toolkit_install: str | None  # shell enabling NVIDIA's repository and installing nvcc, for bases without it
+    wheel_requirement: str  # vllm==0.33.0: the official wheel (wheel mode)
+    wheel: WheelFile | None  # that wheel's file for the distro's arch, pinned by sha256
+    build_python_packages: tuple[str, ...]  # what the venv stage adds to the runtime base to make a venv
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,6 +108,7 @@ class BuildPlan:
     build_packages: tuple[str, ...]
     vllm_version: str | None
     test_checks: tuple[str, ...] = field(default=())
+    cuda: CudaPlan | None = None
 
     @property
     def session_id(self) -> str:
@@ -113,6 +140,8 @@ def torch_spec(recipe: Recipe, options: PlanOptions) -> TorchSpec | None:
 def make_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> BuildPlan:
     if not recipe.supports(distro.name):
         raise ValueError(f"recipes/{recipe.name}.yaml does not support distro {distro.name}")
+    if recipe.device == "cuda":
+        return make_cuda_plan(distro, recipe, options)
     family = family_for(distro)
     torch = torch_spec(recipe, options)
     cmake_from_pip = recipe.cmake_from_pip if options.cmake_from_pip is None else options.cmake_from_pip
@@ -133,16 +162,29 @@ def make_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> BuildPlan
         assert recipe.source is not None
         if recipe.source.pypi:
             sdist = f"{recipe.source.pypi.name}-{recipe.source.pypi.version}.tar.gz"
-            context.append(ContextItem(name=f"sources/{sdist}", kind="sdist",
-                                       origin=f"PyPI {recipe.source.pypi.name}=={recipe.source.pypi.version} "
-                                       f"sha256:{recipe.source.pypi.sha256}"))
+            context.append(
+                ContextItem(
+                    name=f"sources/{sdist}",
+                    kind="sdist",
+                    origin=f"PyPI {recipe.source.pypi.name}=={recipe.source.pypi.version} "
+                    f"sha256:{recipe.source.pypi.sha256}",
+                )
+            )
         else:
             assert recipe.source.git is not None
-            context.append(ContextItem(name="sources/vllm", kind="source-dir",
-                                       origin=f"{recipe.source.git.url}@{recipe.source.git.ref}"))
+            context.append(
+                ContextItem(
+                    name="sources/vllm", kind="source-dir", origin=f"{recipe.source.git.url}@{recipe.source.git.ref}"
+                )
+            )
         for fetched in recipe.fetched_sources:
-            context.append(ContextItem(name=f"sources/{fetched.name}", kind="source-dir",
-                                       origin=f"{fetched.name} (pinned in {fetched.pinned_in})"))
+            context.append(
+                ContextItem(
+                    name=f"sources/{fetched.name}",
+                    kind="source-dir",
+                    origin=f"{fetched.name} (pinned in {fetched.pinned_in})",
+                )
+            )
             compile_env[fetched.cmake_var] = f"/opt/src/{fetched.name}"
         build_roles = ["c_compiler", "numa_headers", "tcmalloc", "python", "python_headers", "build_tools"]
         if "ccache" in distro.packages:
@@ -155,7 +197,7 @@ def make_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> BuildPlan
         compile_env.update({k: v for k, v in family.compiler_env().items() if k != "PATH"})
         if torch and torch.cuda_build_on_cpu:
             compile_env["CMAKE_ARGS"] = "-DCMAKE_PROJECT_INCLUDE=/opt/forge/scripts/torch_cudart_stub.cmake"
-    if torch and torch.index == "wheelhouse" or recipe.kind == "wheel":
+    if (torch and torch.index == "wheelhouse") or recipe.kind == "wheel":
         context.append(ContextItem(name="wheelhouse", kind="wheelhouse", origin="local wheels (--wheelhouse)"))
     if recipe.kind == "python-app":
         context.append(ContextItem(name="app", kind="package", origin="this checkout's builders/ package"))
@@ -212,8 +254,207 @@ def make_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> BuildPlan
         context=tuple(context),
         labels=labels,
         secrets=("ca_bundle",) if options.ca_bundle else (),
-        runtime_packages=tuple(family.packages(["runtime"])),
+        runtime_packages=tuple(
+            family.packages(["runtime", "c_compiler", "python_headers"] if recipe.runtime_jit_compiler else ["runtime"])
+        ),
         build_packages=build_packages,
         vllm_version=vllm_version,
         test_checks=checks,
+    )
+
+
+# --- GPU (CUDA) ---------------------------------------------------------------------------------------------
+
+
+def _cuda_ref(distro: Distro, image: str, digest: str | None) -> str:
+    # A CUDA base that is the distro's own base (Fedora: no NVIDIA image) is the one `forge bootstrap` makes.
+    if image == distro.base.image:
+        return distro.base.local_tag
+    return f"{image}@{digest}" if digest else image
+
+
+def cuda_torch(recipe: Recipe, options: PlanOptions, torch_tag: str) -> TorchSpec:
+    """torch for a CUDA image: on PyTorch's CUDA index, the build for the base's CUDA (torch==2.14.0+cu130)."""
+    spec = torch_spec(recipe, options)
+    assert spec is not None  # device=cuda is never device=none
+    if spec.index != "pytorch-cuda":
+        return spec
+    own_url = recipe.torch.index_url if recipe.torch.index == "pytorch-cuda" else None
+    return replace(
+        spec,
+        version=f"{spec.version.split('+', 1)[0]}+{torch_tag}",
+        index_url=own_url or f"{PYTORCH_WHEEL_ROOT}/{torch_tag}",
+    )
+
+
+def make_cuda_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> BuildPlan:
+    """The GPU branch of make_plan: a CUDA devel base builds (source mode), a CUDA runtime base runs."""
+    yaml = f"distros/{distro.name}.yaml"
+    if distro.cuda is None:
+        raise ConfigError(
+            f"{yaml} has no cuda section, so recipes/{recipe.name}.yaml cannot target it",
+            hint=f"add cuda: base_image, runtime_image, version to {yaml}, or drop {distro.name} "
+            f"from the recipe's distros",
+        )
+    if recipe.cuda is None:
+        raise ConfigError(f"recipes/{recipe.name}.yaml: device cuda without a cuda section")
+    cuda, gpu = distro.cuda, recipe.cuda
+    family = family_for(distro)
+    mode: GpuMode = options.gpu_mode or gpu.mode
+    torch = cuda_torch(recipe, options, cuda.torch_tag)
+    if torch.index not in {"pytorch-cuda", "pypi"}:
+        raise ConfigError(
+            f"recipes/{recipe.name}.yaml: torch index {torch.index!r} has no CUDA builds of torch",
+            hint="use torch.index pytorch-cuda (the build for the base's CUDA) or pypi",
+        )
+
+    wheel = next((w for w in gpu.wheels if w.arch == distro.arch), None)
+    if mode == "wheel" and wheel is None:
+        raise ConfigError(
+            f"recipes/{recipe.name}.yaml: cuda.wheels has no {distro.arch} wheel for {distro.name}",
+            hint="add the wheel's file name and sha256 from PyPI, or build with the source mode",
+        )
+    if mode == "source":
+        if recipe.source is None or recipe.source.pypi is None:
+            raise ConfigError(f"recipes/{recipe.name}.yaml: the source mode needs a source.pypi sdist pin")
+        vllm_version = options.vllm_version or recipe.source.pypi.version
+    else:
+        vllm_version = gpu.wheel_version
+
+    runtime_ref = _cuda_ref(distro, cuda.runtime_image, cuda.runtime_digest)
+    devel_ref = _cuda_ref(distro, cuda.base_image, cuda.digest) if mode == "source" else None
+
+    toolkit_install: str | None = None
+    if mode == "source" and cuda.repo:
+        if distro.family not in {"fedora", "ubi"}:
+            raise ConfigError(
+                f"{yaml}: cuda.repo is supported for RPM distros only",
+                hint="use one of NVIDIA's CUDA images as cuda.base_image instead",
+            )
+        if not cuda.toolkit_packages:
+            raise ConfigError(
+                f"{yaml}: cuda.repo is set but cuda.toolkit_packages is empty",
+                hint="list the toolkit packages to install from it (cuda-minimal-build-13-0, ...)",
+            )
+        repo_file = "/etc/yum.repos.d/" + cuda.repo.rsplit("/", 1)[-1]
+        toolkit_install = f"curl -fsSL {shlex.quote(cuda.repo)} -o {repo_file} && " + family.install_command(
+            cuda.toolkit_packages
+        )
+
+    # nvcc compiles host code with the same compiler as the C++ sources, so vLLM's "GCC >= 13 with CUDA" gate and
+    # nvcc's newest-GCC limit judge one compiler: the host compiler where declared, else the enabled toolset.
+    compiler = cuda.host_compiler or distro.compiler_enable
+    compile_env: dict[str, str] = {}
+    build_packages: tuple[str, ...] = ()
+    context: list[ContextItem] = [ContextItem(name="scripts", kind="script", origin="containers/scripts")]
+    if mode == "source":
+        assert recipe.source is not None and recipe.source.pypi is not None
+        pin = recipe.source.pypi
+        context.append(
+            ContextItem(
+                name=f"sources/{pin.name}-{pin.version}.tar.gz",
+                kind="sdist",
+                origin=f"PyPI {pin.name}=={pin.version} sha256:{pin.sha256}",
+            )
+        )
+        # git: CMake clones CUTLASS, flash-attention and vLLM's other CUDA dependencies during the build.
+        roles = ["c_compiler", "python", "python_headers", "build_tools", "git"]
+        if "ccache" in distro.packages:
+            roles.append("ccache")
+        if not recipe.cmake_from_pip:
+            roles.append("cmake")
+        build_packages = tuple(family.packages(roles))  # type: ignore[arg-type]
+        if cuda.host_compiler:
+            build_packages += tuple(p for p in cuda.host_compiler.packages if p not in build_packages)
+        compile_env.update(recipe.build_env)
+        compile_env["MAX_JOBS"] = str(options.max_jobs)
+        compile_env["NVCC_THREADS"] = str(gpu.nvcc_threads)
+        compile_env["TORCH_CUDA_ARCH_LIST"] = options.cuda_arch_list or gpu.arch_list
+        compile_env["CUDA_HOME"] = cuda.home
+        if compiler:
+            compile_env.update({"CC": compiler.cc, "CXX": compiler.cxx, "CUDAHOSTCXX": compiler.cxx})
+        else:
+            compile_env.update({"CC": "gcc", "CXX": "g++"})
+
+    labels = {
+        "org.opencontainers.image.title": f"{recipe.name} on {distro.name}",
+        "org.opencontainers.image.description": recipe.description,
+        "org.opencontainers.image.version": vllm_version,
+        "org.opencontainers.image.base.name": runtime_ref,
+        "org.opencontainers.image.base.digest": (
+            (options.base_digest or distro.base.digest or "unpinned")
+            if runtime_ref == distro.base.local_tag
+            else (cuda.runtime_digest or "unpinned")
+        ),
+        "org.opencontainers.image.vendor": "Forge",
+        "dev.forge.recipe": recipe.name,
+        "dev.forge.distro": distro.name,
+        "dev.forge.target": recipe.target,
+        "dev.forge.gpu.mode": mode,
+        "dev.forge.cuda.version": cuda.version,
+        "dev.forge.cuda.runtime": runtime_ref,
+        "dev.forge.torch": f"{torch.requirement} from {torch.index_url or torch.index}",
+    }
+    if mode == "source":
+        assert recipe.source is not None and recipe.source.pypi is not None and devel_ref is not None
+        labels["dev.forge.cuda.devel"] = devel_ref
+        labels["dev.forge.cuda.arch_list"] = compile_env["TORCH_CUDA_ARCH_LIST"]
+        labels["dev.forge.source.sha256"] = recipe.source.pypi.sha256
+        labels["org.opencontainers.image.source"] = f"https://pypi.org/project/{recipe.source.pypi.name}/"
+    else:
+        assert wheel is not None
+        labels["dev.forge.wheel"] = f"{wheel.filename} sha256:{wheel.sha256}"
+        labels["org.opencontainers.image.source"] = f"https://pypi.org/project/{gpu.wheel_project}/"
+
+    build_args = {"RUNTIME_IMAGE": runtime_ref}
+    if devel_ref:
+        build_args["BASE_IMAGE"] = devel_ref
+    if options.source_date_epoch is not None:
+        build_args["SOURCE_DATE_EPOCH"] = str(options.source_date_epoch)
+
+    runtime_packages = tuple(family.packages(["runtime"]))
+    runtime_packages += tuple(p for p in cuda.runtime_packages if p not in runtime_packages)
+    suffix = "" if mode == "source" else "-wheel"
+    checks: tuple[str, ...] = ("import-vllm", "vllm-version", "torch-cuda", "runtime-toolchain")
+    if recipe.serve_test:
+        checks += ("serve-models-gpu",)
+
+    return BuildPlan(
+        distro=distro,
+        recipe=recipe,
+        target=recipe.target,
+        base_ref=devel_ref or runtime_ref,
+        image_tag=options.tag or f"forge/{distro.name}-{recipe.target}:{vllm_version}{suffix}",
+        containerfile="Containerfile",
+        template=recipe.template,
+        final_stage="runtime",
+        max_jobs=options.max_jobs,
+        buildkit=options.buildkit,
+        ca_bundle=options.ca_bundle,
+        cmake_from_pip=recipe.cmake_from_pip,
+        torch=torch,
+        compile_env=compile_env,
+        build_args=build_args,
+        context=tuple(context),
+        labels=labels,
+        secrets=("ca_bundle",) if options.ca_bundle else (),
+        runtime_packages=runtime_packages,
+        build_packages=build_packages,
+        vllm_version=vllm_version,
+        test_checks=checks,
+        cuda=CudaPlan(
+            mode=mode,
+            version=cuda.version,
+            devel_ref=devel_ref,
+            runtime_ref=runtime_ref,
+            home=cuda.home,
+            torch_tag=cuda.torch_tag,
+            arch_list=options.cuda_arch_list or gpu.arch_list,
+            nvcc_threads=gpu.nvcc_threads,
+            host_cxx=compiler.cxx if compiler and mode == "source" else None,
+            toolkit_install=toolkit_install,
+            wheel_requirement=f"{gpu.wheel_project}=={gpu.wheel_version}",
+            wheel=wheel,
+            build_python_packages=tuple(p for p in family.packages(["python"]) if p not in runtime_packages),
+        ),
     )

@@ -39,8 +39,9 @@ def render(plan: BuildPlan, containers_dir: Path) -> str:
     env = _environment(containers_dir)
     try:
         template = env.get_template(plan.template)
-        text = template.render(plan=plan, family=family_for(plan.distro), build_dir=BUILD_DIR,
-                               pip_torch_args=pip_torch_args(plan))
+        text = template.render(
+            plan=plan, family=family_for(plan.distro), build_dir=BUILD_DIR, pip_torch_args=pip_torch_args(plan)
+        )
     except jinja2.TemplateError as exc:
         where = f"{getattr(exc, 'filename', None) or plan.template}:{getattr(exc, 'lineno', '?')}"
         raise ConfigError(f"containers/{where}: {exc}") from exc

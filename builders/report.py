@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterator
 
 
 @dataclass
@@ -56,12 +56,16 @@ class BuildReport:
         if self.source:
             lines.append(f"  source: {self.source.get('origin')} sha256={self.source.get('sha256')}")
         if self.base:
-            lines.append(f"  base: {self.base.get('ref')} ({self.base.get('how')}) {self.base.get('image_id', '')[:19]}")
+            lines.append(
+                f"  base: {self.base.get('ref')} ({self.base.get('how')}) {self.base.get('image_id', '')[:19]}"
+            )
         if self.builder:
             lines.append(f"  builder: {self.builder.get('name')} ({self.builder.get('cli') or 'engine API'})")
         if self.image:
             size = self.image.get("size", 0) / 1e9
-            lines.append(f"  image: {', '.join(self.image.get('tags', []))} {self.image.get('id', '')[:19]} {size:.2f} GB")
+            lines.append(
+                f"  image: {', '.join(self.image.get('tags', []))} {self.image.get('id', '')[:19]} {size:.2f} GB"
+            )
         if self.versions:
             lines.append("  versions: " + ", ".join(f"{k} {v}" for k, v in self.versions.items()))
         if self.phases:
@@ -69,8 +73,10 @@ class BuildReport:
         for test in self.tests:
             lines.append(f"  test {test['name']}: {'ok' if test['ok'] else 'FAILED'} {test.get('detail', '')}".rstrip())
         if self.diagnosis:
-            lines.append(f"  diagnosis: {self.diagnosis.get('category')} at line {self.diagnosis.get('line_number')}: "
-                         f"{self.diagnosis.get('line', '')[:100]}")
+            lines.append(
+                f"  diagnosis: {self.diagnosis.get('category')} at line {self.diagnosis.get('line_number')}: "
+                f"{self.diagnosis.get('line', '')[:100]}"
+            )
             lines.append(f"  remedy: {self.diagnosis.get('remedy')}")
         if self.log:
             lines.append(f"  log: {self.log}")

@@ -50,8 +50,10 @@ def sdist_url(name: str, version: str, sha256: str) -> str:
         resp = requests.get(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"}, timeout=30)
         resp.raise_for_status()
     except requests.RequestException as exc:
-        raise SourceUnavailable(f"PyPI index {url} unreachable: {exc}",
-                                hint="run `forge fetch` where PyPI is reachable, or pass --source vllm=PATH") from exc
+        raise SourceUnavailable(
+            f"PyPI index {url} unreachable: {exc}",
+            hint="run `forge fetch` where PyPI is reachable, or pass --source vllm=PATH",
+        ) from exc
     for item in resp.json().get("files", []):
         if item.get("hashes", {}).get("sha256") == sha256:
             return str(item["url"])
@@ -77,13 +79,17 @@ def fetch_sdist(recipe: Recipe, root: Path) -> ResolvedSource:
                     tmp.write(chunk)
         except requests.RequestException as exc:
             Path(tmp.name).unlink(missing_ok=True)
-            raise SourceUnavailable(f"could not download {url}: {exc}",
-                                    hint="run `forge fetch` where PyPI is reachable, or pass --source vllm=PATH") from exc
+            raise SourceUnavailable(
+                f"could not download {url}: {exc}",
+                hint="run `forge fetch` where PyPI is reachable, or pass --source vllm=PATH",
+            ) from exc
     got = sha256_file(Path(tmp.name))
     if got != pin.sha256:
         Path(tmp.name).unlink(missing_ok=True)
-        raise SourceUnavailable(f"{url}: sha256 {got} does not match the recipe's pin {pin.sha256}",
-                                hint="the file changed upstream or was tampered with; do not build from it")
+        raise SourceUnavailable(
+            f"{url}: sha256 {got} does not match the recipe's pin {pin.sha256}",
+            hint="the file changed upstream or was tampered with; do not build from it",
+        )
     Path(tmp.name).replace(dest)
     return ResolvedSource(name="vllm", path=dest, origin=f"fetched: {url}", sha256=pin.sha256, version=pin.version)
 
@@ -97,8 +103,9 @@ def fetch_debian_source(source: FetchedSource, distro: Distro, engine: Engine, r
     dest = cache_dir(root) / f"{source.name}-debian-{boot.suite}"
     marker = dest / ".forge-origin"
     if marker.exists():
-        return ResolvedSource(name=source.name, path=dest, origin=marker.read_text().strip(),
-                              version=marker.read_text().split()[-1])
+        return ResolvedSource(
+            name=source.name, path=dest, origin=marker.read_text().strip(), version=marker.read_text().split()[-1]
+        )
     out = Path(tempfile.mkdtemp(prefix=f"forge-{source.name}-", dir=cache_dir(root).parent))
     try:
         script = (
@@ -110,8 +117,9 @@ def fetch_debian_source(source: FetchedSource, distro: Distro, engine: Engine, r
             f"dpkg-parsechangelog -l /out/*/debian/changelog -S Version > /out/VERSION; "
             f"chown -R {os.getuid()}:{os.getgid()} /out"
         )
-        rc, log = engine.run_once(distro.base.local_tag, ["sh", "-c", script], volumes={str(out): "/out:rw"},
-                                  timeout=600)
+        rc, log = engine.run_once(
+            distro.base.local_tag, ["sh", "-c", script], volumes={str(out): "/out:rw"}, timeout=600
+        )
         unpacked = [p for p in out.iterdir() if p.is_dir()]
         if rc != 0 or len(unpacked) != 1:
             raise SourceUnavailable(
@@ -142,8 +150,12 @@ def resolve_fetched(source: FetchedSource, root: Path, overrides: dict[str, Path
     for candidate in sorted(cache_dir(root).glob(f"{source.name}-*")):
         marker = candidate / ".forge-origin"
         if marker.exists():
-            return ResolvedSource(name=source.name, path=candidate, origin=marker.read_text().strip(),
-                                  version=marker.read_text().split()[-1])
+            return ResolvedSource(
+                name=source.name,
+                path=candidate,
+                origin=marker.read_text().strip(),
+                version=marker.read_text().split()[-1],
+            )
     raise SourceUnavailable(
         f"source {source.name!r} (pinned in vLLM's {source.pinned_in}, fetched by CMake from GitHub) is not "
         "in the source cache, and CMake's own download would fail here or take place mid-compile",
@@ -156,11 +168,13 @@ def resolve_sdist(recipe: Recipe, root: Path, overrides: dict[str, Path]) -> Res
     assert recipe.source is not None
     if "vllm" in overrides:
         path = overrides["vllm"]
-        return ResolvedSource(name="vllm", path=path, origin=f"override: {path}",
-                              sha256=sha256_file(path) if path.is_file() else None)
+        return ResolvedSource(
+            name="vllm", path=path, origin=f"override: {path}", sha256=sha256_file(path) if path.is_file() else None
+        )
     if recipe.source.pypi is None:
-        raise SourceUnavailable("git sources are fetched with `forge fetch`; none is cached",
-                                hint="pass --source vllm=PATH to a checkout")
+        raise SourceUnavailable(
+            "git sources are fetched with `forge fetch`; none is cached", hint="pass --source vllm=PATH to a checkout"
+        )
     pin = recipe.source.pypi
     cached = cache_dir(root) / f"{pin.name}-{pin.version}.tar.gz"
     if cached.exists() and sha256_file(cached) == pin.sha256:
@@ -172,7 +186,7 @@ def manylinux_platforms(glibc: str, arch: str) -> list[str]:
     """Every manylinux tag a distro with this glibc accepts, newest first (PEP 600 plus the legacy aliases)."""
     major, minor = (int(x) for x in glibc.split(".")[:2])
     tags = [f"manylinux_{major}_{m}_{arch}" for m in range(minor, 4, -1)]
-    return tags + [f"manylinux2014_{arch}", f"manylinux2010_{arch}", f"manylinux1_{arch}", f"linux_{arch}"]
+    return [*tags, f"manylinux2014_{arch}", f"manylinux2010_{arch}", f"manylinux1_{arch}", f"linux_{arch}"]
 
 
 def wheelhouse_dir(root: Path, distro: Distro, recipe: Recipe) -> Path:
@@ -188,8 +202,19 @@ def fetch_wheelhouse(recipe: Recipe, distro: Distro, root: Path) -> Path:
     dest = wheelhouse_dir(root, distro, recipe)
     dest.mkdir(parents=True, exist_ok=True)
     py = distro.toolchain.python
-    cmd = [sys.executable, "-m", "pip", "download", "--only-binary=:all:", "--python-version", py,
-           "--implementation", "cp", "-d", str(dest)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--only-binary=:all:",
+        "--python-version",
+        py,
+        "--implementation",
+        "cp",
+        "-d",
+        str(dest),
+    ]
     for tag in manylinux_platforms(distro.toolchain.glibc, distro.arch):
         cmd += ["--platform", tag]
     for folder in recipe.wheelhouse.find_links:

@@ -19,8 +19,6 @@ from builders.errors import UsageError
 from builders.plan import PlanOptions, make_plan
 from builders.render import render
 
-Subparsers = argparse._SubParsersAction  # type: ignore[type-arg]
-
 
 def _project(args: argparse.Namespace) -> Project:
     return Project.load(args.root)
@@ -35,30 +33,52 @@ def _selection(project: Project, distro: str | None, target: str | None) -> list
         recipe = project.recipe_for(target)
         pairs = [p for p in pairs if p[1].name == recipe.name]
     if not pairs:
-        raise UsageError(f"no buildable pair for distro={distro or '*'} target={target or '*'}",
-                         hint="`forge list` shows every distro × target")
+        raise UsageError(
+            f"no buildable pair for distro={distro or '*'} target={target or '*'}",
+            hint="`forge list` shows every distro × target",
+        )
     return pairs
 
 
 def cmd_list(args: argparse.Namespace) -> int:
     project = _project(args)
     if args.json:
-        print(json.dumps([{"distro": d.name, "target": r.target, "recipe": r.name, "family": d.family,
-                           "default_for_family": d.default_for_family} for d, r in project.pairs()], indent=2))
+        print(
+            json.dumps(
+                [
+                    {
+                        "distro": d.name,
+                        "target": r.target,
+                        "recipe": r.name,
+                        "family": d.family,
+                        "default_for_family": d.default_for_family,
+                    }
+                    for d, r in project.pairs()
+                ],
+                indent=2,
+            )
+        )
         return 0
     table = Table(title="distro × target")
     for col in ("session", "distro", "gcc", "python", "cmake", "target", "recipe"):
         table.add_column(col)
     for d, r in project.pairs():
-        table.add_row(f"build-{d.name}-{r.target}", d.name, d.gcc, d.toolchain.python, d.toolchain.cmake, r.target, r.name)
+        table.add_row(
+            f"build-{d.name}-{r.target}", d.name, d.gcc, d.toolchain.python, d.toolchain.cmake, r.target, r.name
+        )
     Console().print(table)
     return 0
 
 
 def _plan_options(args: argparse.Namespace) -> PlanOptions:
-    return PlanOptions(max_jobs=args.max_jobs or 2, buildkit=args.builder != "legacy", ca_bundle=True,
-                       torch_version=args.torch_version, torch_index=args.torch_index,
-                       cmake_from_pip=args.cmake_from_pip)
+    return PlanOptions(
+        max_jobs=args.max_jobs or 2,
+        buildkit=args.builder != "legacy",
+        ca_bundle=True,
+        torch_version=args.torch_version,
+        torch_index=args.torch_index,
+        cmake_from_pip=args.cmake_from_pip,
+    )
 
 
 def _placeholder_torch(project: Project, distro: Any, recipe: Any, args: argparse.Namespace) -> str | None:
@@ -143,7 +163,9 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
     project = _project(args)
     distro = project.distro(args.distro)
     result = bootstrap(distro, Engine.connect(), source_date_epoch=args.source_date_epoch)
-    print(f"{result.ref} {result.image_id} ({result.how} in {result.seconds:.1f}s, rootfs sha256 {result.rootfs_sha256})")
+    print(
+        f"{result.ref} {result.image_id} ({result.how} in {result.seconds:.1f}s, rootfs sha256 {result.rootfs_sha256})"
+    )
     return 0
 
 
@@ -163,8 +185,10 @@ def cmd_build(args: argparse.Namespace) -> int:
     project = _project(args)
     distro, recipe = project.distro(args.distro), project.recipe_for(args.target)
     if not recipe.supports(distro.name):
-        raise UsageError(f"recipes/{recipe.name}.yaml does not support {distro.name}",
-                         hint=f"its distros: {', '.join(recipe.distros)}")
+        raise UsageError(
+            f"recipes/{recipe.name}.yaml does not support {distro.name}",
+            hint=f"its distros: {', '.join(recipe.distros)}",
+        )
     console = Console(stderr=True, highlight=False)
     quiet = args.quiet
     status = console.status("forge: starting", spinner="dots")
@@ -177,10 +201,18 @@ def cmd_build(args: argparse.Namespace) -> int:
             status.update(progress.text())
 
     options = BuildOptions(
-        max_jobs=args.max_jobs, skip_preflight=args.skip_preflight, builder=args.builder, ca_bundle=args.ca_bundle,
-        source_overrides=_parse_sources(args.source), wheelhouse=Path(args.wheelhouse).resolve() if args.wheelhouse else None,
-        torch_version=args.torch_version, torch_index=args.torch_index, cmake_from_pip=args.cmake_from_pip,
-        tag=args.tag, no_cache=args.no_cache, skip_tests=args.skip_tests,
+        max_jobs=args.max_jobs,
+        skip_preflight=args.skip_preflight,
+        builder=args.builder,
+        ca_bundle=args.ca_bundle,
+        source_overrides=_parse_sources(args.source),
+        wheelhouse=Path(args.wheelhouse).resolve() if args.wheelhouse else None,
+        torch_version=args.torch_version,
+        torch_index=args.torch_index,
+        cmake_from_pip=args.cmake_from_pip,
+        tag=args.tag,
+        no_cache=args.no_cache,
+        skip_tests=args.skip_tests,
         reports_dir=Path(args.report_dir).resolve() if args.report_dir else None,
         scratch_dir=Path(args.scratch_dir).resolve() if args.scratch_dir else None,
     )
@@ -220,13 +252,21 @@ def _common_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-jobs", type=int, default=None, help="parallel compile jobs (default: derived from RAM)")
     p.add_argument("--builder", choices=("auto", "buildkit", "legacy"), default="auto")
     p.add_argument("--torch-version", default=None, help="override vLLM's torch pin")
-    p.add_argument("--torch-index", choices=("pytorch-cpu", "pytorch-cuda", "pypi", "wheelhouse"), default=None,
-                   help="where torch comes from (PyPI's Linux torch is a CUDA build)")
-    p.add_argument("--cmake-from-pip", action=argparse.BooleanOptionalAction, default=None,
-                   help="use PyPI's cmake instead of the distro's")
+    p.add_argument(
+        "--torch-index",
+        choices=("pytorch-cpu", "pytorch-cuda", "pypi", "wheelhouse"),
+        default=None,
+        help="where torch comes from (PyPI's Linux torch is a CUDA build)",
+    )
+    p.add_argument(
+        "--cmake-from-pip",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="use PyPI's cmake instead of the distro's",
+    )
 
 
-def register(subparsers: Subparsers) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("list", help="every distro × target")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_list)

@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Family = Literal["debian", "ubuntu", "fedora", "ubi"]
 Role = Literal[
-    "c_compiler", "numa_headers", "tcmalloc", "python", "python_headers", "git", "rust", "cmake",
-    "build_tools", "ccache", "runtime", "numa_runtime",
+    "c_compiler",
+    "numa_headers",
+    "tcmalloc",
+    "python",
+    "python_headers",
+    "git",
+    "rust",
+    "cmake",
+    "build_tools",
+    "ccache",
+    "runtime",
+    "numa_runtime",
 ]
 
 
@@ -48,6 +59,19 @@ class CompilerEnable(Strict):
     packages: tuple[str, ...] = Field(description="packages bringing the newer compiler (gcc-toolset-14-gcc-c++)")
     gcc: str = Field(description="GCC version the enabled compiler provides")
     prefix: str = Field(description="install prefix whose bin/ goes first on PATH (/opt/rh/gcc-toolset-14/root/usr)")
+    suffix: str = Field(
+        default="",
+        description="suffix of the compiler binaries in prefix/bin: -14 for Fedora's gcc14 compat packages "
+        "(/usr/bin/g++-14); empty for gcc-toolset",
+    )
+
+    @property
+    def cc(self) -> str:
+        return f"{self.prefix}/bin/gcc{self.suffix}"
+
+    @property
+    def cxx(self) -> str:
+        return f"{self.prefix}/bin/g++{self.suffix}"
 
 
 class Cuda(Strict):
@@ -57,10 +81,32 @@ class Cuda(Strict):
     runtime_image: str = Field(description="CUDA runtime base image for the final stage")
     digest: str | None = Field(default=None, description="sha256 digest pinning the CUDA base")
     version: str = Field(description="CUDA toolkit version in that base (major.minor)")
-    repo: str | None = Field(default=None, description="NVIDIA package repository for the distro, if the base lacks nvcc")
+    repo: str | None = Field(
+        default=None, description="NVIDIA package repository for the distro, if the base lacks nvcc"
+    )
     host_compiler: CompilerEnable | None = Field(
         default=None, description="older compiler to use as CUDAHOSTCXX when the distro GCC is too new for nvcc"
     )
+    runtime_digest: str | None = Field(default=None, description="sha256 digest pinning the CUDA runtime base")
+    toolkit_packages: tuple[str, ...] = Field(
+        default=(), description="CUDA toolkit packages the build stage installs from `repo` when the base has no nvcc"
+    )
+    runtime_packages: tuple[str, ...] = Field(
+        default=(),
+        description="packages the GPU runtime stage adds to packages.runtime: a C compiler and the Python headers, "
+        "because Triton compiles its CUDA launcher when a process first uses it",
+    )
+
+    @property
+    def home(self) -> str:
+        """CUDA_HOME: NVIDIA's images and its RPM repository both install the toolkit here."""
+        return f"/usr/local/cuda-{self.version}"
+
+    @property
+    def torch_tag(self) -> str:
+        """PyTorch's name for wheels built against this CUDA: cu130 for 13.0."""
+        major, _, rest = self.version.partition(".")
+        return f"cu{major}{rest.split('.')[0] or '0'}"
 
 
 class Distro(Strict):
@@ -92,6 +138,12 @@ class Distro(Strict):
     @property
     def gcc(self) -> str:
         return self.compiler_enable.gcc if self.compiler_enable else self.toolchain.gcc
+
+    @property
+    def build_python(self) -> tuple[str, str]:
+        """(version, key it comes from): UBI 9 builds with python3.12 beside the system's 3.9."""
+        exe = re.fullmatch(r"python(\d+\.\d+)", self.python_executable)
+        return (exe.group(1), "python_executable") if exe else (self.toolchain.python, "toolchain.python")
 
 
 class PypiSource(Strict):
@@ -143,6 +195,29 @@ class Wheelhouse(Strict):
     find_links: tuple[str, ...] = Field(default=(), description="extra local wheel folders (torch wheel)")
 
 
+class WheelFile(Strict):
+    """One published wheel, pinned by file name and sha256."""
+
+    arch: Literal["x86_64", "aarch64"] = Field(description="architecture the wheel is built for")
+    filename: str = Field(description="the wheel's file name on PyPI")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="sha256 of that file, as PyPI lists it")
+
+
+class CudaBuild(Strict):
+    """For device=cuda recipes: how vLLM gets into the image, and what a compile targets."""
+
+    mode: Literal["wheel", "source"] = Field(
+        default="source",
+        description="wheel: PyPI's official CUDA wheel, installed into the CUDA runtime base; "
+        "source: a compile of the recipe's sdist in the CUDA devel base",
+    )
+    wheel_project: str = Field(default="vllm", description="PyPI project of the official CUDA wheel")
+    wheel_version: str = Field(description="exact version of the official CUDA wheel")
+    wheels: tuple[WheelFile, ...] = Field(description="the official wheel's files by architecture, pinned by sha256")
+    arch_list: str = Field(description="TORCH_CUDA_ARCH_LIST for a source build (7.5 8.0 ... 12.0)")
+    nvcc_threads: int = Field(default=2, ge=1, description="NVCC_THREADS: threads each nvcc job uses")
+
+
 class Resources(Strict):
     disk_gb: float = Field(description="free disk the build needs where the engine keeps layers (measured peak)")
     scratch_gb: float = Field(default=2.0, description="free space the build's scratch dir needs")
@@ -159,6 +234,7 @@ class Recipe(Strict):
     distros: tuple[str, ...] | Literal["all"] = Field(default="all", description="distros this recipe supports")
     source: Source | None = Field(default=None, description="vLLM source, for kind=source")
     wheelhouse: Wheelhouse | None = Field(default=None, description="wheels, for kind=wheel")
+    cuda: CudaBuild | None = Field(default=None, description="GPU build settings, for device=cuda")
     torch: TorchChoice = Field(default_factory=TorchChoice, description="torch for build and runtime")
     fetched_sources: tuple[FetchedSource, ...] = Field(default=(), description="sources CMake would fetch")
     build_env: dict[str, str] = Field(default_factory=dict, description="environment of the compile")
@@ -167,6 +243,11 @@ class Recipe(Strict):
     cmake_from_pip: bool = Field(default=False, description="allow `pip install cmake>=gate` when the distro's is old")
     resources: Resources = Field(description="disk and RAM the build needs")
     serve_test: bool = Field(default=True, description="test stage serves a tiny model and asks /v1/models")
+    runtime_jit_compiler: bool = Field(
+        default=False,
+        description="ship the distro's C++ compiler and Python headers in the runtime: torch.compile (inductor) "
+        "compiles CPU kernels when vLLM starts, and dies without g++",
+    )
     app_requirements: tuple[str, ...] = Field(default=(), description="pip requirements, for kind=python-app")
     entrypoint: tuple[str, ...] = Field(default=("vllm", "serve"), description="image entrypoint")
 
@@ -176,6 +257,8 @@ class Recipe(Strict):
             raise ValueError("kind=source needs a source")
         if self.kind == "wheel" and self.wheelhouse is None:
             raise ValueError("kind=wheel needs a wheelhouse")
+        if self.device == "cuda" and self.cuda is None:
+            raise ValueError("device=cuda needs a cuda section (mode, wheel pins, arch_list)")
         return self
 
     def supports(self, distro: str) -> bool:

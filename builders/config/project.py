@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import TypeVar
 
 from builders.config.loading import load_model
 from builders.config.models import Distro, Recipe
@@ -25,12 +26,29 @@ def find_root(start: Path | None = None) -> Path:
     package_root = Path(__file__).resolve().parents[2]
     if (package_root / "distros").is_dir():
         return package_root
-    raise UsageError("no distros/ and recipes/ found here or above", hint="run inside a Forge checkout or set FORGE_ROOT")
+    raise UsageError(
+        "no distros/ and recipes/ found here or above", hint="run inside a Forge checkout or set FORGE_ROOT"
+    )
 
 
 def _suggest(name: str, choices: list[str]) -> str:
     close = difflib.get_close_matches(name, choices, n=1, cutoff=0.4)
     return f" — did you mean {close[0]!r}?" if close else ""
+
+
+M = TypeVar("M", Distro, Recipe)
+
+
+def _load_dir(folder: Path, model: type[M]) -> dict[str, M]:
+    items: dict[str, M] = {}
+    for path in sorted(folder.glob("*.yaml")):
+        item = load_model(model, path, defaults={"name": path.stem})
+        if item.name != path.stem:
+            raise ConfigError(f"{path}: name {item.name!r} differs from the file name {path.stem!r}")
+        items[item.name] = item
+    if not items:
+        raise ConfigError(f"{folder}: no *.yaml files")
+    return items
 
 
 @dataclass(frozen=True)
@@ -47,11 +65,11 @@ class Project:
 
     @cached_property
     def distros(self) -> dict[str, Distro]:
-        return self._load_dir("distros", Distro)
+        return _load_dir(self.root / "distros", Distro)
 
     @cached_property
     def recipes(self) -> dict[str, Recipe]:
-        recipes = self._load_dir("recipes", Recipe)
+        recipes = _load_dir(self.root / "recipes", Recipe)
         targets: dict[str, str] = {}
         for recipe in recipes.values():
             if recipe.target in targets:
@@ -72,18 +90,6 @@ class Project:
                 raise ConfigError(f"recipes/{recipe.name}.yaml: template: no containers/{recipe.template}")
         return recipes
 
-    def _load_dir(self, sub: str, model: type[Distro] | type[Recipe]) -> dict[str, Distro | Recipe]:  # type: ignore[misc]
-        folder = self.root / sub
-        items: dict[str, Distro | Recipe] = {}
-        for path in sorted(folder.glob("*.yaml")):
-            item = load_model(model, path, defaults={"name": path.stem})
-            if item.name != path.stem:
-                raise ConfigError(f"{path}: name {item.name!r} differs from the file name {path.stem!r}")
-            items[item.name] = item
-        if not items:
-            raise ConfigError(f"{folder}: no *.yaml files")
-        return items
-
     @property
     def targets(self) -> dict[str, Recipe]:
         return {r.target: r for r in self.recipes.values()}
@@ -95,8 +101,10 @@ class Project:
         defaults = [d for d in self.distros.values() if d.family == name and d.default_for_family]
         if defaults:
             return defaults[0]
-        raise UsageError(f"unknown distro {name!r}" + _suggest(name, [*self.distros, *self.families]),
-                         hint=f"known distros: {', '.join(self.distros)}")
+        raise UsageError(
+            f"unknown distro {name!r}" + _suggest(name, [*self.distros, *self.families]),
+            hint=f"known distros: {', '.join(self.distros)}",
+        )
 
     @property
     def families(self) -> dict[str, Distro]:
@@ -108,8 +116,10 @@ class Project:
             return self.targets[target]
         if target in self.recipes:
             return self.recipes[target]
-        raise UsageError(f"unknown target {target!r}" + _suggest(target, list(self.targets)),
-                         hint=f"known targets: {', '.join(self.targets)}")
+        raise UsageError(
+            f"unknown target {target!r}" + _suggest(target, list(self.targets)),
+            hint=f"known targets: {', '.join(self.targets)}",
+        )
 
     def pairs(self) -> list[tuple[Distro, Recipe]]:
         """Every buildable distro × target, in a stable order: the one list sessions and CI come from."""

@@ -53,10 +53,6 @@ class DistroFamily:
     def bootstrap_command(self, output_tar: str, *, source_date_epoch: int | None = None) -> list[str]:
         raise NotImplementedError
 
-    def version_query_script(self, packages: Sequence[str]) -> str:
-        """Shell that prints `PKG VERSION` for each package the archive would install, without installing."""
-        raise NotImplementedError
-
 
 class DebianFamily(DistroFamily):
     name = "debian"
@@ -88,13 +84,6 @@ class DebianFamily(DistroFamily):
         cmd += [boot.suite, output_tar, boot.mirror]
         return cmd
 
-    def version_query_script(self, packages: Sequence[str]) -> str:
-        pkgs = " ".join(shlex.quote(p) for p in packages)
-        return (
-            "apt-get update -qq >/dev/null && for p in " + pkgs + "; do "
-            "v=$(apt-cache policy \"$p\" | awk '/Candidate:/ {print $2}'); echo \"PKG $p ${v:-none}\"; done"
-        )
-
 
 class UbuntuFamily(DebianFamily):
     name = "ubuntu"
@@ -114,20 +103,13 @@ class FedoraFamily(DistroFamily):
         assert boot is not None
         script = (
             "set -e; root=$(mktemp -d); "
-            f"dnf -y --installroot=\"$root\" --releasever={shlex.quote(boot.suite)} "
+            f'dnf -y --installroot="$root" --releasever={shlex.quote(boot.suite)} '
             f"--repofrompath=forge,{shlex.quote(boot.mirror)} --repo=forge --setopt=install_weak_deps=False "
             f"--nogpgcheck install {' '.join(shlex.quote(p) for p in boot.include)}; "
-            "dnf --installroot=\"$root\" clean all; "
-            f"tar --sort=name --numeric-owner -C \"$root\" -cf {shlex.quote(output_tar)} ."
+            'dnf --installroot="$root" clean all; '
+            f'tar --sort=name --numeric-owner -C "$root" -cf {shlex.quote(output_tar)} .'
         )
         return ["sh", "-c", script]
-
-    def version_query_script(self, packages: Sequence[str]) -> str:
-        pkgs = " ".join(shlex.quote(p) for p in packages)
-        return (
-            "for p in " + pkgs + "; do v=$(dnf -q repoquery --latest-limit=1 --qf '%{version}' \"$p\" 2>/dev/null "
-            "| tail -n1); echo \"PKG $p ${v:-none}\"; done"
-        )
 
 
 class UbiFamily(FedoraFamily):

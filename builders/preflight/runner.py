@@ -5,7 +5,6 @@ The build executor calls this as its first phase; `forge preflight` calls it on 
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -72,11 +71,7 @@ def _toolchain(distro: Distro, device: str, probe: ProbeResult | None) -> tuple[
         gcc_pkgs = list(distro.compiler_enable.packages)
     else:
         gcc_key, gcc_declared, gcc_pkgs = "toolchain.gcc", distro.toolchain.gcc, list(distro.packages["c_compiler"])
-    # UBI 9 builds with python3.12 beside the system's 3.9: the interpreter named is the one that counts.
-    exe = re.fullmatch(r"python(\d+\.\d+)", distro.python_executable)
-    python_key, python_declared = (
-        ("python_executable", exe.group(1)) if exe else ("toolchain.python", distro.toolchain.python)
-    )
+    python_declared, python_key = distro.build_python
     wanted = {
         gcc_key: (gcc_declared, gcc_pkgs),
         "toolchain.cmake": (distro.toolchain.cmake, list(distro.packages.get("cmake", ()))),

@@ -12,7 +12,14 @@ from builders.errors import ConfigError, UsageError
 
 def test_every_distro_and_recipe_loads(project: Project) -> None:
     assert set(project.distros) == {
-        "fedora-44", "fedora-43", "debian-12", "debian-13", "ubuntu-22.04", "ubuntu-24.04", "ubi-9", "ubi-10",
+        "fedora-44",
+        "fedora-43",
+        "debian-12",
+        "debian-13",
+        "ubuntu-22.04",
+        "ubuntu-24.04",
+        "ubi-9",
+        "ubi-10",
     }
     assert {"cpu", "cpu-wheel", "router"} <= set(project.targets)
 
@@ -72,7 +79,7 @@ def test_missing_role_is_rejected(project_copy: Path) -> None:
 def test_recipe_naming_unknown_template(project_copy: Path) -> None:
     path = project_copy / "recipes" / "router.yaml"
     path.write_text(path.read_text().replace("router.Containerfile.j2", "nope.j2"))
-    with pytest.raises(ConfigError, match="no containers/nope.j2"):
+    with pytest.raises(ConfigError, match=r"no containers/nope\.j2"):
         _ = Project.load(project_copy).recipes
 
 

@@ -44,8 +44,13 @@ def test_unreachable_base_stops_at_once_naming_the_ways_out(project: Project, en
 def test_router_image_builds_tests_and_tags(project: Project, engine: Engine, tmp_path: Path) -> None:
     tag = "forge/test-router:engine-test"
     engine.untag(tag)
-    report = build(project, project.distro("debian-12"), project.recipe_for("router"),
-                   BuildOptions(max_jobs=1, tag=tag, reports_dir=tmp_path, skip_preflight=True), lambda _l: None)
+    report = build(
+        project,
+        project.distro("debian-12"),
+        project.recipe_for("router"),
+        BuildOptions(max_jobs=1, tag=tag, reports_dir=tmp_path, skip_preflight=True),
+        lambda _l: None,
+    )
     try:
         assert report.result == "succeeded"
         assert report.builder["name"] in {"buildkit", "legacy"}
@@ -56,8 +61,16 @@ def test_router_image_builds_tests_and_tags(project: Project, engine: Engine, tm
         assert set(report.phases) >= {"engine", "base", "context", "build", "test", "tag"}
         assert (tmp_path / "report.json").exists() and (tmp_path / "summary.txt").exists()
         # The CA bundle was a build secret: it is nowhere in the final image.
-        rc, out = engine.run_once(tag, ["-c", "import pathlib; print([str(p) for p in pathlib.Path('/').rglob("
-                                  "'ca_bundle*') if '/proc' not in str(p)])"], entrypoint=["python3"], timeout=120)
+        rc, out = engine.run_once(
+            tag,
+            [
+                "-c",
+                "import pathlib; print([str(p) for p in pathlib.Path('/').rglob("
+                "'ca_bundle*') if '/proc' not in str(p)])",
+            ],
+            entrypoint=["python3"],
+            timeout=120,
+        )
         assert rc == 0 and out.strip().endswith("[]"), out
     finally:
         engine.untag(tag)
@@ -66,20 +79,31 @@ def test_router_image_builds_tests_and_tags(project: Project, engine: Engine, tm
 
 def test_failed_build_leaves_no_container_and_no_tag(project_copy: Path, engine: Engine, tmp_path: Path) -> None:
     recipe = project_copy / "recipes" / "router.yaml"
-    recipe.write_text(recipe.read_text().replace("app_requirements: [aiohttp, pydantic, pyyaml]",
-                                                 "app_requirements: [forge-no-such-package-xyz==0.0.0]"))
+    recipe.write_text(
+        recipe.read_text().replace(
+            "app_requirements: [aiohttp, pydantic, pyyaml]", "app_requirements: [forge-no-such-package-xyz==0.0.0]"
+        )
+    )
     shutil.copytree(Path(__file__).resolve().parents[2] / "builders", project_copy / "builders")
     project = Project.load(project_copy)
     tag = "forge/test-router:must-not-exist"
     before = set(_forge_containers(engine))
     every_before = {c.id for c in engine.client.containers.list(all=True)}
     with pytest.raises(BuildFailed):
-        build(project, project.distro("debian-12"), project.recipe_for("router"),
-              BuildOptions(max_jobs=1, tag=tag, reports_dir=tmp_path, skip_preflight=True), lambda _l: None)
+        build(
+            project,
+            project.distro("debian-12"),
+            project.recipe_for("router"),
+            BuildOptions(max_jobs=1, tag=tag, reports_dir=tmp_path, skip_preflight=True),
+            lambda _l: None,
+        )
     assert not engine.image_exists(tag)
     assert set(_forge_containers(engine)) == before
-    assert not [c for c in engine.client.containers.list(all=True) if c.status in {"created", "exited"}
-                and c.id not in every_before]
+    assert not [
+        c
+        for c in engine.client.containers.list(all=True)
+        if c.status in {"created", "exited"} and c.id not in every_before
+    ]
     report = (tmp_path / "report.json").read_text()
     assert '"result": "failed"' in report
     assert "forge-no-such-package-xyz" in (tmp_path / "build.log").read_text()

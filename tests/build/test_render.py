@@ -38,7 +38,9 @@ def test_header_names_origin(project: Project) -> None:
 def test_runtime_stage_is_slim_nonroot_with_tcmalloc(project: Project) -> None:
     text = rendered(project, "fedora-44", "cpu")
     runtime = stage(text, "runtime")
-    assert "gcc" not in runtime.split("LABEL")[0]
+    packages = runtime.split("LABEL")[0]
+    assert "cmake" not in packages and "ninja" not in packages and "numactl-devel" not in packages
+    assert "gcc-c++" in packages  # torch.compile builds its CPU kernels when vLLM starts
     assert "USER 1000" in runtime
     assert "LD_PRELOAD=/usr/lib64/libtcmalloc_minimal.so.4" in runtime
     assert 'ENTRYPOINT ["vllm", "serve"]' in runtime
@@ -72,7 +74,7 @@ def test_strict_undefined_reports_template_and_line(project_copy: Path) -> None:
     tpl.write_text(tpl.read_text() + "\n{{ plan.no_such_field }}\n")
     project = Project.load(project_copy)
     plan = make_plan(project.distro("debian-12"), project.recipe_for("router"), PlanOptions(max_jobs=1))
-    with pytest.raises(ConfigError, match="router.Containerfile.j2"):
+    with pytest.raises(ConfigError, match=r"router\.Containerfile\.j2"):
         render(plan, project.containers_dir)
 
 
@@ -83,6 +85,10 @@ def test_every_rendered_file_lints_clean(project: Project, tmp_path: Path) -> No
         path = tmp_path / f"{distro.name}-{recipe.target}.Containerfile"
         path.write_text(rendered(project, distro.name, recipe.target))
         files.append(str(path))
-    proc = subprocess.run(["hadolint", "--config", str(project.root / ".hadolint.yaml"), *files],
-                          capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        ["hadolint", "--config", str(project.root / ".hadolint.yaml"), *files],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr

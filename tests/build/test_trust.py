@@ -20,7 +20,9 @@ def test_host_variables_in_order(tmp_path: Path) -> None:
     b.write_text("b")
     assert find_ca_bundle(None, environ={"SSL_CERT_FILE": str(b), "PIP_CERT": str(a)}) == (a, "$PIP_CERT")
     assert find_ca_bundle(None, environ={"PIP_CERT": str(tmp_path / "missing"), "SSL_CERT_FILE": str(b)}) == (
-        b, "$SSL_CERT_FILE")
+        b,
+        "$SSL_CERT_FILE",
+    )
 
 
 def test_none_and_missing() -> None:
