@@ -109,7 +109,10 @@ class KillReplicaCheck(_Strict):
 
     pool: str = Field(description="Pool one of whose replicas is killed.")
     after_s: float = Field(
-        default=5.0, gt=0, description="Seconds into the traffic run at which the replica is killed."
+        default=5.0,
+        gt=0,
+        description="Seconds into the traffic run after which the replica is killed, at the first moment it "
+        "is generating (its vllm:num_requests_running gauge above 0).",
     )
     error_within_s: float = Field(
         default=5.0, gt=0, description="Clients in flight on the killed replica must get an error within this time."

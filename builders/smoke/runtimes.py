@@ -74,14 +74,25 @@ class LaunchedProcess:
     def alive(self) -> bool:
         return self.process.poll() is None
 
+    def group_members(self) -> list[int]:
+        """Live (not zombie) processes of the group: vLLM's engine core and workers outlive a killed parent
+        for a moment, and a zombie waiting for init to reap it is gone for every purpose here."""
+        members = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text(encoding="ascii", errors="replace")
+            except OSError:
+                continue
+            # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
+            fields = stat[stat.rfind(")") + 2 :].split()
+            if len(fields) > 2 and fields[2] == str(self.process.pid) and fields[0] != "Z":
+                members.append(int(entry.name))
+        return members
+
     def group_alive(self) -> bool:
-        try:
-            os.killpg(self.process.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        return bool(self.group_members())
 
     def logs(self, tail: int = 200) -> str:
         try:
@@ -97,18 +108,24 @@ class LaunchedProcess:
     def kill(self) -> None:
         self._signal(signal.SIGKILL)
 
+    def _wait_group(self, seconds: float) -> bool:
+        """Reap the leader and wait for the whole group to end; True when it did in time."""
+        deadline = time.monotonic() + seconds
+        while True:
+            self.process.poll()
+            if not self.group_alive():
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
+
     def stop(self) -> None:
         self._signal(signal.SIGTERM)
-        deadline = time.monotonic() + 8
-        while time.monotonic() < deadline and self.group_alive():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(timeout=0.2)
-            if self.process.poll() is not None and not self.group_alive():
-                break
-        if self.group_alive():
+        if not self._wait_group(8):
             self._signal(signal.SIGKILL)
+            self._wait_group(5)
         with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(timeout=5)
+            self.process.wait(timeout=1)
         if self._log is not None:
             self._log.close()
             self._log = None
@@ -138,7 +155,11 @@ class ReplicaRuntime(Protocol):
 
     def start(self, replica: ReplicaPlan, probe: ServeProbe, *, run_id: str) -> Launched: ...
 
-    def leftovers(self, run_id: str) -> list[str]: ...
+    def leftovers(self, run_id: str) -> list[str]:
+        """What of this run still runs, for the report; empty after a clean teardown."""
+
+    def sweep(self, run_id: str) -> None:
+        """Remove whatever of this run still runs, also what was never handed back as a handle."""
 
 
 def serve_argv(probe: ServeProbe, model_path: str, args: Sequence[str]) -> list[str]:
@@ -194,6 +215,10 @@ class ContainerReplicas:
     def leftovers(self, run_id: str) -> list[str]:
         return self.engine.containers_with_label(RUN_LABEL, run_id)
 
+    def sweep(self, run_id: str) -> None:
+        for cid in self.engine.containers_with_label(RUN_LABEL, run_id):
+            self.engine.stop_and_remove(cid, timeout=2)
+
 
 class LocalReplicas:
     """Replicas as host processes of a vLLM installed on this machine (`--local-vllm PATH_TO_vllm`)."""
@@ -246,6 +271,11 @@ class LocalReplicas:
     def leftovers(self, run_id: str) -> list[str]:
         return [f"{p.name} (pid {p.process.pid})" for p in self._started if p.group_alive()]
 
+    def sweep(self, run_id: str) -> None:
+        for launched in self._started:
+            if launched.group_alive():
+                launched.kill()
+
 
 class RouterRuntime(Protocol):
     description: str
@@ -253,6 +283,8 @@ class RouterRuntime(Protocol):
     def start(self, config_dir: Path, config_name: str, *, run_id: str) -> Launched: ...
 
     def leftovers(self, run_id: str) -> list[str]: ...
+
+    def sweep(self, run_id: str) -> None: ...
 
 
 class LocalRouter:
@@ -274,6 +306,11 @@ class LocalRouter:
 
     def leftovers(self, run_id: str) -> list[str]:
         return [f"{p.name} (pid {p.process.pid})" for p in self._started if p.group_alive()]
+
+    def sweep(self, run_id: str) -> None:
+        for launched in self._started:
+            if launched.group_alive():
+                launched.kill()
 
 
 class ContainerRouter:
@@ -305,4 +342,8 @@ class ContainerRouter:
         return LaunchedContainer(engine=self.engine, cid=cid, name=name)
 
     def leftovers(self, run_id: str) -> list[str]:
-        return [c for c in self.engine.containers_with_label(RUN_LABEL, run_id)]
+        return self.engine.containers_with_label(RUN_LABEL, run_id)
+
+    def sweep(self, run_id: str) -> None:
+        for cid in self.engine.containers_with_label(RUN_LABEL, run_id):
+            self.engine.stop_and_remove(cid, timeout=2)

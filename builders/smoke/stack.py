@@ -17,6 +17,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -208,6 +209,22 @@ def _healthy(url: str) -> bool:
         return requests.get(f"{url}/health", timeout=1.0).status_code == 200
     except requests.RequestException:
         return False
+
+
+def generating(url: str) -> bool:
+    """Whether a vLLM replica has a request running, from its Prometheus gauge (unauthenticated)."""
+    try:
+        text = requests.get(f"{url}/metrics", timeout=1.0).text
+    except requests.RequestException:
+        return False
+    for line in text.splitlines():
+        if line.startswith("vllm:num_requests_running"):
+            try:
+                if float(line.rsplit(" ", 1)[1]) > 0:
+                    return True
+            except (IndexError, ValueError):
+                continue
+    return False
 
 
 def _tail(launched: Launched, lines: int = 40) -> str:
@@ -565,6 +582,10 @@ class SmokeRun:
 
             async def killer() -> None:
                 await asyncio.sleep(settings.after_s)
+                # Kill only while the victim is generating: a kill between requests cuts nothing and
+                # proves nothing, and on a fast machine the plan may be between requests at after_s.
+                while not await asyncio.to_thread(generating, victim.url):
+                    await asyncio.sleep(0.05)
                 # Taken before the kill call, so the measured wait for the error is never flattered.
                 killed_at.append(time.monotonic() - started)
                 await asyncio.to_thread(launched.kill)
@@ -583,7 +604,10 @@ class SmokeRun:
         if not killed_at:
             return {
                 "traffic": self._result_json(result, stack.plan),
-                "failures": [f"the run ended before the kill at {settings.after_s:.0f}s; kill earlier"],
+                "failures": [
+                    f"the run ended before {victim.label} was generating after {settings.after_s:.0f}s; kill "
+                    "earlier or give the kill run more traffic for that pool (checks.kill_replica.traffic)"
+                ],
                 "passed": False,
             }
         verdict = judge_kill(
@@ -619,15 +643,19 @@ class SmokeRun:
             if self.options.report_dir is not None and error is not None:
                 self._save_logs(stack)
             self.say(f"stopping {len(stack.everything())} server(s)")
-            for launched in stack.everything():
-                try:
-                    launched.stop()
-                except ForgeError as exc:
-                    teardown.setdefault("stop_errors", []).append(f"{launched.name}: {exc.message}")
-        leftovers: list[str] = []
-        for runtime in (replicas, router):
-            if runtime is not None:
-                leftovers += runtime.leftovers(self.run_id)
+            errors: list[str] = []
+            # The router first, so nothing new reaches a replica; then every replica at once, so a replica
+            # slow to honour SIGTERM does not make the others wait.
+            if stack.router is not None:
+                errors += _stop_all([stack.router])
+            errors += _stop_all(list(stack.replicas.values()))
+            if errors:
+                teardown["stop_errors"] = errors
+        runtimes = [r for r in (replicas, router) if r is not None]
+        for runtime in runtimes:
+            # Whatever carries this run's label but was never handed back (a start that failed half way).
+            runtime.sweep(self.run_id)
+        leftovers = [item for runtime in runtimes for item in runtime.leftovers(self.run_id)]
         teardown["leftovers"] = sorted(set(leftovers))
         teardown["clean"] = not leftovers
         if leftovers:
@@ -652,6 +680,22 @@ class SmokeRun:
             path.write_text(json.dumps(self.report, indent=2) + "\n", encoding="utf-8")
             self.report["report_file"] = str(path)
             self.say(f"report: {path}")
+
+
+def _stop_all(launched: list[Launched]) -> list[str]:
+    """Stop servers in parallel; the errors of those that refused, as text."""
+    if not launched:
+        return []
+
+    def stop(one: Launched) -> str | None:
+        try:
+            one.stop()
+        except ForgeError as exc:
+            return f"{one.name}: {exc.message}"
+        return None
+
+    with ThreadPoolExecutor(max_workers=len(launched)) as pool:
+        return [error for error in pool.map(stop, launched) if error is not None]
 
 
 def _with_env(replica: ReplicaPlan, extra: dict[str, str]) -> ReplicaPlan:

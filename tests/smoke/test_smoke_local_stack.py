@@ -1,0 +1,119 @@
+"""The whole smoke run against real vLLM servers on this host (`--local-vllm`), teardown included."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from smoke_helpers import ROOT, free_base_port, interrupt_forge_smoke, local_vllm, processes_mentioning
+
+from builders.cli import main
+from builders.errors import SmokeFailed
+from builders.smoke.profile import load_profile, profile_from_mapping
+from builders.smoke.runtimes import LocalReplicas, LocalRouter, ReplicaRuntime, RouterRuntime
+from builders.smoke.stack import SmokeOptions, SmokeRun
+
+pytestmark = [pytest.mark.server]
+
+
+def local_run(options: SmokeOptions, binary: Path) -> SmokeRun:
+    def replicas(model_dir: Path, logs_dir: Path) -> ReplicaRuntime:
+        return LocalReplicas(binary, model_dir=model_dir, log_dir=logs_dir)
+
+    def router(logs_dir: Path) -> RouterRuntime:
+        return LocalRouter(log_dir=logs_dir)
+
+    return SmokeRun(
+        options=options,
+        replicas_runtime_factory=replicas,
+        router_runtime_factory=router,
+        console=Console(stderr=True, width=160),
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_ci_profile_passes_with_both_isolation_checks_and_leaves_nothing(tmp_path: Path) -> None:
+    binary = local_vllm()
+    profile, path = load_profile("ci", root=ROOT)
+    options = SmokeOptions(
+        profile=profile,
+        profile_path=path,
+        report_dir=tmp_path,
+        base_port=free_base_port(profile.replica_count),
+        check_slow_clients=True,
+        check_kill_replica=True,
+    )
+    run = local_run(options, binary)
+    report = run.execute()
+
+    assert report["gates"] == {"passed": True, "failures": []}
+    assert report["checks"]["slow_clients"]["passed"]
+    kill = report["checks"]["kill_replica"]
+    assert kill["passed"] and kill["cut"] >= 1 and kill["error_after_s_max"] <= 5
+    assert report["teardown"] == {"leftovers": [], "clean": True}
+    written = json.loads(Path(report["report_file"]).read_text(encoding="utf-8"))
+    assert set(written["traffic"]) == {"main", "without_slow_clients", "kill_replica"}
+    assert set(written["traffic"]["main"]["classes"]) == {c.value for c in profile.classes}
+    assert processes_mentioning(f"forge-smoke-{run.run_id}") == []
+
+
+@pytest.mark.timeout(300)
+def test_a_replica_that_dies_at_startup_fails_the_run_with_its_log(tmp_path: Path) -> None:
+    binary = local_vllm()
+    ci, _ = load_profile("ci", root=ROOT)
+    # Accepted by the argument check, refused by vLLM once it sizes the KV cache.
+    data = ci.model_dump(mode="json", exclude={"name"})
+    data["model"]["kv_cache_memory"] = "1k"
+    profile = profile_from_mapping(data, source="test", name="tiny-kv")
+    options = SmokeOptions(
+        profile=profile, profile_path=tmp_path / "tiny-kv.yaml", report_dir=tmp_path, base_port=free_base_port(3)
+    )
+    run = local_run(options, binary)
+    with pytest.raises(SmokeFailed) as caught:
+        run.execute()
+    assert "exited before it answered" in caught.value.message
+    assert "last log lines" in caught.value.message
+    assert run.report["teardown"]["clean"] is True
+    logs = Path(run.report["logs_dir"])
+    assert any(p.read_text(encoding="utf-8") for p in logs.glob("*.log"))
+    assert processes_mentioning(f"forge-smoke-{run.run_id}") == []
+
+
+def test_a_retired_flag_stops_the_run_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    binary = local_vllm()
+    ci, _ = load_profile("ci", root=ROOT)
+    data = ci.model_dump(mode="json", exclude={"name"})
+    data["pools"]["bulk"]["extra_args"] = ["--max-num-partial-prefills", "2"]
+    profile_file = tmp_path / "retired.yaml"
+    profile_file.write_text(json.dumps(data), encoding="utf-8")
+    code = main(["smoke", "--local-vllm", str(binary), "--profile", str(profile_file), "--validate-only"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "pool 'bulk', pools.bulk.extra_args[0]: --max-num-partial-prefills" in err
+    assert "--long-prefill-token-threshold" in err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_an_interrupted_run_stops_every_server(sig: signal.Signals, tmp_path: Path) -> None:
+    binary = local_vllm()
+    base = free_base_port(3)
+    code, run_id, output = interrupt_forge_smoke(
+        ["--local-vllm", str(binary), "--profile", "ci", "--base-port", str(base), "--report", str(tmp_path)],
+        sig,
+        after_s=8,
+    )
+    assert code == 130, output
+    assert "stopping 2 server(s)" in output
+    assert processes_mentioning(f"forge-smoke-{run_id}") == []
+    [report_file] = tmp_path.glob(f"smoke-ci-{run_id}.json")
+    report = json.loads(report_file.read_text(encoding="utf-8"))
+    assert report["teardown"]["clean"] is True
+    assert report["teardown"]["ended_by"].startswith("KeyboardInterrupt")
