@@ -2,15 +2,22 @@
 
 Each check is a real process in a throwaway container: vLLM imported, its version, tcmalloc mapped into a
 running Python (not only named in LD_PRELOAD), and `vllm serve` answering /v1/models with a tiny model.
+GPU images add: torch built for the base's CUDA, no nvcc or C++ toolchain in the runtime, and a served model
+where the build host has a GPU; where it has none, that check says "skipped: no GPU", never a silent pass.
 """
 
 from __future__ import annotations
 
+import inspect
+import json
+import shutil
 import socket
+import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
 
 import requests
 
@@ -23,9 +30,24 @@ SERVE_DEADLINE_S = 420
 @dataclass(frozen=True, kw_only=True)
 class CheckResult:
     name: str
-    ok: bool
+    ok: bool  # False fails the build; a skipped check is ok but reports status "skipped"
     detail: str
     seconds: float
+    skipped: bool = False
+
+    @property
+    def status(self) -> Literal["passed", "failed", "skipped"]:
+        return "skipped" if self.skipped else ("passed" if self.ok else "failed")
+
+    def as_report(self) -> dict[str, Any]:
+        """The entry the build report stores: status says skipped apart from passed."""
+        return {
+            "name": self.name,
+            "status": self.status,
+            "ok": self.ok,
+            "detail": self.detail,
+            "seconds": round(self.seconds, 1),
+        }
 
 
 def free_port() -> int:
@@ -153,6 +175,220 @@ def check_entrypoint(engine: Engine, image: str, plan: BuildPlan) -> CheckResult
     )
 
 
+# --- GPU images ---------------------------------------------------------------------------------------------
+
+# Run inside the image: which torch, built for which CUDA, and whether it sees a GPU.
+TORCH_CUDA_PROBE = (
+    "import json, torch; print('TORCHCUDA ' + json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda, "
+    "'available': torch.cuda.is_available(), 'devices': torch.cuda.device_count(), "
+    "'name': torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}))"
+)
+# Run inside the image: build tools that must not be there, and what Triton needs to build its launcher.
+TOOLCHAIN_PROBE = (
+    "import json, os, shutil, sysconfig; print('TOOLS ' + json.dumps({**{t: shutil.which(t) for t in "
+    "('nvcc', 'g++', 'c++', 'cmake', 'gcc')}, 'Python.h': os.path.exists(os.path.join("
+    "sysconfig.get_paths()['include'], 'Python.h'))}))"
+)
+FORBIDDEN_IN_RUNTIME = ("nvcc", "g++", "c++", "cmake")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuPresence:
+    present: bool
+    detail: str  # the GPUs nvidia-smi lists, or why none counts
+
+
+def detect_gpus(nvidia_smi: str | None = None, timeout: float = 30) -> GpuPresence:
+    """GPUs on the build host, as `nvidia-smi -L` lists them: a driver that answers, and at least one GPU."""
+    exe = nvidia_smi or shutil.which("nvidia-smi")
+    if exe is None:
+        return GpuPresence(present=False, detail="nvidia-smi not found on the build host")
+    try:
+        proc = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return GpuPresence(present=False, detail=f"{exe} -L did not run: {exc}")
+    out = (proc.stdout + proc.stderr).strip()
+    if proc.returncode != 0:
+        first = out.splitlines()[0] if out else "no output"
+        return GpuPresence(present=False, detail=f"{exe} -L exited {proc.returncode}: {first}")
+    gpus = [line.strip() for line in proc.stdout.splitlines() if line.startswith("GPU ")]
+    if not gpus:
+        return GpuPresence(present=False, detail=f"{exe} -L lists no GPU")
+    return GpuPresence(present=True, detail="; ".join(gpus))
+
+
+def gpu_run_options(engine: Engine) -> dict[str, Any] | None:
+    """How to hand the host's GPUs to a container, or None when the engine layer offers no way to."""
+    if "gpus" in inspect.signature(engine.run_detached).parameters:
+        return {"gpus": True}
+    return None
+
+
+def gpu_skip_reason(gpus: GpuPresence, run_options: dict[str, Any] | None) -> str | None:
+    """Why a check needing a GPU cannot run here; None when it can."""
+    if not gpus.present:
+        return f"skipped: no GPU ({gpus.detail})"
+    if run_options is None:
+        return f"skipped: no GPU in the container: the engine cannot pass the host's GPUs ({gpus.detail})"
+    return None
+
+
+def skipped(name: str, reason: str) -> CheckResult:
+    return CheckResult(name=name, ok=True, skipped=True, detail=reason, seconds=0.0)
+
+
+def _probe_json(out: str, prefix: str) -> dict[str, Any] | None:
+    line = next((ln for ln in out.splitlines() if ln.startswith(prefix + " ")), None)
+    if line is None:
+        return None
+    value = json.loads(line.removeprefix(prefix + " "))
+    return value if isinstance(value, dict) else None
+
+
+def judge_torch_cuda(rc: int, out: str, cuda_version: str, *, need_gpu: bool) -> tuple[bool, str]:
+    """Whether the image's torch is the build for the base's CUDA (and sees a GPU, when one was passed)."""
+    facts = _probe_json(out, "TORCHCUDA") if rc == 0 else None
+    if facts is None:
+        return False, out[-800:] or f"exited {rc}"
+    built = facts.get("cuda")
+    summary = f"torch {facts.get('torch')} for CUDA {built}"
+    if not built:
+        return False, f"{summary}: torch was built without CUDA"
+    if str(built).split(".")[:2] != cuda_version.split(".")[:2]:
+        return False, f"{summary}, but the base has CUDA {cuda_version}: torch came from the wrong index"
+    if need_gpu and not facts.get("available"):
+        return False, f"{summary}: the container was given a GPU, but torch sees none"
+    seen = f"; sees {facts.get('devices')} GPU(s): {facts.get('name')}" if facts.get("available") else ""
+    return True, summary + seen
+
+
+def judge_toolchain(rc: int, out: str) -> tuple[bool, str]:
+    """No nvcc, C++ compiler or CMake in the runtime; a C compiler and Python.h for Triton's launcher."""
+    tools = _probe_json(out, "TOOLS") if rc == 0 else None
+    if tools is None:
+        return False, out[-800:] or f"exited {rc}"
+    present = [f"{t} ({tools[t]})" for t in FORBIDDEN_IN_RUNTIME if tools.get(t)]
+    if present:
+        return False, "build tools in the runtime image: " + ", ".join(present)
+    if not tools.get("gcc") or not tools.get("Python.h"):
+        return False, (
+            f"Triton compiles its CUDA launcher at first use and needs a C compiler and Python.h: "
+            f"gcc={tools.get('gcc')}, Python.h={tools.get('Python.h')}"
+        )
+    return True, f"no {', '.join(FORBIDDEN_IN_RUNTIME)}; gcc {tools['gcc']} and Python.h for Triton"
+
+
+def check_torch_cuda(engine: Engine, image: str, plan: BuildPlan, *, gpu: dict[str, Any] | None) -> CheckResult:
+    assert plan.cuda is not None
+    start = time.monotonic()
+    if gpu is None:
+        rc, out = _python(engine, image, TORCH_CUDA_PROBE)
+    else:
+        rc, out = engine.run_once(image, ["-c", TORCH_CUDA_PROBE], entrypoint=["python3"], timeout=300, **gpu)
+    ok, detail = judge_torch_cuda(rc, out, plan.cuda.version, need_gpu=gpu is not None)
+    return CheckResult(name="torch-cuda", ok=ok, detail=detail, seconds=time.monotonic() - start)
+
+
+def check_runtime_toolchain(engine: Engine, image: str, plan: BuildPlan) -> CheckResult:
+    start = time.monotonic()
+    rc, out = _python(engine, image, TOOLCHAIN_PROBE)
+    ok, detail = judge_toolchain(rc, out)
+    return CheckResult(name="runtime-toolchain", ok=ok, detail=detail, seconds=time.monotonic() - start)
+
+
+def check_serve_gpu(engine: Engine, image: str, plan: BuildPlan, *, gpu: dict[str, Any]) -> CheckResult:
+    from builders.smoke.tiny_model import write_tiny_model
+
+    name = "serve-models-gpu"
+    start = time.monotonic()
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="forge-tiny-model-") as tmp:
+        model = write_tiny_model(Path(tmp) / "model")
+        model.chmod(0o755)
+        for child in model.iterdir():
+            child.chmod(0o644)
+        Path(tmp).chmod(0o755)
+        # Eager mode and a small memory share: the check proves kernels run and the server answers, quickly,
+        # on a GPU other processes may be using.
+        command = [
+            "/model",
+            "--load-format",
+            "dummy",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--max-model-len",
+            "512",
+            "--max-num-seqs",
+            "4",
+            "--served-model-name",
+            "tiny",
+            "--dtype",
+            "bfloat16",
+            "--enforce-eager",
+            "--gpu-memory-utilization",
+            "0.2",
+        ]
+        cid = engine.run_detached(
+            image=image,
+            command=command,
+            volumes={str(model): "/model"},
+            env={"HF_HUB_OFFLINE": "1"},
+            shm_size="2g",
+            labels={"forge.test": plan.session_id},
+            **gpu,
+        )
+        try:
+            deadline = time.monotonic() + SERVE_DEADLINE_S
+            while time.monotonic() < deadline:
+                if not engine.is_running(cid):
+                    return CheckResult(
+                        name=name,
+                        ok=False,
+                        seconds=time.monotonic() - start,
+                        detail="vllm serve exited:\n" + engine.logs(cid, tail=40),
+                    )
+                try:
+                    resp = requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=2)
+                    if resp.status_code == 200:
+                        ids = [m["id"] for m in resp.json().get("data", [])]
+                        return CheckResult(
+                            name=name, ok="tiny" in ids, seconds=time.monotonic() - start, detail=f"/v1/models -> {ids}"
+                        )
+                except requests.RequestException:
+                    pass
+                time.sleep(2)
+            return CheckResult(
+                name=name,
+                ok=False,
+                seconds=time.monotonic() - start,
+                detail=f"no answer within {SERVE_DEADLINE_S}s:\n" + engine.logs(cid, tail=40),
+            )
+        finally:
+            engine.stop_and_remove(cid)
+
+
+def run_gpu_checks(engine: Engine, image: str, plan: BuildPlan, gpus: GpuPresence | None = None) -> list[CheckResult]:
+    """The CUDA image's checks; those needing a GPU are skipped, and say so, where none reaches the container."""
+    gpus = gpus or detect_gpus()
+    options = gpu_run_options(engine)
+    reason = gpu_skip_reason(gpus, options)
+    results: list[CheckResult] = []
+    if "torch-cuda" in plan.test_checks:
+        results.append(check_torch_cuda(engine, image, plan, gpu=None if reason else options))
+    if "runtime-toolchain" in plan.test_checks:
+        results.append(check_runtime_toolchain(engine, image, plan))
+    if "serve-models-gpu" in plan.test_checks:
+        if reason or options is None:
+            results.append(skipped("serve-models-gpu", reason or "skipped: no GPU"))
+        elif not all(r.ok for r in results):
+            results.append(skipped("serve-models-gpu", "skipped: an earlier GPU check failed"))
+        else:
+            results.append(check_serve_gpu(engine, image, plan, gpu=options))
+    return results
+
+
 def run_checks(engine: Engine, image: str, plan: BuildPlan) -> list[CheckResult]:
     results: list[CheckResult] = []
     if "entrypoint-help" in plan.test_checks:
@@ -166,4 +402,6 @@ def run_checks(engine: Engine, image: str, plan: BuildPlan) -> list[CheckResult]
         results.append(check_tcmalloc(engine, image, plan))
     if "serve-models" in plan.test_checks:
         results.append(check_serve(engine, image, plan))
+    if plan.cuda is not None:
+        results += run_gpu_checks(engine, image, plan)
     return results
