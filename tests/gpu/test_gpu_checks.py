@@ -1,0 +1,170 @@
+"""The GPU test stage's decisions: GPU detection through a real nvidia-smi process, the probes run by a real
+Python, and a check that needs a GPU reporting "skipped: no GPU" as its own status, never as a pass."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from builders.engine import Engine
+from builders.image_tests import (
+    TOOLCHAIN_PROBE,
+    TORCH_CUDA_PROBE,
+    CheckResult,
+    GpuPresence,
+    detect_gpus,
+    gpu_run_options,
+    gpu_skip_reason,
+    judge_toolchain,
+    judge_torch_cuda,
+    skipped,
+)
+
+H200 = "GPU 0: NVIDIA H200 (UUID: GPU-5a0c0d2e-0000-0000-0000-000000000000)"
+
+
+def executable(path: Path, body: str) -> Path:
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return path
+
+
+def test_a_listed_gpu_is_present(tmp_path: Path) -> None:
+    smi = executable(tmp_path / "nvidia-smi", f'[ "$1" = "-L" ] && echo "{H200}"')
+    found = detect_gpus(str(smi))
+    assert found.present and found.detail == H200
+
+
+def test_no_nvidia_smi_means_no_gpu(tmp_path: Path) -> None:
+    found = detect_gpus(str(tmp_path / "nvidia-smi"))
+    assert not found.present and "did not run" in found.detail
+
+
+def test_a_driver_that_does_not_answer_means_no_gpu(tmp_path: Path) -> None:
+    smi = executable(
+        tmp_path / "nvidia-smi",
+        'echo "NVIDIA-SMI has failed because it couldn\'t communicate with the NVIDIA driver."; exit 9',
+    )
+    found = detect_gpus(str(smi))
+    assert not found.present and "exited 9" in found.detail and "NVIDIA driver" in found.detail
+
+
+def test_an_empty_list_means_no_gpu(tmp_path: Path) -> None:
+    smi = executable(tmp_path / "nvidia-smi", "echo 'No devices found.'")
+    assert not detect_gpus(str(smi)).present
+
+
+def test_detection_here_agrees_with_the_path() -> None:
+    found = detect_gpus()
+    if not any(Path(d, "nvidia-smi").exists() for d in os.environ.get("PATH", "").split(os.pathsep) if d):
+        assert not found.present and found.detail == "nvidia-smi not found on the build host"
+
+
+def test_without_a_gpu_the_check_is_skipped_and_says_so() -> None:
+    reason = gpu_skip_reason(
+        GpuPresence(present=False, detail="nvidia-smi not found on the build host"), {"gpus": True}
+    )
+    assert reason == "skipped: no GPU (nvidia-smi not found on the build host)"
+    result = skipped("serve-models-gpu", reason)
+    assert result.status == "skipped" and result.ok and result.skipped
+    entry = result.as_report()
+    assert entry["status"] == "skipped" and str(entry["detail"]).startswith("skipped: no GPU")
+
+
+def test_a_gpu_the_engine_cannot_pass_is_skipped_too() -> None:
+    engine = Engine(None, kind="docker", root_dir=None, version="test")
+    options = gpu_run_options(engine)
+    reason = gpu_skip_reason(GpuPresence(present=True, detail=H200), options)
+    if options is None:
+        assert reason is not None and reason.startswith("skipped: no GPU in the container")
+    else:
+        assert reason is None
+
+
+def test_statuses_are_distinct() -> None:
+    passed = CheckResult(name="x", ok=True, detail="", seconds=0.0)
+    failed = CheckResult(name="x", ok=False, detail="", seconds=0.0)
+    assert (passed.status, failed.status, skipped("x", "skipped: no GPU").status) == ("passed", "failed", "skipped")
+
+
+def fake_torch(root: Path, *, version: str, cuda: str | None, available: bool) -> Path:
+    """A stand-in for torch's import surface the probe reads, so the probe itself runs in a real Python."""
+    pkg = root / "torch"
+    (pkg / "cuda").mkdir(parents=True)
+    (pkg / "__init__.py").write_text(f"__version__ = {version!r}\nfrom torch import version, cuda\n")
+    (pkg / "version.py").write_text(f"cuda = {cuda!r}\n")
+    (pkg / "cuda" / "__init__.py").write_text(
+        f"def is_available():\n    return {available}\n"
+        f"def device_count():\n    return {1 if available else 0}\n"
+        "def get_device_name(i):\n    return 'NVIDIA H200'\n"
+    )
+    return root
+
+
+def run_probe(code: str, env: dict[str, str]) -> tuple[int, str]:
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("version", "cuda", "available", "need_gpu", "ok", "words"),
+    [
+        ("2.14.0+cu130", "13.0", False, False, True, "for CUDA 13.0"),
+        ("2.14.0+cu130", "13.0", True, True, True, "sees 1 GPU(s): NVIDIA H200"),
+        ("2.14.0+cu128", "12.8", False, False, False, "wrong index"),
+        ("2.14.0+cpu", None, False, False, False, "built without CUDA"),
+        ("2.14.0+cu130", "13.0", False, True, False, "torch sees none"),
+    ],
+)
+def test_torch_probe_and_judgement(
+    tmp_path: Path, version: str, cuda: str | None, available: bool, need_gpu: bool, ok: bool, words: str
+) -> None:
+    root = fake_torch(tmp_path, version=version, cuda=cuda, available=available)
+    rc, out = run_probe(TORCH_CUDA_PROBE, {**os.environ, "PYTHONPATH": str(root)})
+    verdict, detail = judge_torch_cuda(rc, out, "13.0", need_gpu=need_gpu)
+    assert (verdict, words in detail) == (ok, True), detail
+
+
+def test_torch_probe_fails_where_torch_does_not_import(tmp_path: Path) -> None:
+    rc, out = run_probe(
+        TORCH_CUDA_PROBE, {"PATH": os.environ["PATH"], "PYTHONPATH": str(tmp_path), "PYTHONNOUSERSITE": "1"}
+    )
+    if rc == 0:
+        pytest.skip("a torch is importable here")
+    ok, detail = judge_torch_cuda(rc, out, "13.0", need_gpu=False)
+    assert not ok and "torch" in detail
+
+
+def test_toolchain_probe_passes_with_only_a_c_compiler(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    executable(bin_dir / "gcc", "exit 0")
+    rc, out = run_probe(TOOLCHAIN_PROBE, {"PATH": str(bin_dir)})
+    ok, detail = judge_toolchain(rc, out)
+    assert rc == 0
+    if Path(sysconfig.get_paths()["include"], "Python.h").exists():
+        assert ok, detail
+    else:
+        assert not ok and "Python.h" in detail
+
+
+def test_toolchain_probe_names_the_build_tools_it_finds(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("gcc", "g++", "nvcc"):
+        executable(bin_dir / tool, "exit 0")
+    rc, out = run_probe(TOOLCHAIN_PROBE, {"PATH": str(bin_dir)})
+    ok, detail = judge_toolchain(rc, out)
+    assert not ok and "nvcc" in detail and "g++" in detail and "cmake" not in detail
+
+
+def test_toolchain_without_a_c_compiler_fails_for_triton(tmp_path: Path) -> None:
+    rc, out = run_probe(TOOLCHAIN_PROBE, {"PATH": str(tmp_path)})
+    ok, detail = judge_toolchain(rc, out)
+    assert not ok and "Triton" in detail
