@@ -29,8 +29,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--json",
         action="store_true",
-        help="print one JSON object: category, line_number, line, cause, remedy, confidence, evidence, "
-        "alternatives",
+        help="print one JSON object: category, line_number, line, cause, remedy, confidence, evidence, alternatives",
     )
     parser.add_argument(
         "--rules",

@@ -1,40 +1,43 @@
 """Find the line that explains a failed build and the rule that names its cause.
 
-How a candidate line is scored (the same text is in builders/diagnose/README.md):
+Every line that a rule's pattern matches is a candidate, scored (the same text is in README.md here):
 
     confidence = weight × step × (0.5·severity + 0.3·position + 0.2·context)
 
-weight    the rule's weight from rules.yaml (its priority, 0 < weight ≤ 1).
-severity  how much the line itself reads like a failure, from `line_kinds` in rules.yaml:
-          fatal marker 1.0 (0.8 when the line is generic fallout such as `ninja: build stopped`),
-          error marker 0.7, no marker 0.4. A line without a marker inherits from the nearest marked line
-          up to 3 lines above (`CMake Error at ...:` followed by its indented message): 0.9 below a fatal
-          line, 0.63 below an error line, and 0 below a warning. A line whose first marker is a warning
-          (or a note) has severity 0 and is never a candidate: warnings never decide.
-position  closeness to where the build broke, the larger of two halvings: every 200 lines before the
-          end of the log, and every 25 lines away from the first fatal, non-fallout line of the failing
-          step (parallel ninja jobs keep printing for hundreds of lines after the real error).
-context   0.5, raised to 0.75 by one and to 1.0 by two or more distinct `context_patterns` of the rule
-          matching other lines of the failing step.
+weight    the rule's weight from rules.yaml (its priority, 0 < weight ≤ 1). A line belongs to the heaviest
+          rules that match it, so a specific rule keeps its line against a generic one.
+severity  how much the line reads like a failure, from `line_kinds` in rules.yaml: fatal marker 1.0 (0.8 for
+          generic fallout such as `ninja: build stopped`), error marker 0.7, no marker 0.4. An indented line
+          under a less indented one within 4 lines is that message's body (`CMake Error at ...:` then its
+          text): below a fatal line it is worth at least 0.9 of it, below a warning it is 0. A line whose
+          earliest marker is a warning or a note is 0 and never a candidate: warnings never decide.
+position  closeness to where the build broke, the larger of two halvings: one per 200 lines before the end
+          of the log, and one per 25 lines away from the anchor, the first fatal line of the failing step
+          that is neither fallout nor also printed by a step that completed (parallel ninja jobs keep
+          printing for hundreds of lines after the real error).
+context   0.5, raised to 0.75 by one and to 1.0 by two or more of the rule's `context_patterns` matching
+          other lines of the failing step. A rule's `gated_patterns` count only when one did.
 step      1.0 inside the build step that failed (or when the log has no steps), 0.6 elsewhere: a step that
           completed cannot have caused the failure.
 
-The best candidate wins (ties: higher score, then non-fallout, then heavier rule, then later line). A line
-repeated verbatim (BuildKit's closing summary echoes the failing step's last lines) is scored at its best
-occurrence and reported at its first occurrence in the failing step. Below CONFIDENCE_THRESHOLD the answer is
-`unknown`: a wrong cause sends people the wrong way, an honest `unknown` points them at the first error.
+The best candidate wins (ties: non-fallout, then heavier rule, then later line). A message repeated verbatim
+(BuildKit's closing summary echoes the failing step's last lines; vLLM logs an exception, then re-raises it)
+is scored at its best occurrence and reported at its first occurrence in the failing step. Below
+CONFIDENCE_THRESHOLD the answer is `unknown`, pointing at the anchor: a wrong cause sends people the wrong way.
 For `unknown`, confidence is 1 − the best candidate's score: how sure it is that no known cause applies.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
-from collections.abc import Callable
+import textwrap
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -45,7 +48,8 @@ from builders.errors import UsageError
 CONFIDENCE_THRESHOLD = 0.5
 END_HALF_LIFE_LINES = 200.0
 ANCHOR_HALF_LIFE_LINES = 25.0
-INHERIT_WINDOW_LINES = 3
+INHERIT_WINDOW_LINES = 4
+INHERIT_FACTOR = 0.9
 OUTSIDE_STEP_FACTOR = 0.6
 MAX_EVIDENCE = 8
 MAX_ALTERNATIVES = 3
@@ -74,9 +78,7 @@ class Diagnosis(BaseModel):
     line: str | None = Field(description="The decisive line as it appears in the log, ANSI codes removed.")
     cause: str = Field(description="Why the build failed.")
     remedy: str = Field(description="What to change so the build passes.")
-    confidence: float = Field(
-        ge=0.0, le=1.0, description="0..1; see this module's docstring for how it is computed."
-    )
+    confidence: float = Field(ge=0.0, le=1.0, description="0..1; see this module's docstring for how it is computed.")
     evidence: tuple[int, ...] = Field(
         default=(), description="1-based numbers of supporting lines (context and repeats of the cause)."
     )
@@ -84,15 +86,21 @@ class Diagnosis(BaseModel):
         default=(), description="Other categories that matched, best first, for a person to weigh."
     )
 
-    def to_json(self) -> str:
-        return json.dumps(self.model_dump(mode="json"), indent=2)
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready data, the shape `forge diagnose --json` prints and build reports store."""
+        return self.model_dump(mode="json")
 
-    def render(self) -> str:
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, ensure_ascii=False)
+
+    def render(self, width: int = 100) -> str:
+        """A few lines for a person: what, where, why, what to do."""
         lines = [f"diagnosis: {self.category} (confidence {self.confidence:.2f})"]
         if self.line_number is not None:
-            lines.append(f"  line {self.line_number}: {self.line}")
-        lines.append(f"  cause:  {self.cause}")
-        lines.append(f"  remedy: {self.remedy}")
+            shown = self.line if len(self.line or "") <= 2 * width else f"{(self.line or '')[: 2 * width]} ..."
+            lines.append(f"  line {self.line_number}: {shown}")
+        for label, text in (("cause: ", self.cause), ("remedy:", self.remedy)):
+            lines.append(textwrap.fill(text, width=width, initial_indent=f"  {label} ", subsequent_indent=" " * 10))
         if self.evidence:
             lines.append("  evidence: lines " + ", ".join(str(n) for n in self.evidence))
         if self.alternatives:
@@ -111,7 +119,6 @@ class Kind(Enum):
 
 
 _OWN_SEVERITY = {Kind.FATAL: 1.0, Kind.ERROR: 0.7, Kind.WARNING: 0.0, Kind.PLAIN: 0.4}
-_INHERITED_SEVERITY = {Kind.FATAL: 0.9, Kind.ERROR: 0.63, Kind.WARNING: 0.0}
 _FALLOUT_SEVERITY = 0.8
 
 
@@ -133,15 +140,18 @@ class _CompiledKinds:
         return cls(fatal=fatal, error=error, warning=warning, fallout=_alternation(kinds.fallout))
 
     def kind(self, text: str) -> Kind:
-        """The line's kind is its earliest marker; at the same column the longest (most specific) wins."""
-        best: tuple[int, int, Kind] | None = None
+        """A line whose earliest marker is a warning is a warning (`warning: unused variable 'error'`); at the
+        same column the longer, more specific marker wins. Otherwise the strongest marker present decides."""
+        found: dict[Kind, tuple[int, int]] = {}
         for kind, pattern in ((Kind.FATAL, self.fatal), (Kind.ERROR, self.error), (Kind.WARNING, self.warning)):
             match = pattern.search(text)
             if match is not None:
-                key = (match.start(), match.start() - match.end(), kind)
-                if best is None or key[:2] < best[:2]:
-                    best = key
-        return Kind.PLAIN if best is None else best[2]
+                found[kind] = (match.start(), match.start() - match.end())
+        if not found:
+            return Kind.PLAIN
+        if Kind.WARNING in found and found[Kind.WARNING] == min(found.values()):
+            return Kind.WARNING
+        return Kind.FATAL if Kind.FATAL in found else Kind.ERROR
 
     def is_fallout(self, text: str) -> bool:
         return self.fallout is not None and self.fallout.search(text) is not None
@@ -179,70 +189,124 @@ def _compile(book: RuleBook) -> tuple[_CompiledKinds, tuple[_CompiledRule, ...]]
     # Keyed by identity and holding the book alive, so an id is never reused by another book.
     cached = _compiled_cache.get(id(book))
     if cached is None or cached[0] is not book:
+        if len(_compiled_cache) >= 8:
+            _compiled_cache.clear()
         cached = (book, _CompiledKinds.of(book.line_kinds), tuple(_CompiledRule.of(r) for r in book.rules))
         _compiled_cache[id(book)] = cached
     return cached[1], cached[2]
 
 
+def _parent(lines: list[LogLine], index: int) -> int | None:
+    """The line a continuation line belongs to: the nearest non-blank line above that is less indented."""
+    indent = lines[index].indent
+    for back in range(index - 1, max(index - 1 - INHERIT_WINDOW_LINES, -1), -1):
+        if lines[back].text and lines[back].indent < indent:
+            return back
+    return None
+
+
 def _severities(lines: list[LogLine], kinds: list[Kind], fallout: list[bool]) -> list[float]:
+    own: list[float] = []
+    for line, kind, is_fallout in zip(lines, kinds, fallout, strict=True):
+        if not line.text:
+            own.append(0.0)
+        elif kind is Kind.FATAL and is_fallout:
+            own.append(_FALLOUT_SEVERITY)
+        else:
+            own.append(_OWN_SEVERITY[kind])
     severities: list[float] = []
     for index, kind in enumerate(kinds):
-        if kind is Kind.PLAIN:
-            severity = _OWN_SEVERITY[Kind.PLAIN]
-            for back in range(index - 1, max(index - 1 - INHERIT_WINDOW_LINES, -1), -1):
-                if kinds[back] is not Kind.PLAIN:
-                    severity = _INHERITED_SEVERITY[kinds[back]]
-                    break
-        elif kind is Kind.FATAL and fallout[index]:
-            severity = _FALLOUT_SEVERITY
-        else:
-            severity = _OWN_SEVERITY[kind]
-        severities.append(severity if lines[index].text else 0.0)
+        severity = own[index]
+        if kind in (Kind.PLAIN, Kind.ERROR) and severity > 0.0:
+            # An indented line under `CMake Error at ...:` or under a compiler warning is that message's
+            # body, not a message of its own: it is as serious as its header.
+            parent = _parent(lines, index)
+            if parent is not None and kinds[parent] is Kind.WARNING:
+                severity = 0.0
+            elif parent is not None and kinds[parent] is Kind.FATAL:
+                severity = max(severity, INHERIT_FACTOR * own[parent])
+        severities.append(severity)
     return severities
 
 
-def diagnose_text(text: str, *, rules: RuleBook | None = None) -> Diagnosis:
-    """Diagnose a failed build from its full log text. Never raises on odd input: worst case is 'unknown'."""
-    book = rules if rules is not None else load_rules()
-    compiled_kinds, compiled_rules = _compile(book)
-    lines = split_log(text)
-    if not lines:
-        return _unknown(None, 0.0, ())
-    step = failing_step(lines)
-    kinds = [compiled_kinds.kind(line.text) for line in lines]
-    fallout = [kind is Kind.FATAL and compiled_kinds.is_fallout(line.text) for kind, line in zip(kinds, lines)]
-    severities = _severities(lines, kinds, fallout)
+@dataclass(frozen=True, slots=True)
+class _LogView:
+    """A log split into lines, each with its kind and severity, and where the build broke."""
 
-    def in_step(line: LogLine) -> bool:
-        return step is None or line.number in step
+    lines: list[LogLine]
+    kinds: list[Kind]
+    fallout: list[bool]
+    severities: list[float]
+    step: frozenset[int] | None
+    survived: frozenset[str]
+    anchor: LogLine | None
+    """The first fatal line of the failing step that is neither fallout nor seen in a completed step."""
 
-    anchor = next(
-        (
-            line.number
-            for line, kind, is_fallout in zip(lines, kinds, fallout)
-            if kind is Kind.FATAL and not is_fallout and in_step(line)
-        ),
-        None,
-    )
-    last_number = lines[-1].number
+    @classmethod
+    def of(cls, lines: list[LogLine], kinds_of: _CompiledKinds) -> _LogView:
+        kinds = [kinds_of.kind(line.text) for line in lines]
+        fallout = [
+            kind is Kind.FATAL and kinds_of.is_fallout(line.text) for kind, line in zip(kinds, lines, strict=True)
+        ]
+        step = failing_step(lines)
+        # A message that also appears in a step that completed did not stop that step: it is background
+        # noise (a loader complaining about LD_PRELOAD in every RUN), not where this build broke.
+        survived = frozenset(line.text for line in lines if step is not None and line.number not in step and line.text)
+        anchor = next(
+            (
+                line
+                for line, kind, is_fallout in zip(lines, kinds, fallout, strict=True)
+                if kind is Kind.FATAL
+                and not is_fallout
+                and (step is None or line.number in step)
+                and line.text not in survived
+            ),
+            None,
+        )
+        return cls(
+            lines=lines,
+            kinds=kinds,
+            fallout=fallout,
+            severities=_severities(lines, kinds, fallout),
+            step=step,
+            survived=survived,
+            anchor=anchor,
+        )
 
-    def position(number: int) -> float:
-        from_end = 0.5 ** ((last_number - number) / END_HALF_LIFE_LINES)
-        if anchor is None:
+    def in_step(self, line: LogLine) -> bool:
+        return self.step is None or line.number in self.step
+
+    def position(self, number: int) -> float:
+        from_end = math.pow(0.5, (self.lines[-1].number - number) / END_HALF_LIFE_LINES)
+        if self.anchor is None:
             return from_end
-        return max(from_end, 0.5 ** (abs(number - anchor) / ANCHOR_HALF_LIFE_LINES))
+        return max(from_end, math.pow(0.5, abs(number - self.anchor.number) / ANCHOR_HALF_LIFE_LINES))
 
-    step_lines = [line for line in lines if in_step(line) and line.text]
+    def first_error(self) -> LogLine | None:
+        """Where a person should start reading when no rule explains the log."""
+        if self.anchor is not None:
+            return self.anchor
+        in_step = [(line, kind) for line, kind in zip(self.lines, self.kinds, strict=True) if self.in_step(line)]
+        for wanted in (Kind.ERROR, Kind.FATAL):
+            for line, kind in reversed(in_step):
+                if kind is wanted:
+                    return line
+        return None
+
+
+def _candidates(
+    view: _LogView, compiled_rules: tuple[_CompiledRule, ...]
+) -> tuple[list[_Candidate], dict[str, set[int]]]:
+    step_lines = [line for line in view.lines if view.in_step(line) and line.text]
     context_lines = {
         compiled.rule.id: [
-            frozenset(line.number for line in step_lines if pattern.search(line.text))
-            for pattern in compiled.context
+            frozenset(line.number for line in step_lines if pattern.search(line.text)) for pattern in compiled.context
         ]
         for compiled in compiled_rules
     }
     candidates: list[_Candidate] = []
-    for index, line in enumerate(lines):
-        severity = severities[index]
+    for index, line in enumerate(view.lines):
+        severity = view.severities[index]
         if severity == 0.0:
             continue
         matched: list[tuple[_CompiledRule, int]] = []
@@ -265,41 +329,41 @@ def diagnose_text(text: str, *, rules: RuleBook | None = None) -> Diagnosis:
             context = 0.5 if found == 0 else 0.75 if found == 1 else 1.0
             score = (
                 compiled.rule.weight
-                * (1.0 if in_step(line) else OUTSIDE_STEP_FACTOR)
-                * (0.5 * severity + 0.3 * position(line.number) + 0.2 * context)
+                * (1.0 if view.in_step(line) else OUTSIDE_STEP_FACTOR)
+                * (0.5 * severity + 0.3 * view.position(line.number) + 0.2 * context)
             )
-            candidates.append(_Candidate(rule=compiled.rule, line=line, score=score, fallout=fallout[index]))
+            candidates.append(_Candidate(rule=compiled.rule, line=line, score=score, fallout=view.fallout[index]))
+    evidence = {rule_id: set().union(*numbers) for rule_id, numbers in context_lines.items()}
+    return candidates, evidence
 
-    if not candidates:
-        return _unknown(_first_error(lines, kinds, fallout, in_step), 0.0, ())
 
-    def rank(candidate: _Candidate) -> tuple[float, bool, float, int]:
-        return (candidate.score, not candidate.fallout, candidate.rule.weight, candidate.line.number)
+def _rank(candidate: _Candidate) -> tuple[float, bool, float, int]:
+    return (candidate.score, not candidate.fallout, candidate.rule.weight, candidate.line.number)
 
+
+def diagnose_text(text: str, *, rules: RuleBook | None = None) -> Diagnosis:
+    """Diagnose a failed build from its full log text. Never raises on odd input: worst case is 'unknown'."""
+    book = rules if rules is not None else load_rules()
+    compiled_kinds, compiled_rules = _compile(book)
+    lines = split_log(text)
+    if not lines:
+        return _unknown(None, 0.0, ())
+    view = _LogView.of(lines, compiled_kinds)
+    candidates, context_evidence = _candidates(view, compiled_rules)
     best_per_rule: dict[str, _Candidate] = {}
     for candidate in candidates:
         held = best_per_rule.get(candidate.rule.id)
-        if held is None or rank(candidate) > rank(held):
+        if held is None or _rank(candidate) > _rank(held):
             best_per_rule[candidate.rule.id] = candidate
-    ordered = sorted(best_per_rule.values(), key=rank, reverse=True)
-    best = ordered[0]
-    alternatives = tuple(
-        Alternative(category=c.rule.id, line_number=c.line.number, confidence=round(c.score, 2))
-        for c in ordered[1 : 1 + MAX_ALTERNATIVES]
-    )
-    if best.score < CONFIDENCE_THRESHOLD:
-        alternatives = tuple(
-            Alternative(category=c.rule.id, line_number=c.line.number, confidence=round(c.score, 2))
-            for c in ordered[:MAX_ALTERNATIVES]
-        )
-        return _unknown(_first_error(lines, kinds, fallout, in_step), best.score, alternatives)
+    ordered = sorted(best_per_rule.values(), key=_rank, reverse=True)
+    if not ordered or ordered[0].score < CONFIDENCE_THRESHOLD:
+        rejected = tuple(_alternative(c) for c in ordered[:MAX_ALTERNATIVES])
+        return _unknown(view.first_error(), ordered[0].score if ordered else 0.0, rejected)
 
-    reported = next(
-        (line for line in lines if line.text == best.line.text and in_step(line)),
-        best.line,
-    )
+    best = ordered[0]
+    reported = next((line for line in lines if line.key == best.line.key and view.in_step(line)), best.line)
     supporting = {c.line.number for c in candidates if c.rule.id == best.rule.id}
-    supporting.update(*context_lines[best.rule.id])
+    supporting |= context_evidence[best.rule.id]
     supporting.discard(reported.number)
     nearest = sorted(supporting, key=lambda n: (abs(n - reported.number), n))[:MAX_EVIDENCE]
     return Diagnosis(
@@ -310,39 +374,29 @@ def diagnose_text(text: str, *, rules: RuleBook | None = None) -> Diagnosis:
         remedy=best.rule.remedy.strip(),
         confidence=round(min(best.score, 1.0), 2),
         evidence=tuple(sorted(nearest)),
-        alternatives=alternatives,
+        alternatives=tuple(_alternative(c) for c in ordered[1 : 1 + MAX_ALTERNATIVES]),
     )
 
 
-def _first_error(
-    lines: list[LogLine],
-    kinds: list[Kind],
-    fallout: list[bool],
-    in_step: Callable[[LogLine], bool],
-) -> LogLine | None:
-    """Where a person should start reading when no rule explains the log."""
-    step_lines = [(line, kind, out) for line, kind, out in zip(lines, kinds, fallout) if in_step(line)]
-    for line, kind, out in step_lines:
-        if kind is Kind.FATAL and not out:
-            return line
-    for line, kind, _ in reversed(step_lines):
-        if kind is Kind.ERROR:
-            return line
-    for line, kind, _ in reversed(step_lines):
-        if kind is Kind.FATAL:
-            return line
-    return None
+def _alternative(candidate: _Candidate) -> Alternative:
+    return Alternative(
+        category=candidate.rule.id, line_number=candidate.line.number, confidence=round(candidate.score, 2)
+    )
 
 
 def _unknown(line: LogLine | None, best_score: float, alternatives: tuple[Alternative, ...]) -> Diagnosis:
-    where = f"line {line.number}" if line is not None else "the end of the log"
+    where = (
+        f"line {line.number}, the first error of the failing step"
+        if line is not None
+        else "the end of the log (no line reads like an error)"
+    )
     return Diagnosis(
         category=UNKNOWN,
         line_number=line.number if line is not None else None,
         line=line.raw.strip() if line is not None else None,
         cause="No known cause in builders/diagnose/rules.yaml explains this log with enough confidence.",
-        remedy=f"Start reading at {where} (the first error of the failing step). If the cause is one Forge "
-        "should recognise, add a rule with examples to builders/diagnose/rules.yaml and the log to tests/logs/.",
+        remedy=f"Start reading at {where}. If the cause is one Forge should recognise, add a rule with "
+        "examples to builders/diagnose/rules.yaml and the log to tests/logs/.",
         confidence=round(1.0 - min(best_score, 1.0), 2),
         alternatives=alternatives,
     )

@@ -11,7 +11,12 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[()][A-Za-z0-9]|\x1b[=>]")
 _PREFIXES = (
     re.compile(r"^#\d+ (?:\d+\.\d+ )?"),
     re.compile(r"^\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\s+"),
-    re.compile(r"^\d{1,5}\.\d{2,3} (?=\S)"),
+    re.compile(r"^\d{1,5}\.\d{3} "),
+)
+# A logging record's own prefix (vLLM's `(EngineCore_DP0 pid=212) ERROR 11-29 23:40:20 [core.py:708] `) makes
+# the same message look different when it is logged and then re-raised; `key` compares messages without it.
+_RECORD_PREFIX = re.compile(
+    r"^(?:\(\w+ pid=\d+\) )?(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]+\] )?"
 )
 _LEGACY_STEP = re.compile(r"^Step \d+/\d+ : ")
 _BUILDKIT_LINE = re.compile(r"^#(\d+) ")
@@ -26,9 +31,11 @@ MAX_LINE_CHARS = 4000
 class LogLine:
     """One line of the log as a person reads it, and the same line stripped of machine prefixes."""
 
-    number: int
-    raw: str
-    text: str
+    number: int  # 1-based, counting newlines only, as editors and `grep -n` do
+    raw: str  # as shown: ANSI codes and progress-bar redraws removed
+    text: str  # without BuildKit/timestamp prefixes and surrounding blanks: what rules match against
+    indent: int  # leading blanks after the prefixes (box glyphs count): tells a message's body from its header
+    key: str  # text without a logging record's prefix: repeats of one message share it
 
 
 def _visible(line: str) -> str:
@@ -40,10 +47,18 @@ def _visible(line: str) -> str:
     return line.rstrip()[:MAX_LINE_CHARS]
 
 
-def _strip_prefixes(line: str) -> str:
+# pip and uv draw a failure as a box (`× ...`, `│ exit code: 1`, `╰─> ...`); the glyphs continue the line above.
+_BOX_GLYPHS = " │╰─▶>"
+
+
+def _strip_prefixes(line: str) -> tuple[str, int]:
     for prefix in _PREFIXES:
         line = prefix.sub("", line, count=1)
-    return line.strip()
+    text = line.lstrip()
+    indent = len(line) - len(text)
+    if text[:1] in ("│", "╰"):
+        indent += len(text) - len(text.lstrip(_BOX_GLYPHS))
+    return text.rstrip(), indent
 
 
 def split_log(text: str) -> list[LogLine]:
@@ -51,7 +66,9 @@ def split_log(text: str) -> list[LogLine]:
     lines: list[LogLine] = []
     for index, line in enumerate(text.split("\n"), start=1):
         visible = _visible(line)
-        lines.append(LogLine(number=index, raw=visible, text=_strip_prefixes(visible)))
+        text, indent = _strip_prefixes(visible)
+        key = _RECORD_PREFIX.sub("", text, count=1).strip()
+        lines.append(LogLine(number=index, raw=visible, text=text, indent=indent, key=key))
     if lines and not lines[-1].raw:
         lines.pop()
     return lines
@@ -82,9 +99,7 @@ def failing_step(lines: list[LogLine]) -> frozenset[int] | None:
                     failed = step.group(1)
                     break
         prefix = f"#{failed} "
-        return frozenset(
-            line.number for line in lines if line.raw.startswith(prefix) or line.number > last_step_line
-        )
+        return frozenset(line.number for line in lines if line.raw.startswith(prefix) or line.number > last_step_line)
     starts = [line.number for line in lines if _LEGACY_STEP.match(line.raw)]
     if starts:
         return frozenset(line.number for line in lines if line.number >= starts[-1])

@@ -147,27 +147,27 @@ class RuleBook(BaseModel):
         raise KeyError(rule_id)
 
 
+def _child(node: Any, key: int | str) -> Any:
+    if isinstance(node, dict):
+        return node.get(key)
+    if isinstance(node, list) and isinstance(key, int) and 0 <= key < len(node):
+        return node[key]
+    return None
+
+
 def _describe_location(loc: tuple[int | str, ...], raw: Any) -> str:
-    """Turn pydantic's ('rules', 3, 'paterns') into "rule 'gcc-gate' (rules[3]) key 'paterns'"."""
+    """Turn pydantic's ('rules', 3, 'paterns') into "rules[3] (rule 'disk-full').paterns"."""
     parts: list[str] = []
     node = raw
     for index, key in enumerate(loc):
+        node = _child(node, key)
         if isinstance(key, int):
-            rule_id = node[key].get("id") if isinstance(node, list) and isinstance(node[key], dict) else None
-            if loc[:1] == ("rules",) and index == 1 and isinstance(rule_id, str):
-                parts.append(f"[{key}] (rule {rule_id!r})")
-            else:
-                parts.append(f"[{key}]")
+            rule_id = node.get("id") if isinstance(node, dict) else None
+            named = loc[:1] == ("rules",) and index == 1 and isinstance(rule_id, str)
+            parts.append(f"[{key}] (rule {rule_id!r})" if named else f"[{key}]")
         else:
-            parts.append(f".{key}" if parts else str(key))
-        node = node[key] if isinstance(node, dict | list) and _has(node, key) else None
+            parts.append(f".{key}" if parts else key)
     return "".join(parts) or "<top level>"
-
-
-def _has(node: dict[Any, Any] | list[Any], key: int | str) -> bool:
-    if isinstance(node, dict):
-        return key in node
-    return isinstance(key, int) and 0 <= key < len(node)
 
 
 def _model_for(loc: tuple[int | str, ...]) -> type[BaseModel]:
@@ -188,11 +188,12 @@ def _explain(exc: ValidationError, raw: Any, source: str) -> ConfigError:
             key = str(loc[-1])
             valid = sorted(_model_for(loc).model_fields)
             close = difflib.get_close_matches(key, valid, n=1)
-            lines.append(f"{where}: unknown key {key!r}")
             if close:
+                lines.append(f"{where}: unknown key {key!r}; did you mean {close[0]!r}?")
                 hints.append(f"rename {key!r} to {close[0]!r} at {where}")
             else:
-                hints.append(f"remove {key!r}; valid keys are {', '.join(valid)}")
+                lines.append(f"{where}: unknown key {key!r}; valid keys are {', '.join(valid)}")
+                hints.append(f"remove {key!r} at {where}")
         else:
             lines.append(f"{where}: {error['msg']}")
     message = f"{source} is not a valid rule book:\n  " + "\n  ".join(lines)
