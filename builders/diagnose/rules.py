@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import json
 import re
 from functools import cache
 from pathlib import Path
@@ -14,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from builders.errors import ConfigError
 
 DEFAULT_RULES_PATH = Path(__file__).with_name("rules.yaml")
+SCHEMA_PATH = Path(__file__).with_name("rules.schema.json")
 UNKNOWN = "unknown"
 _RULE_ID = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 
@@ -232,3 +234,14 @@ def load_rules(path: Path | None = None) -> RuleBook:
 @cache
 def _default_rules() -> RuleBook:
     return parse_rules(DEFAULT_RULES_PATH.read_text(encoding="utf-8"), source=str(DEFAULT_RULES_PATH))
+
+
+def rules_json_schema() -> str:
+    """JSON schema of rules.yaml, for editors (rules.yaml names it) and for the staleness test."""
+    return json.dumps(RuleBook.model_json_schema(), indent=2, ensure_ascii=False) + "\n"
+
+
+def write_schema() -> Path:
+    """Rewrite rules.schema.json after a model change."""
+    SCHEMA_PATH.write_text(rules_json_schema(), encoding="utf-8")
+    return SCHEMA_PATH

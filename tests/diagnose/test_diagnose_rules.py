@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from builders.diagnose import UNKNOWN, Rule, diagnose_text, load_rules, parse_rules
-from builders.diagnose.rules import DEFAULT_RULES_PATH
+from builders.diagnose.rules import DEFAULT_RULES_PATH, SCHEMA_PATH, rules_json_schema
 from builders.errors import ConfigError
 
 BOOK = load_rules()
@@ -153,3 +153,10 @@ def test_a_rule_book_from_a_file_is_used(tmp_path: Path) -> None:
     log = "Step 4/4 : RUN pip install vllm\n ---> Running in 1f2e\nerror: externally-managed-environment\n"
     assert diagnose_text(log).category == UNKNOWN
     assert diagnose_text(log, rules=load_rules(path)).category == "externally-managed"
+
+
+def test_json_schema_file_is_current() -> None:
+    assert SCHEMA_PATH.read_text(encoding="utf-8") == rules_json_schema(), (
+        "builders/diagnose/rules.schema.json is stale: run "
+        "`python -c 'from builders.diagnose.rules import write_schema; write_schema()'`"
+    )
