@@ -1,24 +1,24 @@
 """Every log in tests/logs is diagnosed as its file name says, at the line its sidecar names.
 
 A log is `<expected-category>--<short-name>.log` with `<file>.expect.json` beside it holding
-`{"line_number": N, "line": "<that line, ANSI codes removed, stripped>"}` (optionally a `note`). Drop a new
+`{"line_number": N, "line": "<that line as shown: ANSI codes and progress redraws removed, stripped>"}`
+(optionally a `note`). Drop a new
 log and its sidecar into tests/logs and it is picked up; see tests/logs/README.md.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from builders.diagnose import CONFIDENCE_THRESHOLD, UNKNOWN, diagnose_file, load_rules
+from builders.diagnose.loglines import split_log
 
 LOGS = Path(__file__).resolve().parents[1] / "logs"
 SIDECAR_SUFFIX = ".expect.json"
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 
 
 def _logs() -> list[Path]:
@@ -70,9 +70,9 @@ def test_every_sidecar_has_its_log() -> None:
 def test_log_is_diagnosed_as_named(log: Path) -> None:
     expected_category = _expected_category(log)
     expected = _sidecar(log)
-    lines = log.read_bytes().decode("utf-8", errors="replace").split("\n")
+    lines = split_log(log.read_bytes().decode("utf-8", errors="replace"))
     assert 1 <= expected["line_number"] <= len(lines), f"{log.name}: line_number outside the log"
-    at_number = _ANSI.sub("", lines[expected["line_number"] - 1]).strip()
+    at_number = lines[expected["line_number"] - 1].raw.strip()
     assert at_number == expected["line"], (
         f"sidecar of {log.name} is stale: line {expected['line_number']} reads {at_number!r}"
     )
