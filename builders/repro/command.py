@@ -1,0 +1,299 @@
+"""forge lock | verify-repro | sbom | ci, and `--locked` on forge build."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from rich.console import Console
+
+from builders.config import Project
+from builders.config.models import Distro, Recipe
+from builders.errors import UsageError
+from builders.repro.errors import LockDrift, NotReproducible, StaleRender
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _project(args: argparse.Namespace) -> Project:
+    return Project.load(args.root)
+
+
+def _pair(project: Project, distro_name: str, target: str) -> tuple[Distro, Recipe]:
+    distro, recipe = project.distro(distro_name), project.recipe_for(target)
+    if not recipe.supports(distro.name):
+        raise UsageError(
+            f"recipes/{recipe.name}.yaml does not support {distro.name}",
+            hint="`forge list` shows every distro × target",
+        )
+    return distro, recipe
+
+
+def _sources(values: list[str] | None) -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for value in values or []:
+        name, sep, path = value.partition("=")
+        if not sep or not name or not path:
+            raise UsageError(f"--source {value!r}: expected NAME=PATH", hint="for example --source onednn=/src/oneDNN")
+        out[name] = Path(path).resolve()
+    return out
+
+
+def cmd_lock(args: argparse.Namespace) -> int:
+    from builders.engine import Engine
+    from builders.errors import SourceUnavailable
+    from builders.repro.integration import check_drift
+    from builders.repro.lockfile import LOCK_NAME, LockFile, PairLock, merge, notes, read_lock, write_lock
+    from builders.repro.resolve import resolve_pair
+
+    project = _project(args)
+    if len(args.pairs) % 2:
+        raise UsageError(
+            f"expected DISTRO TARGET pairs, got {len(args.pairs)} word(s): {' '.join(args.pairs)}",
+            hint="for example `forge lock debian-12 cpu-wheel debian-13 cpu`; none: every pair",
+        )
+    explicit = [_pair(project, d, t) for d, t in zip(args.pairs[::2], args.pairs[1::2], strict=True)]
+    pairs = explicit or project.pairs()
+    path = Path(args.lock_file) if args.lock_file else project.root / LOCK_NAME
+    existing = read_lock(path) if path.exists() else LockFile()
+    engine = Engine.connect()
+    console = Console(stderr=True, highlight=False)
+    resolved: list[PairLock] = []
+    skipped: list[str] = []
+    overrides = _sources(args.source)
+    wheelhouse = Path(args.wheelhouse).resolve() if args.wheelhouse else None
+    for distro, recipe in pairs:
+        try:
+            resolved.append(
+                resolve_pair(project, distro, recipe, engine, source_overrides=overrides, wheelhouse=wheelhouse)
+            )
+        except SourceUnavailable as exc:
+            if explicit:
+                raise
+            lines = exc.message.splitlines()
+            first = lines[1].strip().removeprefix("- ") if len(lines) > 1 else exc.message
+            skipped.append(f"{distro.name} {recipe.target}: {first}")
+    if args.check:
+        drifted = 0
+        for entry in resolved:
+            locked = existing.pairs.get(entry.key)
+            if locked is None:
+                console.print(f"forge: lock: {entry.key} is not in {path.name}", markup=False)
+                drifted += 1
+                continue
+            for line in notes(locked, entry):
+                console.print(f"forge: lock: {line}", markup=False)
+            try:
+                check_drift(locked, entry, path)
+            except LockDrift as exc:  # report every pair before failing
+                console.print(exc.render(), markup=False)
+                drifted += 1
+        for line in skipped:
+            console.print(f"forge: lock: not checked (inputs missing here): {line}", markup=False, soft_wrap=True)
+        print(f"{len(resolved) - drifted} of {len(resolved)} locked pair(s) match {path.name}")
+        return LockDrift.exit_code if drifted else 0
+    write_lock(path, merge(existing, resolved))
+    for entry in resolved:
+        print(
+            f"locked {entry.key}: base {entry.base.ref} ({len(entry.base.rootfs)} layer(s)), "
+            f"{len(entry.archives)} archive(s), {len(entry.trees)} tree(s), {len(entry.wheels)} wheel(s), "
+            f"SOURCE_DATE_EPOCH={entry.source_date_epoch}"
+        )
+    for line in skipped:
+        console.print(f"forge: lock: skipped {line}", markup=False, soft_wrap=True)
+    print(f"wrote {path} ({len(resolved)} pair(s) resolved, {len(skipped)} skipped)")
+    return 0
+
+
+def cmd_verify_repro(args: argparse.Namespace) -> int:
+    from builders.repro.verify import VerifyOptions, verify_repro
+
+    project = _project(args)
+    distro, recipe = _pair(project, args.distro, args.target)
+    console = Console(stderr=True, highlight=False)
+    quiet = args.quiet
+
+    def sink(line: str) -> None:
+        if not quiet or line.startswith("forge:"):
+            console.print(line, markup=False, soft_wrap=True)
+
+    result = verify_repro(
+        project,
+        distro,
+        recipe,
+        VerifyOptions(
+            strict_mtimes=args.strict_mtimes,
+            builder=args.builder,
+            max_jobs=args.max_jobs,
+            reports_dir=Path(args.report_dir).resolve() if args.report_dir else None,
+            scratch_dir=Path(args.scratch_dir).resolve() if args.scratch_dir else None,
+            source_overrides=_sources(args.source),
+            wheelhouse=Path(args.wheelhouse).resolve() if args.wheelhouse else None,
+            keep_images=args.keep_images,
+        ),
+        sink,
+    )
+    print(result.comparison.summary())
+    print(
+        f"  SOURCE_DATE_EPOCH={result.source_date_epoch}; report: {result.report}"
+        + (f"; diffoscope: {result.diffoscope}" if result.diffoscope else "")
+    )
+    if not result.comparison.reproducible:
+        raise NotReproducible(
+            f"{distro.name} {recipe.target}: {len(result.comparison.differences)} path(s) differ between two builds "
+            f"of the same inputs (listed above and in {result.report})",
+            hint="make the step that writes them deterministic (drop logs and caches, pass SOURCE_DATE_EPOCH) "
+            "or remove the files in the same RUN",
+        )
+    return 0
+
+
+def cmd_sbom(args: argparse.Namespace) -> int:
+    from builders.engine import Engine
+    from builders.repro.sbom import write_sbom
+
+    result = write_sbom(
+        Engine.connect(),
+        args.image,
+        Path(args.output),
+        distro=args.distro or "",
+        target=args.target or "",
+        source_date_epoch=args.source_date_epoch,
+    )
+    print(
+        f"{result.path} sha256:{result.sha256} ({result.os_packages} {result.package_manager} packages, "
+        f"{result.python_packages} Python packages)"
+    )
+    return 0
+
+
+def cmd_ci(args: argparse.Namespace) -> int:
+    from builders.repro.ci import GITHUB_PATH, GITLAB_PATH, render_github, render_gitlab, render_matrix
+
+    project = _project(args)
+    if args.format == "github":
+        text = render_github(project, runs_on=args.runs_on, locked=args.locked)
+    elif args.format == "gitlab":
+        text = render_gitlab(project, tags=tuple(args.gitlab_tag or ()), locked=args.locked)
+    else:
+        text = render_matrix(project)
+    if not args.output:
+        if args.check:
+            raise UsageError("--check compares with a file: give it with -o PATH")
+        sys.stdout.write(text)
+        return 0
+    path = Path(args.output)
+    if args.check:
+        current = path.read_text(encoding="utf-8") if path.exists() else None
+        if current != text:
+            default = {"github": GITHUB_PATH, "gitlab": GITLAB_PATH}.get(args.format, args.output)
+            raise StaleRender(
+                f"{path} is {'missing' if current is None else 'stale'}: distros/, recipes/ or the renderer changed",
+                hint=f"regenerate it with `forge ci --format {args.format} -o {default}` and commit it",
+            )
+        print(f"{path} is current")
+        return 0
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    print(path)
+    return 0
+
+
+def _extend_build(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Give `forge build` a --locked flag until builders/commands/core.py passes BuildOptions.locked itself.
+
+    The build command is registered before this module (COMMAND_MODULES order); the check runs first and
+    refuses drift before the executor starts, and the executor then records the lock entries in the report.
+    """
+    build_parser: argparse.ArgumentParser | None = subparsers.choices.get("build")
+    if build_parser is None or any("--locked" in a.option_strings for a in build_parser._actions):
+        return
+    build_parser.add_argument(
+        "--locked", action="store_true", help="refuse to build when an input differs from forge.lock, naming each one"
+    )
+    original: Handler = build_parser.get_default("func")
+
+    def locked_build(args: argparse.Namespace) -> int:
+        if args.locked:
+            from builders.engine import Engine
+            from builders.repro.integration import check_drift, locked_entry
+            from builders.repro.resolve import resolve_pair
+
+            project = _project(args)
+            distro, recipe = _pair(project, args.distro, args.target)
+            path, entry = locked_entry(project, distro, recipe, None, required=True)
+            assert entry is not None
+            current = resolve_pair(
+                project,
+                distro,
+                recipe,
+                Engine.connect(),
+                source_overrides=_sources(args.source),
+                wheelhouse=Path(args.wheelhouse).resolve() if args.wheelhouse else None,
+                torch_version=args.torch_version,
+                torch_index=args.torch_index,
+            )
+            check_drift(entry, current, path)
+            print(f"forge: lock: {entry.key} matches {path.name}", file=sys.stderr)
+        return original(args)
+
+    build_parser.set_defaults(func=locked_build)
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    _extend_build(subparsers)
+
+    p = subparsers.add_parser(
+        "lock",
+        help="record every input of DISTRO TARGET pairs (base, sources, wheels, requirements) in forge.lock",
+        description="Resolve from local state only (no network) what a build consumes and write it to forge.lock, "
+        "sorted and hashed. With no pairs: every pair whose inputs are all here; the rest are listed as skipped.",
+    )
+    p.add_argument("pairs", nargs="*", metavar="DISTRO TARGET", help="pairs to lock (default: every pair)")
+    p.add_argument("--lock-file", default=None, help="lock file (default: forge.lock at the project root)")
+    p.add_argument("--check", action="store_true", help="compare instead of writing; exit 10 when anything drifted")
+    p.add_argument("--source", action="append", metavar="NAME=PATH", help="lock a local copy of a source")
+    p.add_argument("--wheelhouse", default=None, help="folder of wheels, for wheel targets")
+    p.set_defaults(func=cmd_lock)
+
+    p = subparsers.add_parser(
+        "verify-repro",
+        help="build twice (the second without cache) and compare the layers Forge controls",
+        description="Exit 11 when the two images differ in content; files that differ are listed (diffoscope "
+        "is used on them when installed). Mtimes are counted apart unless --strict-mtimes.",
+    )
+    p.add_argument("distro")
+    p.add_argument("target")
+    p.add_argument("--strict-mtimes", action="store_true", help="count files that differ only in mtime")
+    p.add_argument("--builder", choices=("auto", "buildkit", "legacy"), default="auto")
+    p.add_argument("--max-jobs", type=int, default=None)
+    p.add_argument("--source", action="append", metavar="NAME=PATH", help="use a local copy of a source")
+    p.add_argument("--wheelhouse", default=None, help="folder of wheels for wheel targets")
+    p.add_argument("--report-dir", default=None, help="default: reports/DISTRO-TARGET/repro")
+    p.add_argument("--scratch-dir", default=None, help="where build contexts are staged")
+    p.add_argument("--keep-images", action="store_true", help="keep forge/repro-DISTRO-TARGET:first and :second")
+    p.add_argument("-q", "--quiet", action="store_true", help="only Forge's own lines, not the build output")
+    p.set_defaults(func=cmd_verify_repro)
+
+    p = subparsers.add_parser("sbom", help="write a CycloneDX 1.5 SBOM of any image (OS and Python packages)")
+    p.add_argument("image")
+    p.add_argument("-o", "--output", default=".", help="folder for sbom.cdx.json (default: here)")
+    p.add_argument("--distro", default=None, help="recorded in the SBOM's metadata")
+    p.add_argument("--target", default=None, help="recorded in the SBOM's metadata")
+    p.add_argument("--source-date-epoch", type=int, default=None, help="the SBOM's timestamp (default: 1970)")
+    p.set_defaults(func=cmd_sbom)
+
+    p = subparsers.add_parser(
+        "ci",
+        help="render the CI pipeline (one job per distro × target) or print the matrix",
+        description="Renders from the same pairs nox sessions come from. --check exits 12 when the file is stale.",
+    )
+    p.add_argument("--format", choices=("github", "gitlab", "matrix"), default="github")
+    p.add_argument("-o", "--output", default=None, help="write here instead of stdout")
+    p.add_argument("--check", action="store_true", help="compare with the file at -o instead of writing it")
+    p.add_argument("--runs-on", default="ubuntu-24.04", help="GitHub runner label (default: ubuntu-24.04)")
+    p.add_argument("--gitlab-tag", action="append", metavar="TAG", help="GitLab runner tag (repeatable)")
+    p.add_argument("--locked", action="store_true", help="build with --locked (needs every pair in forge.lock)")
+    p.set_defaults(func=cmd_ci)

@@ -1,0 +1,143 @@
+"""`forge verify-repro`: build one distro × target twice, the second time without cache, and compare.
+
+Both builds go through the ordinary executor with the same inputs and SOURCE_DATE_EPOCH; the gates and
+the test stage are skipped because they do not change the image. Both images are exported and compared
+layer by layer (builders/repro/compare.py); files that differ are listed, and given to diffoscope when
+it is installed. The images are untagged afterwards unless asked to keep them.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from builders.build import BuildOptions, build
+from builders.config import Project
+from builders.config.models import Distro, Recipe
+from builders.engine import Engine
+from builders.repro.compare import ReproComparison, compare_images
+from builders.repro.image_export import export_image, extract_paths, image_rootfs
+
+Sink = Callable[[str], None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class VerifyOptions:
+    strict_mtimes: bool = False
+    builder: str = "auto"
+    max_jobs: int | None = None
+    reports_dir: Path | None = None
+    scratch_dir: Path | None = None
+    source_overrides: dict[str, Path] = field(default_factory=dict)
+    wheelhouse: Path | None = None
+    keep_images: bool = False
+    diffoscope_files: int = 10
+
+
+@dataclass(frozen=True, kw_only=True)
+class VerifyResult:
+    comparison: ReproComparison
+    source_date_epoch: str | None
+    images: tuple[str, str]
+    report: Path
+    diffoscope: Path | None
+
+
+def _diffoscope(
+    engine: Engine, comparison: ReproComparison, first: Any, second: Any, out: Path, limit: int
+) -> Path | None:
+    """diffoscope on the first `limit` files whose content differs; None when diffoscope is not installed."""
+    tool = shutil.which("diffoscope")
+    candidates = [d for d in comparison.differences if d.what in {"content", "size"}][:limit]
+    if tool is None or not candidates:
+        return None
+    wanted_a: dict[str, set[str]] = {}
+    wanted_b: dict[str, set[str]] = {}
+    for d in candidates:
+        wanted_a.setdefault(first.layers[d.layer].member, set()).add(d.path)
+        wanted_b.setdefault(second.layers[d.layer].member, set()).add(d.path)
+    text: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="forge-repro-") as tmp:
+        (Path(tmp) / "a").mkdir()
+        (Path(tmp) / "b").mkdir()
+        got_a = extract_paths(engine, first.ref, wanted_a, Path(tmp) / "a")
+        got_b = extract_paths(engine, second.ref, wanted_b, Path(tmp) / "b")
+        for d in candidates:
+            a = got_a.get((first.layers[d.layer].member, d.path))
+            b = got_b.get((second.layers[d.layer].member, d.path))
+            if a is None or b is None:
+                continue
+            proc = subprocess.run(
+                [tool, "--text", "-", str(a), str(b)], capture_output=True, text=True, check=False, timeout=300
+            )
+            text.append(f"### layer {d.layer} {d.path}\n{proc.stdout or proc.stderr}")
+    path = out / "diffoscope.txt"
+    path.write_text("\n".join(text) + "\n")
+    return path
+
+
+def verify_repro(project: Project, distro: Distro, recipe: Recipe, options: VerifyOptions, sink: Sink) -> VerifyResult:
+    engine = Engine.connect()
+    out = options.reports_dir or project.root / "reports" / f"{distro.name}-{recipe.target}" / "repro"
+    out.mkdir(parents=True, exist_ok=True)
+    repo = f"forge/repro-{distro.name}-{recipe.target}"
+    tags = (f"{repo}:first", f"{repo}:second")
+    epoch: str | None = None
+    try:
+        for run, tag in zip(("first", "second"), tags, strict=True):
+            sink(f"forge: verify-repro: {run} build{' (--no-cache)' if run == 'second' else ''} → {tag}")
+            report = build(
+                project,
+                distro,
+                recipe,
+                BuildOptions(
+                    max_jobs=options.max_jobs,
+                    skip_preflight=True,
+                    skip_tests=True,
+                    builder=options.builder,
+                    source_overrides=options.source_overrides,
+                    wheelhouse=options.wheelhouse,
+                    tag=tag,
+                    no_cache=run == "second",
+                    reports_dir=out / run,
+                    scratch_dir=options.scratch_dir,
+                    sbom=False,
+                ),
+                sink,
+            )
+            epoch = report.build_args.get("SOURCE_DATE_EPOCH", epoch)
+        sink("forge: verify-repro: exporting both images and comparing their layers")
+        base = image_rootfs(engine, distro.base.local_tag)
+        first, second = export_image(engine, tags[0]), export_image(engine, tags[1])
+        comparison = compare_images(first, second, base, strict_mtimes=options.strict_mtimes)
+        diffoscope = None
+        if not comparison.reproducible:
+            diffoscope = _diffoscope(engine, comparison, first, second, out, options.diffoscope_files)
+        data = {
+            "distro": distro.name,
+            "target": recipe.target,
+            "source_date_epoch": epoch,
+            "images": {"first": first.image_id, "second": second.image_id},
+            "diffoscope": str(diffoscope) if diffoscope else None,
+            **comparison.to_json(),
+        }
+        path = out / "repro.json"
+        path.write_text(json.dumps(data, indent=2) + "\n")
+        (out / "repro.txt").write_text(comparison.summary() + "\n")
+        return VerifyResult(
+            comparison=comparison,
+            source_date_epoch=epoch,
+            images=(first.image_id, second.image_id),
+            report=path,
+            diffoscope=diffoscope,
+        )
+    finally:
+        if not options.keep_images:
+            for tag in (*tags, f"{repo}:latest"):
+                engine.untag(tag)
