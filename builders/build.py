@@ -1,4 +1,4 @@
-"""The executor: runs a BuildPlan on an engine. Phases: sources → base → preflight → build → test → tag.
+"""The executor: runs a BuildPlan on an engine. Phases: sources → base → lock → preflight → build → test → tag → sbom.
 
 Only this module (through builders.engine) changes engine state. A failed or interrupted build leaves no
 container and no tag: the image is built untagged and tagged only after its test stage passed.
@@ -23,6 +23,7 @@ from builders.image_tests import run_checks
 from builders.plan import BuildPlan, PlanOptions, make_plan
 from builders.render import render
 from builders.report import BuildReport
+from builders.repro.sbom import sbom_label
 from builders.sources import ResolvedSource, resolve_fetched, resolve_sdist, wheelhouse_dir
 from builders.trust import find_ca_bundle
 
@@ -47,6 +48,9 @@ class BuildOptions:
     scratch_dir: Path | None = None
     source_date_epoch: int | None = None
     keep_context: bool = False
+    locked: bool = False  # refuse to build when an input differs from forge.lock (builders/repro)
+    lock_file: Path | None = None  # default: forge.lock at the project root
+    sbom: bool = True  # write a CycloneDX SBOM of the tagged image beside the report
 
 
 def derive_max_jobs(recipe: Recipe) -> int:
@@ -179,6 +183,11 @@ def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOption
                 "wheels": sorted(p.name for p in wheelhouse.glob("*.whl")),
             }
 
+        with report.phase("lock"):
+            from builders.repro.integration import lock_phase  # imported late: the repro package imports this one
+
+            epoch = lock_phase(project, distro, recipe, engine, report, options, wheelhouse, sink)
+
         if not options.skip_preflight:
             with report.phase("preflight"):
                 from builders.preflight import run_preflight
@@ -220,7 +229,7 @@ def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOption
                 cmake_from_pip=options.cmake_from_pip,
                 vllm_version=vllm_version,
                 base_digest=base.image_id,
-                source_date_epoch=options.source_date_epoch,
+                source_date_epoch=epoch,
                 tag=options.tag,
             ),
         )
@@ -258,7 +267,7 @@ def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOption
                     target=plan.final_stage,
                     build_args=plan.build_args,
                     secrets={"ca_bundle": ca_bundle} if ca_bundle and builder.supports_secrets else {},
-                    labels=plan.labels,
+                    labels={**plan.labels, **sbom_label(distro.name, recipe.target)},
                     no_cache=options.no_cache,
                     log_path=log_path,
                 ),
@@ -309,6 +318,11 @@ def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOption
             info = engine.image_info(image_id)
             report.image = {"id": info.id, "tags": list(info.tags), "size": info.size}
             report.versions.setdefault("python", _python_version(engine, plan.image_tag))
+        if options.sbom:
+            with report.phase("sbom"):
+                from builders.repro.integration import sbom_phase
+
+                sbom_phase(engine, plan.image_tag, reports_dir, report, epoch, sink)
         report.result = "succeeded"
         image_id = None  # tagged: keep it
         return report

@@ -37,6 +37,8 @@ class BuildReport:
     diagnosis: dict[str, Any] | None = None
     log: str | None = None
     containerfile: str | None = None
+    lock: dict[str, Any] | None = None  # forge.lock entries this build used, and any drift from them
+    sbom: dict[str, Any] | None = None  # the image's CycloneDX SBOM: path, sha256, counts
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -78,6 +80,16 @@ class BuildReport:
                 f"{self.diagnosis.get('line', '')[:100]}"
             )
             lines.append(f"  remedy: {self.diagnosis.get('remedy')}")
+        if self.lock:
+            if self.lock.get("matches"):
+                state = "matches forge.lock"
+            elif self.lock.get("in_lock"):
+                state = f"{len(self.lock.get('drift', []))} input(s) differ from forge.lock"
+            else:
+                state = str(self.lock.get("error", "not in forge.lock"))
+            lines.append(f"  lock: {state}")
+        if self.sbom:
+            lines.append(f"  sbom: {self.sbom.get('path', self.sbom.get('error'))}")
         if self.log:
             lines.append(f"  log: {self.log}")
         return "\n".join(lines)
