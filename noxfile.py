@@ -84,3 +84,9 @@ def tests(session: nox.Session) -> None:
 def tests_fast(session: nox.Session) -> None:
     """Only the tests that need no engine and no vLLM server: seconds."""
     session.run("pytest", "-m", "not engine and not server", *session.posargs, external=True)
+
+
+@nox.session(python=False, name="ci-matrix")
+def ci_matrix(session: nox.Session) -> None:
+    """Print the CI matrix as JSON: one entry per distro × target, from the pairs these sessions come from."""
+    session.run("forge", "ci", "--format", "matrix", *session.posargs, external=True)
