@@ -79,6 +79,7 @@ class CudaPlan:
     nvcc_threads: int
     host_cxx: str | None  # CUDAHOSTCXX, when the build uses another compiler than the distro's g++
     toolkit_install: str | None  # shell enabling NVIDIA's repository and installing nvcc, for bases without it
+    header_fix: str | None = None  # shell adapting the toolkit's headers to the distro's glibc
     wheel_requirement: str  # vllm==0.33.0: the official wheel (wheel mode)
     wheel: WheelFile | None  # that wheel's file for the distro's arch, pinned by sha256
     build_python_packages: tuple[str, ...]  # what the venv stage adds to the runtime base to make a venv
@@ -287,6 +288,25 @@ def cuda_torch(recipe: Recipe, options: PlanOptions, torch_tag: str) -> TorchSpe
     )
 
 
+def glibc_rsqrt_fix(cuda_home: str) -> str:
+    """Shell giving CUDA's rsqrt/rsqrtf declarations glibc's exception specification where glibc declares them
+    (2.42+, C23 functions on), the way NVIDIA's header already treats sinpi and cospi. Applied once; it fails the
+    build if the header does not hold the two declarations it expects (a CUDA release that changed them)."""
+    header = f"{cuda_home}/include/crt/math_functions.h"
+    decl = r"^(extern __DEVICE_FUNCTIONS_DECL__ __device_builtin__ (double|float) +rsqrtf?\((double|float) x\))"
+    guarded = (
+        r"#if defined(__cplusplus) \&\& defined(__GLIBC__) \&\& defined(__GLIBC_PREREQ)\n"
+        r"#if __GLIBC_PREREQ(2, 42) \&\& __GLIBC_USE(IEC_60559_FUNCS_EXT_C23)\n"
+        r"#define __FORGE_GLIBC_RSQRT 1\n#endif\n#endif\n"
+        r"#ifdef __FORGE_GLIBC_RSQRT\n\1 __THROW;\n#else\n\1;\n#endif"
+    )
+    return (
+        f"grep -q __FORGE_GLIBC_RSQRT {header} || {{ test \"$(grep -cE '{decl};$' {header})\" = 2 "
+        f"&& sed -Ei 's/{decl};$/{guarded}/' {header} "
+        f"&& test \"$(grep -cE '{decl} __THROW;$' {header})\" = 2; }}"
+    )
+
+
 def make_cuda_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> BuildPlan:
     """The GPU branch of make_plan: a CUDA devel base builds (source mode), a CUDA runtime base runs."""
     yaml = f"distros/{distro.name}.yaml"
@@ -340,6 +360,10 @@ def make_cuda_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> Buil
         toolkit_install = f"curl -fsSL {shlex.quote(cuda.repo)} -o {repo_file} && " + family.install_command(
             cuda.toolkit_packages
         )
+
+    header_fix: str | None = None
+    if mode == "source" and cuda.glibc_rsqrt_fix:
+        header_fix = glibc_rsqrt_fix(cuda.home)
 
     # nvcc compiles host code with the same compiler as the C++ sources, so vLLM's "GCC >= 13 with CUDA" gate and
     # nvcc's newest-GCC limit judge one compiler: the host compiler where declared, else the enabled toolset.
@@ -453,6 +477,7 @@ def make_cuda_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> Buil
             nvcc_threads=gpu.nvcc_threads,
             host_cxx=compiler.cxx if compiler and mode == "source" else None,
             toolkit_install=toolkit_install,
+            header_fix=header_fix,
             wheel_requirement=f"{gpu.wheel_project}=={gpu.wheel_version}",
             wheel=wheel,
             build_python_packages=tuple(p for p in family.packages(["python"]) if p not in runtime_packages),

@@ -96,6 +96,11 @@ class Cuda(Strict):
         description="packages the GPU runtime stage adds to packages.runtime: a C compiler and the Python headers, "
         "because Triton compiles its CUDA launcher when a process first uses it",
     )
+    glibc_rsqrt_fix: bool = Field(
+        default=False,
+        description="declare rsqrt/rsqrtf __THROW in the toolkit's crt/math_functions.h, as glibc >= 2.42 declares "
+        "them: CUDA 13.0 declares them without, and every .cu fails to compile against glibc 2.42+ headers",
+    )
 
     @property
     def home(self) -> str:

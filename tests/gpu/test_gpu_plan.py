@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from builders.config import Project
 from builders.config.models import Distro, TorchChoice
 from builders.errors import ConfigError
-from builders.plan import BuildPlan, GpuMode, PlanOptions, make_cuda_plan, make_plan
+from builders.plan import BuildPlan, GpuMode, PlanOptions, glibc_rsqrt_fix, make_cuda_plan, make_plan
 
 GPU_DISTROS = ("fedora-44", "ubi-9", "ubuntu-24.04")
 MODES: tuple[GpuMode, ...] = ("source", "wheel")
@@ -176,3 +179,44 @@ def test_cuda_recipe_without_a_cuda_section_is_rejected_when_loaded(project: Pro
     cpu.update({"device": "cuda", "torch": TorchChoice(index="pytorch-cuda").model_dump(), "cuda": None})
     with pytest.raises(ValueError, match="device=cuda needs a cuda section"):
         type(project.recipe_for("cpu")).model_validate(cpu)
+
+
+# The two declarations as CUDA 13.0.88's crt/math_functions.h (lines 629 and 653) writes them.
+CUDA_13_0_RSQRT = (
+    "extern __DEVICE_FUNCTIONS_DECL__ __device_builtin__ double                 rsqrt(double x);\n"
+    "extern __DEVICE_FUNCTIONS_DECL__ __device_builtin__ float                  rsqrtf(float x);\n"
+)
+
+
+def test_only_fedora_44_source_builds_adapt_the_cuda_header_to_glibc(project: Project) -> None:
+    for distro in GPU_DISTROS:
+        for mode in MODES:
+            plan = gpu_plan(project, distro, mode)
+            assert plan.cuda is not None
+            wanted = distro == "fedora-44" and mode == "source"
+            assert (plan.cuda.header_fix is not None) == wanted, (distro, mode)
+    assert project.distro("fedora-44").toolchain.glibc >= "2.42"
+
+
+def test_the_header_fix_guards_rsqrt_by_glibc_and_refuses_a_changed_header(tmp_path: Path) -> None:
+    header = tmp_path / "include" / "crt" / "math_functions.h"
+    header.parent.mkdir(parents=True)
+    header.write_text("/* before */\n" + CUDA_13_0_RSQRT + "/* after */\n")
+    fix = glibc_rsqrt_fix(str(tmp_path))
+    subprocess.run(["bash", "-o", "pipefail", "-c", fix], check=True)
+    text = header.read_text()
+    assert text.count("#if __GLIBC_PREREQ(2, 42) && __GLIBC_USE(IEC_60559_FUNCS_EXT_C23)") == 2
+    assert "rsqrt(double x) __THROW;\n#else\n" in text and "rsqrtf(float x) __THROW;\n#else\n" in text
+    assert text.startswith("/* before */\n") and text.endswith("/* after */\n")
+    # Applied once: a second run leaves the header alone.
+    subprocess.run(["bash", "-o", "pipefail", "-c", fix], check=True)
+    assert header.read_text() == text
+
+
+def test_the_header_fix_stops_at_a_header_it_does_not_know(tmp_path: Path) -> None:
+    header = tmp_path / "include" / "crt" / "math_functions.h"
+    header.parent.mkdir(parents=True)
+    changed = CUDA_13_0_RSQRT.replace("rsqrtf(float x);", "rsqrtf(float x) __THROW;")
+    header.write_text(changed)
+    done = subprocess.run(["bash", "-o", "pipefail", "-c", glibc_rsqrt_fix(str(tmp_path))], check=False)
+    assert done.returncode != 0 and header.read_text() == changed

@@ -96,3 +96,12 @@ def test_every_gpu_variant_lints_clean(project: Project, tmp_path: Path) -> None
         check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_fedora_adapts_the_cuda_header_before_anything_compiles(project: Project) -> None:
+    text = rendered(project, "fedora-44", "source")
+    found = stages(text)
+    assert "crt/math_functions.h" in found["toolchain"] and "crt/math_functions.h" not in found["wheel"]
+    assert found["toolchain"].index("cuda-minimal-build-13-0") < found["toolchain"].index("crt/math_functions.h")
+    for distro in ("ubi-9", "ubuntu-24.04"):
+        assert "math_functions.h" not in rendered(project, distro, "source")
