@@ -109,6 +109,9 @@ class ValidatedProfile:
     traffic: TrafficPlan
     kill_traffic: TrafficPlan
     router: RouterConfig
+    router_mapping: dict[str, Any]
+    """What the router config file holds: only the keys the profile or the run set, so a router image of
+    another Forge version reads it with its own defaults."""
     api_key: str
     upstream_api_key: str
 
@@ -133,6 +136,7 @@ def validate_profile(
         traffic=traffic,
         kill_traffic=kill_traffic,
         router=router,
+        router_mapping=plan.router_config(api_key=api_key, upstream_api_key=upstream_api_key),
         api_key=api_key,
         upstream_api_key=upstream_api_key,
     )
@@ -142,6 +146,8 @@ def check_ports_free(ports: list[int]) -> None:
     busy = []
     for port in ports:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            # As uvicorn binds: connections of a previous run in TIME_WAIT do not make a port busy.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
@@ -368,6 +374,16 @@ def judge_kill(
         "replica": victim.url,
         "killed_at_s": round(killed_at_s, 2),
         "in_flight": len(in_flight),
+        "in_flight_requests": [
+            {
+                "request": f"{r.request_class.value}#{r.index}",
+                "sent_at_s": round(r.sent_at_s, 2),
+                "ended_at_s": round(r.sent_at_s + (r.e2e_s or 0.0), 2),
+                "replica": r.replica,
+                "error": r.error[:160] if r.error else None,
+            }
+            for r in in_flight
+        ],
         # In flight for the client but already generated (a slow reader draining the router's buffer).
         "completed_anyway": len(in_flight) - len(cut),
         "cut": len(cut),
@@ -446,7 +462,7 @@ class SmokeRun:
                 config_dir = workdir / "router"
                 config_dir.mkdir(mode=0o755)
                 config_file = config_dir / ROUTER_CONFIG_NAME
-                config_file.write_text(valid.router.model_dump_json(indent=2), encoding="utf-8")
+                config_file.write_text(json.dumps(valid.router_mapping, indent=2), encoding="utf-8")
                 config_file.chmod(0o644)
                 check_ports_free([plan.router_port, *(r.port for r in plan.replicas)])
 
