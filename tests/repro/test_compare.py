@@ -59,7 +59,7 @@ def _image(ref: str, layer: bytes, config: dict[str, Any] | None = None, diff_id
 
 def test_same_content_written_at_other_times_is_reproducible_with_mtimes_counted_apart() -> None:
     pyc = "opt/venv/__pycache__/a.cpython-311.pyc"
-    files = {
+    files: dict[str, bytes | str] = {
         "opt/venv/a.py": b"x = 1\n",
         pyc: PYC_HEADER + b"\x01\0\0\0" + b"\x06\0\0\0" + b"CODE",
         "opt/venv/bin/py": "/usr/bin/python3",
