@@ -112,8 +112,10 @@ def _gcc_gate(
     )
 
 
-# CUDA release → newest GCC major its nvcc accepts (crt/host_config.h `#if __GNUC__ > N`), from NVIDIA's
-# installation guides. Used only when no CUDA base is at hand to read host_config.h from.
+# CUDA release → newest GCC major its nvcc accepts: the N of crt/host_config.h's `#if __GNUC__ > N`, whose
+# #error reads "unsupported GNU version! gcc versions later than N are not supported!". nvcc 13.0's own header
+# says 15 (read from a real 13.0 toolkit); the installation guides' tables lag behind the header. Used only
+# when no CUDA base is at hand to read host_config.h from.
 CUDA_MAX_GCC: tuple[tuple[tuple[int, int], int], ...] = (
     ((11, 0), 9),
     ((11, 1), 10),
@@ -121,7 +123,7 @@ CUDA_MAX_GCC: tuple[tuple[tuple[int, int], int], ...] = (
     ((12, 0), 12),
     ((12, 4), 13),
     ((12, 8), 14),
-    ((13, 2), 15),
+    ((13, 0), 15),
 )
 # Packages that bring an older GCC beside the default one, per family, for the remedy.
 OLDER_GCC_PACKAGES = {
@@ -151,9 +153,18 @@ def max_gcc_for_cuda(cuda_version: str) -> int | None:
 
 
 def max_gcc_from_host_config(text: str) -> int | None:
-    """The N in host_config.h's `#if __GNUC__ > N` that rejects newer GCCs."""
-    match = re.search(r"#\s*if\s+__GNUC__\s*>\s*(\d+)", text)
-    return int(match.group(1)) if match else None
+    """The N in host_config.h's `#if __GNUC__ > N` that rejects newer GCCs.
+
+    The header compares __GNUC__ in more than one place; the limit is the comparison whose #error follows
+    (`unsupported GNU version!`), else the first one."""
+    guards = list(re.finditer(r"#\s*if\s+__GNUC__\s*>\s*(\d+)", text))
+    for guard in guards:
+        following = text[guard.end() : guard.end() + 400]
+        error = re.search(r"#\s*(error|endif)", following)
+        line = following[error.start() :].split("\n", 1)[0] if error else ""
+        if error and error.group(1) == "error" and "unsupported GNU version" in line:
+            return int(guard.group(1))
+    return int(guards[0].group(1)) if guards else None
 
 
 def nvcc_host_gcc_gate(
@@ -183,8 +194,8 @@ def nvcc_host_gcc_gate(
     pkgs = OLDER_GCC_PACKAGES.get(family, "gcc-{n} g++-{n}").format(n=max_major)
     gxx = OLDER_GXX_PATH.get(family, "/usr/bin/g++-{n}").format(n=max_major)
     remedy = (
-        f"install {pkgs} compat packages and set CUDAHOSTCXX={gxx}: declare them as cuda.host_compiler "
-        f"in distros/{distro_name}.yaml"
+        f"install {pkgs} compat packages (or an older GCC's) and set CUDAHOSTCXX={gxx}: declare them as "
+        f"cuda.host_compiler in distros/{distro_name}.yaml"
     )
     return blocker(
         "nvcc-host-gcc",

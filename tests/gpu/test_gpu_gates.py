@@ -53,11 +53,14 @@ def test_fedora_44_without_the_compat_compiler_is_blocked_with_the_remedy_the_pl
     assert f44.cuda is not None and f44.cuda.host_compiler is not None
     blocked = nvcc_gate(f44, f44.toolchain.gcc, "distros/fedora-44.yaml: toolchain.gcc")
     assert blocked.blocking and blocked.gate == "nvcc-host-gcc" and blocked.found.startswith("GCC 16")
-    # The remedy names packages and a CUDAHOSTCXX: exactly what fedora-44.yaml declares and the plan sets.
-    assert "gcc14 gcc14-c++" in blocked.remedy
+    # The remedy names compat packages and a CUDAHOSTCXX of the newest GCC nvcc 13.0 takes (15); fedora-44.yaml
+    # declares the same kind of compat compiler, one release older, and the plan compiles with it.
+    assert "gcc15 gcc15-c++" in blocked.remedy and "CUDAHOSTCXX=/usr/bin/g++-15" in blocked.remedy
     plan = make_plan(f44, project.recipe_for("gpu"), PlanOptions(max_jobs=1, gpu_mode="source"))
-    assert f"CUDAHOSTCXX={plan.compile_env['CUDAHOSTCXX']}" in blocked.remedy
-    assert tuple(f44.cuda.host_compiler.packages) == ("gcc14", "gcc14-c++")
+    major = f44.cuda.host_compiler.gcc.split(".")[0]
+    assert plan.compile_env["CUDAHOSTCXX"] == f"/usr/bin/g++-{major}" == plan.compile_env["CXX"]
+    assert tuple(f44.cuda.host_compiler.packages) == (f"gcc{major}", f"gcc{major}-c++")
+    assert int(major) <= 15
 
 
 def test_fedora_44_with_the_compat_compiler_clears_both_gates(project: Project, facts: SourceFacts) -> None:
