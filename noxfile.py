@@ -69,8 +69,8 @@ def render(session: nox.Session) -> None:
 @nox.session(python=False)
 def lint(session: nox.Session) -> None:
     """ruff and mypy --strict over the package, the tests and this file."""
-    session.run("ruff", "check", "builders", "tests", "noxfile.py", external=True)
-    session.run("ruff", "format", "--check", "builders", "tests", "noxfile.py", external=True)
+    session.run("ruff", "check", "builders", "tests", "benchmarks", "noxfile.py", external=True)
+    session.run("ruff", "format", "--check", "builders", "tests", "benchmarks", "noxfile.py", external=True)
     session.run("mypy", external=True)
 
 
@@ -90,3 +90,9 @@ def tests_fast(session: nox.Session) -> None:
 def ci_matrix(session: nox.Session) -> None:
     """Print the CI matrix as JSON: one entry per distro × target, from the pairs these sessions come from."""
     session.run("forge", "ci", "--format", "matrix", *session.posargs, external=True)
+
+
+@nox.session(python=False, name="bench-preflight", default=False)
+def bench_preflight(session: nox.Session) -> None:
+    """Seconds until preflight blocks Debian 12 vs until a plain build reaches vLLM's gate, as a ratio."""
+    session.run("python", str(ROOT / "benchmarks" / "bench_preflight.py"), *session.posargs, external=True)

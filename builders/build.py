@@ -344,12 +344,9 @@ def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOption
 
 
 def _diagnose_into(report: BuildReport, log_path: Path) -> None:
-    try:
-        from builders.diagnose import diagnose_file
-    except ImportError:
-        return
-    diagnosis = diagnose_file(log_path)
-    report.diagnosis = diagnosis.to_dict() if hasattr(diagnosis, "to_dict") else diagnosis.model_dump(mode="json")
+    from builders.diagnose import diagnose_file
+
+    report.diagnosis = diagnose_file(log_path).to_dict()
 
 
 def _toolchain_versions(

@@ -54,6 +54,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("forge: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # `forge diagnose LOG | head`: the reader left; say nothing more and do not print a traceback.
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

@@ -144,8 +144,9 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     for fetched in recipe.fetched_sources:
         if wanted and fetched.name not in wanted:
             continue
-        if fetched.debian_source and distro.family in {"debian", "ubuntu"}:
-            got = fetch_debian_source(fetched, distro, Engine.connect(), project.root)
+        if fetched.debian_source:
+            carrier = project.distro(fetched.debian_source_distro) if fetched.debian_source_distro else distro
+            got = fetch_debian_source(fetched, carrier, Engine.connect(), project.root)
             print(f"{fetched.name}: {got.path} ({got.origin})")
         else:
             raise UsageError(

@@ -180,6 +180,9 @@ class FetchedSource(Strict):
     cmake_var: str = Field(description="variable that points CMake at a local copy (FETCHCONTENT_SOURCE_DIR_ONEDNN)")
     pinned_in: str = Field(description="file in the vLLM source that pins it")
     debian_source: str | None = Field(default=None, description="Debian source package carrying it (apt-get source)")
+    debian_source_distro: str | None = Field(
+        default=None, description="distro whose archive carries that source package (any build distro may use it)"
+    )
     build_depends: tuple[str, ...] = Field(default=(), description="distro packages the build then needs")
     path: str | None = Field(default=None, description="local path to a copy (overrides the cache)")
 
