@@ -208,6 +208,62 @@ def nvcc_host_gcc_gate(
     )
 
 
+# glibc 2.42 declares the C23 rsqrt and rsqrtf in bits/mathcalls.h (line 206 in 2.42 and 2.43), __THROW (noexcept
+# in C++); nvcc 13.0's crt/math_functions.h (lines 629 and 653) declares the same functions without an exception
+# specification, so every .cu that includes <cmath> stops with the error below. No release after 13.0 is assumed
+# affected: raise CUDA_RSQRT_LAST when one is seen failing the same way.
+GLIBC_RSQRT_FIRST = (2, 42)
+CUDA_RSQRT_LAST = (13, 0)
+RSQRT_SOURCE = "crt/math_functions.h:629,653 (CUDA {cuda}) vs bits/mathcalls.h:206 (glibc {glibc})"
+RSQRT_ERROR = 'error: exception specification is incompatible with that of previous function "rsqrt"'
+
+
+def _major_minor(text: str) -> tuple[int, int] | None:
+    match = re.match(r"(\d+)\.(\d+)", text.strip())
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def glibc_rsqrt_gate(
+    *, cuda_version: str, glibc: str, glibc_origin: str, fix_declared: bool, distro_name: str
+) -> Finding:
+    """nvcc's own headers against the distro's glibc headers: a clash no compiler choice avoids."""
+    found = f"glibc {glibc} with CUDA {cuda_version}"
+    required = (
+        f"glibc < {'.'.join(map(str, GLIBC_RSQRT_FIRST))}, CUDA > {'.'.join(map(str, CUDA_RSQRT_LAST))}, or the fix"
+    )
+    source = RSQRT_SOURCE.format(cuda=cuda_version, glibc=glibc)
+    yaml_key = f"cuda.glibc_rsqrt_fix in distros/{distro_name}.yaml"
+    g, c = _major_minor(glibc), _major_minor(cuda_version)
+    if g is None or c is None:
+        return warning(
+            "cuda-glibc-rsqrt",
+            found,
+            required,
+            source,
+            f"check whether nvcc stops at `{RSQRT_ERROR}`; if it does, set {yaml_key}",
+            f"versions not understood (glibc from {glibc_origin})",
+        )
+    if g < GLIBC_RSQRT_FIRST or c > CUDA_RSQRT_LAST:
+        return passed("cuda-glibc-rsqrt", found, required, source, f"no rsqrt clash (glibc from {glibc_origin})")
+    if fix_declared:
+        return passed(
+            "cuda-glibc-rsqrt",
+            found,
+            required,
+            source,
+            f"{yaml_key} is set: the build declares rsqrt/rsqrtf as glibc does before compiling",
+        )
+    return blocker(
+        "cuda-glibc-rsqrt",
+        found,
+        required,
+        source,
+        f"set {yaml_key} (the build then gives CUDA's rsqrt/rsqrtf glibc's exception specification), "
+        "use a CUDA base newer than 13.0, or a distro whose glibc is older than 2.42",
+        f"every .cu file would stop at `{RSQRT_ERROR}` (glibc from {glibc_origin})",
+    )
+
+
 # --- cmake, python ---------------------------------------------------------------------------------------
 
 

@@ -375,3 +375,52 @@ def test_declared_vs_probed() -> None:
     assert by_key["toolchain.cmake"].passed
     gcc = by_key["toolchain.gcc"]
     assert not gcc.passed and not gcc.blocking and "11.2" in gcc.remedy
+
+
+@pytest.mark.parametrize(
+    ("cuda", "glibc", "fix", "verdict"),
+    [
+        ("13.0", "2.43", False, "block"),  # Fedora 44 without the fix: every .cu stops at the rsqrt clash
+        ("13.0", "2.42", False, "block"),  # the first glibc declaring rsqrt/rsqrtf
+        ("13.0", "2.43", True, "pass"),  # the build patches math_functions.h first
+        ("13.0", "2.41", False, "pass"),  # Debian 13: no rsqrt in its headers
+        ("12.8", "2.43", False, "block"),  # older toolkits declare them the same way
+        ("13.1", "2.43", False, "pass"),
+        ("13.0", "unknown", False, "warn"),
+    ],
+)
+def test_glibc_rsqrt_gate(cuda: str, glibc: str, fix: bool, verdict: str) -> None:
+    finding = gates.glibc_rsqrt_gate(
+        cuda_version=cuda, glibc=glibc, glibc_origin="yaml", fix_declared=fix, distro_name="fedora-44"
+    )
+    assert finding.gate == "cuda-glibc-rsqrt" and finding.verdict == verdict
+    # The citation names both headers, and the message the error nvcc would print.
+    assert "crt/math_functions.h" in finding.source and "bits/mathcalls.h" in finding.source
+    if verdict == "block":
+        assert 'exception specification is incompatible with that of previous function "rsqrt"' in finding.message
+        assert "cuda.glibc_rsqrt_fix in distros/fedora-44.yaml" in finding.remedy
+
+
+def test_the_rsqrt_gate_follows_the_distro_files(project: Project) -> None:
+    """Each GPU distro's declared glibc against its CUDA: only Fedora 44 (glibc 2.43) needs, and has, the fix."""
+    verdicts = {}
+    for distro in project.distros.values():
+        if distro.cuda is None:
+            continue
+        finding = gates.glibc_rsqrt_gate(
+            cuda_version=distro.cuda.version,
+            glibc=distro.toolchain.glibc,
+            glibc_origin="yaml",
+            fix_declared=distro.cuda.glibc_rsqrt_fix,
+            distro_name=distro.name,
+        )
+        needs = gates.glibc_rsqrt_gate(
+            cuda_version=distro.cuda.version,
+            glibc=distro.toolchain.glibc,
+            glibc_origin="yaml",
+            fix_declared=False,
+            distro_name=distro.name,
+        )
+        verdicts[distro.name] = (finding.verdict, needs.verdict)
+    assert verdicts["fedora-44"] == ("pass", "block")
+    assert verdicts["ubuntu-24.04"] == verdicts["ubi-9"] == ("pass", "pass")
