@@ -39,6 +39,7 @@ class ProbeResult:
     errors: tuple[str, ...] = ()
     seconds: float = 0.0
     rc: int = 0
+    glibc: str | None = None  # the base's own glibc (getconf GNU_LIBC_VERSION): its headers are the build's
 
     def version_of(self, packages: Sequence[str]) -> tuple[str, str] | None:
         """Lowest numeric version among these packages, following a metapackage to its versioned package
@@ -93,7 +94,7 @@ def probe_script(distro: Distro, *, device: str) -> str:
     query, install = probe_packages(distro, device=device)
     files = [NUMA_HEADER, distro.tcmalloc_path]
     qpkgs = " ".join(shlex.quote(p) for p in query)
-    lines = ["set -u"]
+    lines = ["set -u", 'echo "FORGE glibc $(getconf GNU_LIBC_VERSION 2>/dev/null)"']
     if family.package_manager == "apt-get":
         lines += [
             # Translations are 6 MB the probe never reads.
@@ -148,6 +149,7 @@ def parse_probe_output(image: str, output: str, *, rc: int = 0, seconds: float =
     resolved: dict[str, tuple[str, str | None]] = {}
     files: dict[str, bool] = {}
     errors: list[str] = []
+    glibc: str | None = None
     for line in output.splitlines():
         parts = line.strip().split()
         if len(parts) < 2 or parts[0] != "FORGE":
@@ -161,8 +163,17 @@ def parse_probe_output(image: str, output: str, *, rc: int = 0, seconds: float =
             files[rest[0]] = rest[1] == "yes"
         elif kind == "error":
             errors.append(" ".join(rest))
+        elif kind == "glibc" and rest:
+            glibc = numeric_version(rest[-1])
     return ProbeResult(
-        image=image, packages=packages, resolved=resolved, files=files, errors=tuple(errors), seconds=seconds, rc=rc
+        image=image,
+        packages=packages,
+        resolved=resolved,
+        files=files,
+        errors=tuple(errors),
+        seconds=seconds,
+        rc=rc,
+        glibc=glibc,
     )
 
 
@@ -172,9 +183,12 @@ class ProbeUnavailable:
     reason: str
 
 
-def probe_base(engine: Engine, distro: Distro, *, device: str, timeout: float = 120) -> ProbeResult | ProbeUnavailable:
-    """Probe the distro's base if the engine has it; never pulls (registries may be unreachable) or bootstraps."""
-    image = distro.base.local_tag
+def probe_base(
+    engine: Engine, distro: Distro, *, device: str, image: str | None = None, timeout: float = 120
+) -> ProbeResult | ProbeUnavailable:
+    """Probe the image the build starts from (default: the distro's base; a GPU build's CUDA base) if the engine
+    has it; never pulls (registries may be unreachable) or bootstraps."""
+    image = image or distro.base.local_tag
     if not engine.image_exists(image):
         return ProbeUnavailable(
             image=image,
@@ -193,13 +207,17 @@ def probe_base(engine: Engine, distro: Distro, *, device: str, timeout: float = 
     return result
 
 
-def probe_nvcc_max_gcc(engine: Engine, image: str, *, timeout: float = 60) -> tuple[int | None, str] | None:
-    """The newest GCC major the CUDA base's nvcc accepts, read from its crt/host_config.h; None if no such base."""
+def probe_nvcc_max_gcc(
+    engine: Engine, image: str, *, cuda_home: str | None = None, timeout: float = 60
+) -> tuple[int | None, str] | None:
+    """The newest GCC major the CUDA base's nvcc accepts, read from its crt/host_config.h; None if no such base,
+    or a base without the toolkit (one whose build stage installs it from NVIDIA's repository)."""
     from builders.preflight.gates import max_gcc_from_host_config
 
     if not engine.image_exists(image):
         return None
-    paths = " ".join(HOST_CONFIG_PATHS)
+    own = (f"{cuda_home}/include/crt/host_config.h",) if cuda_home else ()
+    paths = " ".join(shlex.quote(p) for p in (*own, *HOST_CONFIG_PATHS))
     script = f'for f in {paths}; do if [ -f "$f" ]; then echo "FORGE path $f"; cat "$f"; exit 0; fi; done; exit 3'
     try:
         rc, output = engine.run_once(image, ["sh", "-c", script], timeout=timeout)

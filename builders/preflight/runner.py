@@ -13,7 +13,7 @@ from pathlib import Path
 from builders.config import Project
 from builders.config.models import Distro, Recipe, Role
 from builders.engine import Engine
-from builders.plan import PlanOptions, torch_spec
+from builders.plan import CudaPlan, GpuMode, PlanOptions, cuda_torch, make_plan, torch_spec
 from builders.preflight import gates
 from builders.preflight.findings import Finding, PreflightReport, passed, warning
 from builders.preflight.host import (
@@ -140,7 +140,13 @@ def _torch_findings(
                 "give torch.version in the recipe, or a vLLM source to read the pin from",
             )
         ]
-    spec = torch_spec(recipe, PlanOptions(max_jobs=1, torch_version=pin_version))
+    options = PlanOptions(max_jobs=1, torch_version=pin_version)
+    # A GPU image installs the plan's torch: the build for the base's CUDA (2.14.0+cu130 from /whl/cu130).
+    spec = (
+        cuda_torch(recipe, options, distro.cuda.torch_tag)
+        if recipe.device == "cuda" and distro.cuda
+        else torch_spec(recipe, options)
+    )
     if spec is None:
         return []
     listing: IndexListing
@@ -245,29 +251,34 @@ def _disk_findings(
 
 
 def _probe_findings(
-    distro: Distro, device: str, engine: Engine | None, probe: bool
+    distro: Distro, device: str, engine: Engine | None, probe: bool, image: str | None = None
 ) -> tuple[ProbeResult | None, list[Finding]]:
-    """Probe the base if asked and possible; say so either way."""
+    """Probe the image the build starts from if asked and possible; say so either way."""
     yaml = f"distros/{distro.name}.yaml"
+    image = image or distro.base.local_tag
     result: ProbeResult | None = None
     if not probe:
         why = "--no-probe given"
     elif engine is None:
         why = "no container engine connected"
     else:
-        outcome = probe_base(engine, distro, device=device)
+        outcome = probe_base(engine, distro, device=device, image=image)
         if isinstance(outcome, ProbeUnavailable):
             why = outcome.reason
         else:
             result, why = outcome, ""
     if result is None:
+        how = (
+            f"load or bootstrap {image} (`forge bootstrap {distro.name}`)"
+            if image == distro.base.local_tag
+            else f"pull or `docker load` {image}"
+        )
         notice = warning(
             "probe",
             f"declared facts only: {why}",
-            f"probe of {distro.base.local_tag}",
+            f"probe of {image}",
             yaml,
-            f"load or bootstrap {distro.base.local_tag} (`forge bootstrap {distro.name}`) and rerun to check "
-            "the real archive",
+            f"{how} and rerun to check the real archive",
             "toolchain versions come from the distro file, unverified",
         )
         return None, [notice]
@@ -313,8 +324,8 @@ def _file_findings(distro: Distro, compiles: bool, probe: ProbeResult | None) ->
     ]
 
 
-def _jobs(recipe: Recipe, max_jobs: int | None, usable: int, cores: int) -> tuple[int, str]:
-    if recipe.kind != "source":
+def _jobs(recipe: Recipe, compiles: bool, max_jobs: int | None, usable: int, cores: int) -> tuple[int, str]:
+    if not compiles:
         return 1, "no compile: one install step"
     if max_jobs is not None:
         return max_jobs, "--max-jobs"
@@ -322,6 +333,19 @@ def _jobs(recipe: Recipe, max_jobs: int | None, usable: int, cores: int) -> tupl
         return recipe.max_jobs, f"recipes/{recipe.name}.yaml: max_jobs"
     jobs = derive_max_jobs(usable, cores, recipe.resources.ram_per_job_gb)
     return jobs, f"derived from {usable / GIB:.1f} GiB and {cores} core(s)"
+
+
+# What a GPU build in wheel mode does not run: it installs PyPI's CUDA wheel and compiles nothing.
+COMPILE_GATES = ("gcc", "nvcc-host-gcc", "cuda-glibc-rsqrt", "cmake", "python-cmake", "numa-headers", "ram")
+
+
+def gpu_plan(distro: Distro, recipe: Recipe, gpu_mode: GpuMode | None) -> CudaPlan | None:
+    """The CUDA part of the plan the build would make (mode, bases); None where the distro has no cuda section."""
+    if recipe.device != "cuda" or distro.cuda is None:
+        return None
+    # Only the mode and the bases are read from this plan; the torch gate judges torch from the real pin.
+    options = PlanOptions(max_jobs=1, gpu_mode=gpu_mode, torch_version=recipe.torch.version or "0")
+    return make_plan(distro, recipe, options).cuda
 
 
 def run_preflight(
@@ -338,16 +362,24 @@ def run_preflight(
     run_host_source: str | None = None,
     wheelhouse: Sequence[Path] = (),
     host: HostFacts | None = None,
+    gpu_mode: GpuMode | None = None,
 ) -> PreflightReport:
     """Every gate for building `recipe` on `distro` here. A failed gate never raises: the report says.
 
+    gpu_mode: for device=cuda recipes, overrides the recipe's cuda.mode (wheel: no compile gates).
     Raises SourceUnavailable only when an explicitly given source cannot be read.
     """
     start = time.monotonic()
     host = host or read_host_facts()
     device, arch = recipe.device, distro.arch
-    compiles = recipe.kind == "source"
     findings: list[Finding] = []
+    cuda = gpu_plan(distro, recipe, gpu_mode)
+    if device == "cuda" and cuda is None:
+        findings.append(gates.no_cuda_gate(distro.name))
+    gpu_wheel = cuda is not None and cuda.mode == "wheel"
+    compiles = recipe.kind == "source" and not gpu_wheel
+    if cuda is not None:
+        findings.append(_gpu_mode_finding(recipe, cuda, gpu_mode))
 
     facts: SourceFacts | None = None
     source_path = source
@@ -366,10 +398,16 @@ def run_preflight(
             )
         else:
             facts = read_source_facts(source_path)
+    elif gpu_wheel and _source_matches_wheel(recipe):
+        # The wheel's requires-python is the sdist's of the same release: read it where the sdist is at hand.
+        source_path = source or default_source_path(project, recipe)
+        facts = read_source_facts(source_path) if source_path else None
 
     probe_result: ProbeResult | None = None
     if device != "none":
-        probe_result, notes = _probe_findings(distro, device, engine, probe)
+        # A GPU build starts from the CUDA devel base (source) or the CUDA runtime base (wheel), not the distro's.
+        image = (cuda.devel_ref or cuda.runtime_ref) if cuda else None
+        probe_result, notes = _probe_findings(distro, device, engine, probe, image)
         findings += notes
     toolchain, agreement = _toolchain(distro, device, probe_result)
     if device != "none":
@@ -394,32 +432,36 @@ def run_preflight(
             recipe_name=recipe.name,
         )
         findings += [cmake] if cmake else []
-        findings += gates.python_gates(
+        findings += gates.fetched_source_gates(facts.fetched_for(device, arch), recipe.fetched_sources, recipe.name)
+    if facts is not None and (compiles or gpu_wheel):
+        python = gates.python_gates(
             facts, python=toolchain.python.value, python_origin=toolchain.python.origin, distro_name=distro.name
         )
-        findings += gates.fetched_source_gates(facts.fetched_for(device, arch), recipe.fetched_sources, recipe.name)
-    if compiles or recipe.kind == "wheel":
+        findings += [f for f in python if compiles or f.gate not in COMPILE_GATES]
+    if recipe.kind in {"source", "wheel"}:
         findings += _torch_findings(facts, distro, recipe, toolchain.python.value, wheelhouse)
     if device != "none":
         findings += _file_findings(distro, compiles, probe_result)
-    if device == "cuda" and compiles:
-        findings.append(_nvcc_finding(distro, engine, toolchain))
+    if cuda is not None and compiles:
+        findings.append(_nvcc_finding(distro, engine, toolchain, cuda))
+        findings.append(_rsqrt_finding(distro, probe_result))
 
     disk, reserved = _disk_findings(recipe, engine, scratch_dir, host)
     findings += disk
-    jobs, jobs_origin = _jobs(recipe, max_jobs, max(host.memory.available - reserved, 0), host.cores)
-    findings.append(
-        gates.ram_gate(
-            memory=host.memory,
-            max_jobs=jobs,
-            jobs_origin=jobs_origin,
-            per_job_gb=recipe.resources.ram_per_job_gb,
-            per_job_source=f"recipes/{recipe.name}.yaml: resources.ram_per_job_gb",
-            cores=host.cores,
-            reserved=reserved,
-            reserved_why="the tmpfs scratch dir" if reserved else "",
+    jobs, jobs_origin = _jobs(recipe, compiles, max_jobs, max(host.memory.available - reserved, 0), host.cores)
+    if not gpu_wheel:
+        findings.append(
+            gates.ram_gate(
+                memory=host.memory,
+                max_jobs=jobs,
+                jobs_origin=jobs_origin,
+                per_job_gb=recipe.resources.ram_per_job_gb,
+                per_job_source=f"recipes/{recipe.name}.yaml: resources.ram_per_job_gb",
+                cores=host.cores,
+                reserved=reserved,
+                reserved_why="the tmpfs scratch dir" if reserved else "",
+            )
         )
-    )
     if device == "cpu":
         findings.append(
             gates.isa_gate(
@@ -447,12 +489,46 @@ def run_preflight(
     )
 
 
-def _nvcc_finding(distro: Distro, engine: Engine | None, toolchain: Toolchain) -> Finding:
-    if distro.cuda is None:
-        return gates.no_cuda_gate(distro.name)
+def _source_matches_wheel(recipe: Recipe) -> bool:
+    pin = recipe.source.pypi if recipe.source else None
+    return pin is not None and recipe.cuda is not None and pin.version == recipe.cuda.wheel_version
+
+
+def _gpu_mode_finding(recipe: Recipe, cuda: CudaPlan, gpu_mode: GpuMode | None) -> Finding:
+    origin = "--gpu-mode" if gpu_mode else f"recipes/{recipe.name}.yaml: cuda.mode"
+    if cuda.mode == "wheel":
+        message = (
+            f"PyPI's CUDA wheel on {cuda.runtime_ref}: nothing is compiled, so the compile gates "
+            f"({', '.join(COMPILE_GATES)}) do not apply"
+        )
+    else:
+        message = f"compiled in {cuda.devel_ref} for TORCH_CUDA_ARCH_LIST={cuda.arch_list}"
+    return passed("gpu-mode", f"{cuda.mode} (CUDA {cuda.version})", "wheel or source", origin, message)
+
+
+def _rsqrt_finding(distro: Distro, probe: ProbeResult | None) -> Finding:
+    assert distro.cuda is not None
+    if probe is not None and probe.glibc:
+        glibc, origin = probe.glibc, f"probe of {probe.image}: getconf GNU_LIBC_VERSION"
+    else:
+        glibc, origin = distro.toolchain.glibc, f"distros/{distro.name}.yaml: toolchain.glibc"
+    return gates.glibc_rsqrt_gate(
+        cuda_version=distro.cuda.version,
+        glibc=glibc,
+        glibc_origin=origin,
+        fix_declared=distro.cuda.glibc_rsqrt_fix,
+        distro_name=distro.name,
+    )
+
+
+def _nvcc_finding(distro: Distro, engine: Engine | None, toolchain: Toolchain, cuda: CudaPlan) -> Finding:
+    assert distro.cuda is not None
     max_major: int | None = None
     max_source = f"CUDA {distro.cuda.version} → newest GCC table (builders/preflight/gates.py CUDA_MAX_GCC)"
-    read = probe_nvcc_max_gcc(engine, distro.cuda.base_image) if engine else None
+    # The devel base's own header decides where the base carries the toolkit (NVIDIA's images); a base whose
+    # build stage installs it from NVIDIA's repository (Fedora) has none to read, and the table answers.
+    base = cuda.devel_ref or distro.cuda.base_image
+    read = probe_nvcc_max_gcc(engine, base, cuda_home=cuda.home) if engine else None
     if read and read[0] is not None:
         max_major, max_source = read[0], read[1]
     else:

@@ -15,6 +15,7 @@ from builders.preflight.probe import ProbeUnavailable, numeric_version, parse_pr
 FIXTURE = Path(__file__).parent / "fixtures" / "vllm-0.33.0"
 
 UBUNTU_2204_OUTPUT = """\
+FORGE glibc glibc 2.35
 Reading package lists...
 FORGE pkg gcc 4:11.2.0-1ubuntu1
 FORGE dep gcc gcc-11 11.4.0-1ubuntu1~22.04
@@ -37,6 +38,17 @@ def test_probe_output_follows_metapackages_to_the_real_compiler() -> None:
     assert result.missing(["python3", "libtcmalloc-minimal4"]) == ["libtcmalloc-minimal4"]
     assert result.files == {"/usr/include/numa.h": True, "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4": False}
     assert result.errors == ("files: apt-get download failed",) and not result.archive_trouble
+    assert result.glibc == "2.35"
+    assert parse_probe_output("x", "FORGE glibc \n").glibc is None  # a base without getconf
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(60, func_only=True)
+def test_the_probe_reads_the_bases_own_glibc(project: Project, debian_bases: Engine) -> None:
+    d13 = project.distros["debian-13"]
+    result = probe_base(debian_bases, d13, device="cpu")
+    assert not isinstance(result, ProbeUnavailable), result.reason
+    assert result.glibc is not None and result.glibc.startswith(d13.toolchain.glibc)
 
 
 def test_numeric_versions() -> None:
@@ -53,6 +65,7 @@ def test_probe_scripts_ask_the_family_package_manager(project: Project) -> None:
     assert "dnf -q repoquery" in ubi and "gcc-toolset-14-gcc-c++" in ubi and "epel-release" in ubi
     f44 = probe_script(project.distros["fedora-44"], device="cuda")
     assert "gcc14-c++" in f44  # the CUDA host compiler's version is probed too
+    assert "getconf GNU_LIBC_VERSION" in f44  # the glibc whose headers nvcc meets
 
 
 @pytest.fixture(scope="module")

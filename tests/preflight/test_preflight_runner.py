@@ -12,7 +12,7 @@ from rich.console import Console
 
 from builders.cli import main
 from builders.config import Project
-from builders.config.models import Distro, Recipe, TorchChoice
+from builders.config.models import Distro
 from builders.errors import PreflightBlocked
 from builders.preflight import PreflightReport, render_table, run_preflight
 from builders.preflight.host import (
@@ -321,32 +321,26 @@ def test_wheelhouse_torch_must_match_the_distro_python(project: Project, tmp_pat
     assert torch is not None and torch.blocking and "cp311" in torch.found
 
 
-def _cuda_recipe(project: Project) -> Recipe:
-    cpu = project.recipe_for("cpu")
-    return cpu.model_copy(
-        update={
-            "name": "vllm-gpu",
-            "target": "gpu",
-            "device": "cuda",
-            "isa": {},
-            "fetched_sources": (),
-            "torch": TorchChoice(index="pytorch-cuda"),
-        }
-    )
-
-
 def test_cuda_target_gates(project: Project, tmp_path: Path) -> None:
-    recipe = _cuda_recipe(project)
+    recipe = project.recipe_for("gpu")
 
     def blocking(distro: Distro) -> set[str]:
         report = run_preflight(
-            project, distro, recipe, engine=None, source=FIXTURE, max_jobs=None, scratch_dir=tmp_path, probe=False
+            project,
+            distro,
+            recipe,
+            engine=None,
+            source=FIXTURE,
+            max_jobs=None,
+            scratch_dir=tmp_path,
+            probe=False,
+            gpu_mode="source",
         )
         return {f.gate for f in report.blocking}
 
     f44 = project.distros["fedora-44"]
     assert f44.cuda is not None
-    assert not blocking(f44) & {"gcc", "nvcc-host-gcc"}
+    assert not blocking(f44) & {"gcc", "nvcc-host-gcc", "cuda-glibc-rsqrt"}
     no_host = f44.model_copy(update={"cuda": f44.cuda.model_copy(update={"host_compiler": None})})
     assert "nvcc-host-gcc" in blocking(no_host)
     assert "cuda" in blocking(project.distros["ubuntu-22.04"])  # no CUDA section in its distro file
