@@ -15,6 +15,7 @@ from typing import Any
 
 import docker
 import docker.errors
+import docker.types
 import requests
 
 from builders.errors import EngineError
@@ -31,6 +32,11 @@ class ImageInfo:
     size: int
     labels: dict[str, str]
     created: str
+
+
+def gpu_device_requests(gpus: bool) -> list[docker.types.DeviceRequest]:
+    """Every GPU of the host, as `docker run --gpus all` asks for them (the NVIDIA container runtime answers)."""
+    return [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else []
 
 
 def _volume_specs(volumes: dict[str, str] | None) -> dict[str, dict[str, str]]:
@@ -141,14 +147,16 @@ class Engine:
         labels: dict[str, str] | None = None,
         entrypoint: list[str] | None = None,
         user: str | None = None,
+        gpus: bool = False,
     ) -> str:
-        """Start a long-lived container; the caller must `stop_and_remove` it."""
+        """Start a long-lived container; the caller must `stop_and_remove` it. gpus: hand it every host GPU."""
         all_labels = {OWNER_LABEL: "forge", **(labels or {})}
+        name = name or f"forge-{uuid.uuid4().hex[:10]}"
         try:
             container = self.client.containers.run(
                 image,
                 command=command,
-                name=name or f"forge-{uuid.uuid4().hex[:10]}",
+                name=name,
                 environment=env or {},
                 volumes=_volume_specs(volumes),
                 network_mode="host" if network_host else "none",
@@ -156,10 +164,25 @@ class Engine:
                 labels=all_labels,
                 entrypoint=entrypoint,
                 user=user,
+                device_requests=gpu_device_requests(gpus) or None,
                 detach=True,
             )
         except docker.errors.APIError as exc:
-            raise EngineError(f"could not start a container from {image}: {exc.explanation or exc}") from exc
+            # run is create + start: a start refused (no GPU runtime) leaves a created container behind. A name
+            # conflict (409) is someone else's container: leave it.
+            if exc.status_code != 409:
+                self.stop_and_remove(name, timeout=0)
+            hint = (
+                "install the NVIDIA Container Toolkit and register its runtime with the engine "
+                "(`nvidia-ctk runtime configure`), then restart the engine"
+                if gpus
+                else None
+            )
+            raise EngineError(
+                f"could not start a container from {image}{' with the host GPUs' if gpus else ''}: "
+                f"{exc.explanation or exc}",
+                hint=hint,
+            ) from exc
         return str(container.id)
 
     def stop_and_remove(self, cid: str, timeout: int = 5) -> None:
@@ -200,6 +223,7 @@ class Engine:
         timeout: float = 300,
         user: str | None = None,
         shm_size: str = "1g",
+        gpus: bool = False,
     ) -> tuple[int, str]:
         """Run a throwaway container to completion; it is removed whatever happens."""
         cid = self.run_detached(
@@ -212,6 +236,7 @@ class Engine:
             user=user,
             shm_size=shm_size,
             labels={"forge.throwaway": "1"},
+            gpus=gpus,
         )
         container = self.client.containers.get(cid)
         try:
