@@ -8,7 +8,6 @@ where the build host has a GPU; where it has none, that check says "skipped: no 
 
 from __future__ import annotations
 
-import inspect
 import json
 import shutil
 import socket
@@ -22,6 +21,7 @@ from typing import Any, Literal
 import requests
 
 from builders.engine import Engine
+from builders.errors import EngineError
 from builders.plan import BuildPlan
 
 SERVE_DEADLINE_S = 420
@@ -48,6 +48,16 @@ class CheckResult:
             "detail": self.detail,
             "seconds": round(self.seconds, 1),
         }
+
+
+def status_text(entry: dict[str, Any]) -> str:
+    """A report.tests entry as a line reads it: `ok DETAIL`, `FAILED DETAIL` or `skipped: REASON` (never `ok`)."""
+    detail = str(entry.get("detail") or "").strip().splitlines()
+    first = detail[0] if detail else ""
+    status = entry.get("status") or ("passed" if entry.get("ok") else "failed")
+    if status == "skipped":
+        return first if first.startswith("skipped") else f"skipped: {first or 'no reason given'}"
+    return f"{'ok' if status == 'passed' else 'FAILED'} {first}".rstrip()
 
 
 def free_port() -> int:
@@ -217,20 +227,9 @@ def detect_gpus(nvidia_smi: str | None = None, timeout: float = 30) -> GpuPresen
     return GpuPresence(present=True, detail="; ".join(gpus))
 
 
-def gpu_run_options(engine: Engine) -> dict[str, Any] | None:
-    """How to hand the host's GPUs to a container, or None when the engine layer offers no way to."""
-    if "gpus" in inspect.signature(engine.run_detached).parameters:
-        return {"gpus": True}
-    return None
-
-
-def gpu_skip_reason(gpus: GpuPresence, run_options: dict[str, Any] | None) -> str | None:
+def gpu_skip_reason(gpus: GpuPresence) -> str | None:
     """Why a check needing a GPU cannot run here; None when it can."""
-    if not gpus.present:
-        return f"skipped: no GPU ({gpus.detail})"
-    if run_options is None:
-        return f"skipped: no GPU in the container: the engine cannot pass the host's GPUs ({gpus.detail})"
-    return None
+    return None if gpus.present else f"skipped: no GPU ({gpus.detail})"
 
 
 def skipped(name: str, reason: str) -> CheckResult:
@@ -278,14 +277,20 @@ def judge_toolchain(rc: int, out: str) -> tuple[bool, str]:
     return True, f"no {', '.join(FORBIDDEN_IN_RUNTIME)}; gcc {tools['gcc']} and Python.h for Triton"
 
 
-def check_torch_cuda(engine: Engine, image: str, plan: BuildPlan, *, gpu: dict[str, Any] | None) -> CheckResult:
+def _engine_refused(name: str, exc: EngineError, start: float) -> CheckResult:
+    """A GPU the host lists but the engine cannot hand over fails the check with the engine's own words."""
+    detail = exc.message + (f"; {exc.hint}" if exc.hint else "")
+    return CheckResult(name=name, ok=False, detail=detail, seconds=time.monotonic() - start)
+
+
+def check_torch_cuda(engine: Engine, image: str, plan: BuildPlan, *, gpus: bool) -> CheckResult:
     assert plan.cuda is not None
     start = time.monotonic()
-    if gpu is None:
-        rc, out = _python(engine, image, TORCH_CUDA_PROBE)
-    else:
-        rc, out = engine.run_once(image, ["-c", TORCH_CUDA_PROBE], entrypoint=["python3"], timeout=300, **gpu)
-    ok, detail = judge_torch_cuda(rc, out, plan.cuda.version, need_gpu=gpu is not None)
+    try:
+        rc, out = engine.run_once(image, ["-c", TORCH_CUDA_PROBE], entrypoint=["python3"], timeout=300, gpus=gpus)
+    except EngineError as exc:
+        return _engine_refused("torch-cuda", exc, start)
+    ok, detail = judge_torch_cuda(rc, out, plan.cuda.version, need_gpu=gpus)
     return CheckResult(name="torch-cuda", ok=ok, detail=detail, seconds=time.monotonic() - start)
 
 
@@ -296,7 +301,7 @@ def check_runtime_toolchain(engine: Engine, image: str, plan: BuildPlan) -> Chec
     return CheckResult(name="runtime-toolchain", ok=ok, detail=detail, seconds=time.monotonic() - start)
 
 
-def check_serve_gpu(engine: Engine, image: str, plan: BuildPlan, *, gpu: dict[str, Any]) -> CheckResult:
+def check_serve_gpu(engine: Engine, image: str, plan: BuildPlan) -> CheckResult:
     from builders.smoke.tiny_model import write_tiny_model
 
     name = "serve-models-gpu"
@@ -330,15 +335,18 @@ def check_serve_gpu(engine: Engine, image: str, plan: BuildPlan, *, gpu: dict[st
             "--gpu-memory-utilization",
             "0.2",
         ]
-        cid = engine.run_detached(
-            image=image,
-            command=command,
-            volumes={str(model): "/model"},
-            env={"HF_HUB_OFFLINE": "1"},
-            shm_size="2g",
-            labels={"forge.test": plan.session_id},
-            **gpu,
-        )
+        try:
+            cid = engine.run_detached(
+                image=image,
+                command=command,
+                volumes={str(model): "/model"},
+                env={"HF_HUB_OFFLINE": "1"},
+                shm_size="2g",
+                labels={"forge.test": plan.session_id},
+                gpus=True,
+            )
+        except EngineError as exc:
+            return _engine_refused(name, exc, start)
         try:
             deadline = time.monotonic() + SERVE_DEADLINE_S
             while time.monotonic() < deadline:
@@ -372,20 +380,19 @@ def check_serve_gpu(engine: Engine, image: str, plan: BuildPlan, *, gpu: dict[st
 def run_gpu_checks(engine: Engine, image: str, plan: BuildPlan, gpus: GpuPresence | None = None) -> list[CheckResult]:
     """The CUDA image's checks; those needing a GPU are skipped, and say so, where none reaches the container."""
     gpus = gpus or detect_gpus()
-    options = gpu_run_options(engine)
-    reason = gpu_skip_reason(gpus, options)
+    reason = gpu_skip_reason(gpus)
     results: list[CheckResult] = []
     if "torch-cuda" in plan.test_checks:
-        results.append(check_torch_cuda(engine, image, plan, gpu=None if reason else options))
+        results.append(check_torch_cuda(engine, image, plan, gpus=reason is None))
     if "runtime-toolchain" in plan.test_checks:
         results.append(check_runtime_toolchain(engine, image, plan))
     if "serve-models-gpu" in plan.test_checks:
-        if reason or options is None:
-            results.append(skipped("serve-models-gpu", reason or "skipped: no GPU"))
+        if reason:
+            results.append(skipped("serve-models-gpu", reason))
         elif not all(r.ok for r in results):
             results.append(skipped("serve-models-gpu", "skipped: an earlier GPU check failed"))
         else:
-            results.append(check_serve_gpu(engine, image, plan, gpu=options))
+            results.append(check_serve_gpu(engine, image, plan))
     return results
 
 

@@ -12,19 +12,24 @@ from pathlib import Path
 
 import pytest
 
+from builders.config import Project
 from builders.engine import Engine
+from builders.engine.docker_engine import gpu_device_requests
+from builders.errors import EngineError
 from builders.image_tests import (
     TOOLCHAIN_PROBE,
     TORCH_CUDA_PROBE,
     CheckResult,
     GpuPresence,
+    check_torch_cuda,
     detect_gpus,
-    gpu_run_options,
     gpu_skip_reason,
     judge_toolchain,
     judge_torch_cuda,
     skipped,
+    status_text,
 )
+from builders.plan import PlanOptions, make_plan
 
 H200 = "GPU 0: NVIDIA H200 (UUID: GPU-5a0c0d2e-0000-0000-0000-000000000000)"
 
@@ -67,24 +72,68 @@ def test_detection_here_agrees_with_the_path() -> None:
 
 
 def test_without_a_gpu_the_check_is_skipped_and_says_so() -> None:
-    reason = gpu_skip_reason(
-        GpuPresence(present=False, detail="nvidia-smi not found on the build host"), {"gpus": True}
-    )
+    reason = gpu_skip_reason(GpuPresence(present=False, detail="nvidia-smi not found on the build host"))
     assert reason == "skipped: no GPU (nvidia-smi not found on the build host)"
     result = skipped("serve-models-gpu", reason)
     assert result.status == "skipped" and result.ok and result.skipped
     entry = result.as_report()
     assert entry["status"] == "skipped" and str(entry["detail"]).startswith("skipped: no GPU")
+    assert gpu_skip_reason(GpuPresence(present=True, detail=H200)) is None
 
 
-def test_a_gpu_the_engine_cannot_pass_is_skipped_too() -> None:
-    engine = Engine(None, kind="docker", root_dir=None, version="test")
-    options = gpu_run_options(engine)
-    reason = gpu_skip_reason(GpuPresence(present=True, detail=H200), options)
-    if options is None:
-        assert reason is not None and reason.startswith("skipped: no GPU in the container")
+def test_status_lines_tell_skipped_from_passed() -> None:
+    lines = [
+        status_text(CheckResult(name="a", ok=True, detail="2.14.0+cu130\nmore", seconds=1.0).as_report()),
+        status_text(CheckResult(name="b", ok=False, detail="nvcc in the runtime", seconds=1.0).as_report()),
+        status_text(skipped("c", "skipped: no GPU (nvidia-smi not found on the build host)").as_report()),
+        status_text({"name": "d", "ok": True, "detail": "from an older report"}),
+    ]
+    assert lines == [
+        "ok 2.14.0+cu130",
+        "FAILED nvcc in the runtime",
+        "skipped: no GPU (nvidia-smi not found on the build host)",
+        "ok from an older report",
+    ]
+
+
+def test_the_gpu_request_is_docker_run_gpus_all() -> None:
+    # The Engine API body `docker run --gpus all` sends: every GPU, the "gpu" capability.
+    (request,) = gpu_device_requests(True)
+    assert request["Count"] == -1 and request["Capabilities"] == [["gpu"]] and not request["DeviceIDs"]
+    assert gpu_device_requests(False) == []
+
+
+@pytest.mark.engine
+def test_a_gpu_request_runs_or_is_refused_with_the_remedy(project: Project, engine: Engine) -> None:
+    """Where the engine has the NVIDIA runtime the container runs; elsewhere starting it fails, says how to fix
+    that, and leaves no container behind."""
+    image = project.distro("debian-13").base.local_tag
+    if not engine.image_exists(image):
+        pytest.skip(f"{image} is not loaded")
+    before = set(engine.containers_with_label("forge.owner"))
+    try:
+        rc, _ = engine.run_once(image, ["true"], timeout=60, gpus=True)
+    except EngineError as exc:
+        assert "with the host GPUs" in exc.message and exc.hint is not None and "NVIDIA Container Toolkit" in exc.hint
     else:
-        assert reason is None
+        assert rc == 0
+    assert set(engine.containers_with_label("forge.owner")) == before
+
+
+@pytest.mark.engine
+def test_a_gpu_the_engine_cannot_hand_over_fails_the_check(project: Project, engine: Engine) -> None:
+    ubuntu = project.distro("ubuntu-24.04")
+    plan = make_plan(ubuntu, project.recipe_for("gpu"), PlanOptions(max_jobs=1, gpu_mode="wheel"))
+    image = project.distro("debian-13").base.local_tag  # any image: the engine refuses before it runs
+    if not engine.image_exists(image):
+        pytest.skip(f"{image} is not loaded")
+    try:
+        engine.run_once(image, ["true"], timeout=60, gpus=True)
+    except EngineError:
+        result = check_torch_cuda(engine, image, plan, gpus=True)
+        assert not result.ok and "NVIDIA Container Toolkit" in result.detail
+    else:
+        pytest.skip("this engine hands GPUs to containers")
 
 
 def test_statuses_are_distinct() -> None:
