@@ -20,7 +20,7 @@ from builders.engine import Builder, BuildRequest, Engine, choose_builder
 from builders.engine.image_builders import describe
 from builders.errors import BuildFailed, ForgeError, PreflightBlocked, SourceUnavailable
 from builders.image_tests import run_checks
-from builders.plan import BuildPlan, PlanOptions, make_plan
+from builders.plan import BuildPlan, GpuMode, PlanOptions, make_plan
 from builders.render import render
 from builders.report import BuildReport
 from builders.repro.sbom import sbom_label
@@ -51,6 +51,8 @@ class BuildOptions:
     locked: bool = False  # refuse to build when an input differs from forge.lock (builders/repro)
     lock_file: Path | None = None  # default: forge.lock at the project root
     sbom: bool = True  # write a CycloneDX SBOM of the tagged image beside the report
+    gpu_mode: GpuMode | None = None  # device=cuda recipes: wheel or source, overriding the recipe's cuda.mode
+    cuda_arch_list: str | None = None  # device=cuda recipes: TORCH_CUDA_ARCH_LIST, overriding the recipe's
 
 
 def derive_max_jobs(recipe: Recipe) -> int:
@@ -202,6 +204,7 @@ def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOption
                     max_jobs=max_jobs,
                     scratch_dir=scratch,
                     wheelhouse=[wheelhouse] if wheelhouse else [],
+                    gpu_mode=options.gpu_mode,
                 )
                 report.preflight = pre.model_dump(mode="json")
                 for finding in pre.findings:
@@ -231,6 +234,8 @@ def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOption
                 base_digest=base.image_id,
                 source_date_epoch=epoch,
                 tag=options.tag,
+                gpu_mode=options.gpu_mode,
+                cuda_arch_list=options.cuda_arch_list,
             ),
         )
         report.build_args = dict(plan.build_args)
