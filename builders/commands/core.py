@@ -78,7 +78,19 @@ def _plan_options(args: argparse.Namespace) -> PlanOptions:
         torch_version=args.torch_version,
         torch_index=args.torch_index,
         cmake_from_pip=args.cmake_from_pip,
+        gpu_mode=args.gpu_mode,
+        cuda_arch_list=args.cuda_arch_list,
     )
+
+
+def gpu_args_apply(recipe: Any, args: argparse.Namespace) -> None:
+    """--gpu-mode and --cuda-arch-list shape GPU builds only: given for another target, they are a mistake."""
+    given = [f for f, v in (("--gpu-mode", args.gpu_mode), ("--cuda-arch-list", args.cuda_arch_list)) if v]
+    if given and recipe.device != "cuda":
+        raise UsageError(
+            f"{' and '.join(given)} given for target {recipe.target}, which is not a GPU target",
+            hint="drop them, or build the gpu target",
+        )
 
 
 def _placeholder_torch(project: Project, distro: Any, recipe: Any, args: argparse.Namespace) -> str | None:
@@ -117,6 +129,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     project = _project(args)
     distro, recipe = project.distro(args.distro), project.recipe_for(args.target)
+    gpu_args_apply(recipe, args)
     options = _plan_options(args)
     pin = _placeholder_torch(project, distro, recipe, args)
     if pin:
@@ -190,6 +203,7 @@ def cmd_build(args: argparse.Namespace) -> int:
             f"recipes/{recipe.name}.yaml does not support {distro.name}",
             hint=f"its distros: {', '.join(recipe.distros)}",
         )
+    gpu_args_apply(recipe, args)
     console = Console(stderr=True, highlight=False)
     quiet = args.quiet
     status = console.status("forge: starting", spinner="dots")
@@ -216,6 +230,8 @@ def cmd_build(args: argparse.Namespace) -> int:
         skip_tests=args.skip_tests,
         reports_dir=Path(args.report_dir).resolve() if args.report_dir else None,
         scratch_dir=Path(args.scratch_dir).resolve() if args.scratch_dir else None,
+        gpu_mode=args.gpu_mode,
+        cuda_arch_list=args.cuda_arch_list,
     )
     with status:
         report = build(project, distro, recipe, options, sink)
@@ -264,6 +280,44 @@ def _common_plan_args(p: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="use PyPI's cmake instead of the distro's",
+    )
+    add_gpu_args(p)
+
+
+# One CUDA compute capability as TORCH_CUDA_ARCH_LIST spells it: 9.0, 10.0a, 12.0f, 8.0+PTX.
+CUDA_ARCH = re.compile(r"\d+\.\d+[af]?(\+PTX)?")
+
+
+def cuda_arch_list(value: str) -> str:
+    """argparse type: capabilities separated by spaces or semicolons, as TORCH_CUDA_ARCH_LIST takes them."""
+    archs = [a for a in re.split(r"[\s;]+", value.strip()) if a]
+    bad = [a for a in archs if not CUDA_ARCH.fullmatch(a)]
+    if not archs or bad:
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: {'not a compute capability: ' + ', '.join(bad) if bad else 'empty'} "
+            "(expected e.g. '8.0 9.0 10.0' or '9.0;12.0+PTX')"
+        )
+    return " ".join(archs)
+
+
+def add_gpu_args(p: argparse.ArgumentParser, *, arch_list: bool = True) -> None:
+    """The GPU target's choices, shared by render, plan, build and (the mode only: no gate reads the arch list)
+    preflight."""
+    p.add_argument(
+        "--gpu-mode",
+        choices=("wheel", "source"),
+        default=None,
+        help="GPU targets: PyPI's CUDA wheel, or compile the pinned sdist (default: the recipe's cuda.mode)",
+    )
+    if not arch_list:
+        p.set_defaults(cuda_arch_list=None)
+        return
+    p.add_argument(
+        "--cuda-arch-list",
+        type=cuda_arch_list,
+        default=None,
+        metavar="ARCHS",
+        help="GPU source builds: TORCH_CUDA_ARCH_LIST, e.g. '9.0' for H100/H200 only (default: the recipe's)",
     )
 
 
