@@ -10,6 +10,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from builders.commands.core import add_gpu_args, gpu_args_apply
 from builders.config import Project
 from builders.engine import Engine
 from builders.errors import EngineError, PreflightBlocked, UsageError
@@ -47,6 +48,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
             f"recipes/{recipe.name}.yaml does not support {distro.name}",
             hint=f"it supports: {', '.join(recipe.distros) if recipe.distros != 'all' else 'all'}",
         )
+    gpu_args_apply(recipe, args)
     engine: Engine | None
     try:
         engine = Engine.connect()
@@ -66,6 +68,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
         run_host_flags=run_flags,
         run_host_source=args.run_host_flags,
         wheelhouse=[Path(w) for w in args.wheelhouse or ()],
+        gpu_mode=args.gpu_mode,
     )
     if args.json:
         print(json.dumps(report.to_json(), indent=2, ensure_ascii=False))
@@ -117,4 +120,5 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="folder of wheels, for targets whose torch comes from a wheelhouse",
     )
     p.add_argument("--problems-only", action="store_true", help="list only blocking and warning findings")
+    add_gpu_args(p, arch_list=False)
     p.set_defaults(func=cmd_preflight)
