@@ -82,6 +82,39 @@ def bootstrap(
     )
 
 
+def registry_of(ref: str) -> str:
+    """The registry a reference is pulled from: its first component when that names a host, else Docker Hub."""
+    first, sep, _ = ref.partition("/")
+    return first if sep and ("." in first or ":" in first or first == "localhost") else "docker.io"
+
+
+def _pull(engine: Engine, ref: str, local_tag: str | None, start: float) -> BaseResult | str:
+    """The pulled image (tagged local_tag when given), or why the pull failed, naming the registry."""
+    try:
+        engine.pull(ref)
+        if local_tag:
+            engine.tag(ref, local_tag)
+        info = engine.image_info(local_tag or ref)
+        return BaseResult(ref=local_tag or ref, image_id=info.id, how="pulled", seconds=time.monotonic() - start)
+    except Exception as exc:  # the engine reports unreachable registries in several shapes
+        return f"pull {ref}: registry {registry_of(ref)} unreachable or refused ({exc})"
+
+
+def ensure_image(engine: Engine, ref: str, *, allow_pull: bool = True) -> BaseResult:
+    """An image by reference (a CUDA base from NVIDIA's registry): local if present, else pulled; else stop at
+    once naming the registry that could not be reached."""
+    start = time.monotonic()
+    if engine.image_exists(ref):
+        return BaseResult(ref=ref, image_id=engine.image_info(ref).id, how="local", seconds=0.0)
+    pulled = _pull(engine, ref, None, start) if allow_pull else "pull disabled"
+    if isinstance(pulled, BaseResult):
+        return pulled
+    raise BaseUnavailable(
+        f"no image {ref}:\n  - {pulled}",
+        hint=f"pull {ref} where {registry_of(ref)} is reachable, or `docker load` an image tagged {ref}",
+    )
+
+
 def ensure_base(distro: Distro, engine: Engine, *, allow_bootstrap: bool = True, allow_pull: bool = True) -> BaseResult:
     """A local base if present, else pulled, else bootstrapped; else stop at once saying what was unreachable."""
     start = time.monotonic()
@@ -90,16 +123,10 @@ def ensure_base(distro: Distro, engine: Engine, *, allow_bootstrap: bool = True,
         return BaseResult(ref=distro.base.local_tag, image_id=info.id, how="local", seconds=0.0)
     problems: list[str] = []
     if allow_pull:
-        try:
-            engine.pull(distro.base.pinned_ref)
-            engine.tag(distro.base.pinned_ref, distro.base.local_tag)
-            info = engine.image_info(distro.base.local_tag)
-            return BaseResult(
-                ref=distro.base.local_tag, image_id=info.id, how="pulled", seconds=time.monotonic() - start
-            )
-        except Exception as exc:  # the engine reports unreachable registries in several shapes
-            registry = distro.base.image.split("/", 1)[0]
-            problems.append(f"pull {distro.base.pinned_ref}: registry {registry} unreachable or refused ({exc})")
+        pulled = _pull(engine, distro.base.pinned_ref, distro.base.local_tag, start)
+        if isinstance(pulled, BaseResult):
+            return pulled
+        problems.append(pulled)
     if allow_bootstrap and distro.base.bootstrap:
         try:
             return bootstrap(distro, engine)
