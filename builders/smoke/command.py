@@ -50,7 +50,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--check-slow-clients",
         action="store_true",
-        help="also run without slow clients and check the other classes' p99 TTFT/ITL stay within the margin",
+        help="also run with the slow clients reading at full speed and check the other classes' p99 TTFT/ITL "
+        "with slow readers stay within the profile's margin of it",
     )
     parser.add_argument(
         "--check-kill-replica",

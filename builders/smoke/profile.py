@@ -92,7 +92,8 @@ class SlowClientCheck(_Strict):
     max_ratio: float = Field(
         default=1.5,
         ge=1.0,
-        description="Other classes' p99 TTFT and ITL with slow clients may be this many times the p99 without them ...",
+        description="Other classes' p99 TTFT and ITL with slow clients may be this many times their p99 in a "
+        "baseline run where the same streams are read at full speed ...",
     )
     allowance_ms: float = Field(
         default=50.0, ge=0, description="... plus this many milliseconds, so scheduler noise on tiny numbers passes."

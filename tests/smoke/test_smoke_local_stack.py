@@ -56,7 +56,7 @@ def test_ci_profile_passes_with_both_isolation_checks_and_leaves_nothing(tmp_pat
     assert kill["passed"] and kill["cut"] >= 1 and kill["error_after_s_max"] <= 5
     assert report["teardown"] == {"leftovers": [], "clean": True}
     written = json.loads(Path(report["report_file"]).read_text(encoding="utf-8"))
-    assert set(written["traffic"]) == {"main", "without_slow_clients", "kill_replica"}
+    assert set(written["traffic"]) == {"main", "baseline_fast_readers", "kill_replica"}
     assert set(written["traffic"]["main"]["classes"]) == {c.value for c in profile.classes}
     assert processes_mentioning(f"forge-smoke-{run.run_id}") == []
 

@@ -1,0 +1,91 @@
+"""The smoke run on a built image (FORGE_SMOKE_IMAGE): replicas as containers, nothing left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from smoke_helpers import ROOT, free_base_port, interrupt_forge_smoke, smoke_image
+
+from builders.cli import main
+from builders.engine import Engine
+from builders.smoke.plan import RUN_LABEL
+from builders.smoke.profile import load_profile
+from builders.smoke.runtimes import ContainerReplicas, ContainerRouter, LocalRouter, ReplicaRuntime, RouterRuntime
+from builders.smoke.stack import SmokeOptions, SmokeRun
+
+pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow]
+
+
+def image_run(engine: Engine, image: str, options: SmokeOptions) -> SmokeRun:
+    router_image = os.environ.get("FORGE_SMOKE_ROUTER_IMAGE")
+
+    def replicas(model_dir: Path, logs_dir: Path) -> ReplicaRuntime:
+        return ContainerReplicas(engine, image, model_dir=model_dir)
+
+    def router(logs_dir: Path) -> RouterRuntime:
+        return ContainerRouter(engine, router_image) if router_image else LocalRouter(log_dir=logs_dir)
+
+    return SmokeRun(
+        options=options,
+        replicas_runtime_factory=replicas,
+        router_runtime_factory=router,
+        console=Console(stderr=True, width=160),
+    )
+
+
+@pytest.mark.timeout(900)
+def test_ci_profile_passes_on_the_image_with_both_checks(engine: Engine, tmp_path: Path) -> None:
+    image = smoke_image()
+    profile, path = load_profile("ci", root=ROOT)
+    options = SmokeOptions(
+        profile=profile,
+        profile_path=path,
+        report_dir=tmp_path,
+        base_port=free_base_port(profile.replica_count),
+        check_slow_clients=True,
+        check_kill_replica=True,
+    )
+    run = image_run(engine, image, options)
+    report = run.execute()
+
+    assert report["gates"] == {"passed": True, "failures": []}
+    assert report["checks"]["kill_replica"]["cut"] >= 1
+    assert report["teardown"] == {"leftovers": [], "clean": True}
+    assert engine.containers_with_label(RUN_LABEL, run.run_id) == []
+    assert report["replicas_from"].startswith(f"image {image}")
+
+
+@pytest.mark.timeout(600)
+def test_the_images_vllm_refuses_a_retired_flag_before_anything_starts(
+    engine: Engine, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    image = smoke_image()
+    ci, _ = load_profile("ci", root=ROOT)
+    data = ci.model_dump(mode="json", exclude={"name"})
+    data["pools"]["interactive"]["extra_args"] = ["--max-long-partial-prefills", "1"]
+    profile_file = tmp_path / "retired.yaml"
+    profile_file.write_text(json.dumps(data), encoding="utf-8")
+    before = set(engine.containers_with_label(RUN_LABEL))
+    code = main(["smoke", image, "--profile", str(profile_file), "--report", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "pool 'interactive', pools.interactive.extra_args[0]: --max-long-partial-prefills" in err
+    assert set(engine.containers_with_label(RUN_LABEL)) == before
+
+
+@pytest.mark.timeout(900)
+def test_ctrl_c_on_the_image_removes_every_container(engine: Engine, tmp_path: Path) -> None:
+    image = smoke_image()
+    base = free_base_port(3)
+    code, run_id, output = interrupt_forge_smoke(
+        [image, "--profile", "ci", "--base-port", str(base), "--report", str(tmp_path)], signal.SIGINT, after_s=10
+    )
+    assert code == 130, output
+    assert engine.containers_with_label(RUN_LABEL, run_id) == []
+    report = json.loads((tmp_path / f"smoke-ci-{run_id}.json").read_text(encoding="utf-8"))
+    assert report["teardown"]["clean"] is True
