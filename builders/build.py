@@ -7,19 +7,20 @@ container and no tag: the image is built untagged and tagged only after its test
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from builders.bootstrap import ensure_base
+from builders.bootstrap import BaseResult, ensure_base, ensure_image, registry_of
 from builders.config import Project
 from builders.config.models import Distro, Recipe
 from builders.engine import Builder, BuildRequest, Engine, choose_builder
 from builders.engine.image_builders import describe
-from builders.errors import BuildFailed, ForgeError, PreflightBlocked, SourceUnavailable
-from builders.image_tests import run_checks
+from builders.errors import BaseUnavailable, BuildFailed, ForgeError, PreflightBlocked, SourceUnavailable
+from builders.image_tests import run_checks, status_text
 from builders.plan import BuildPlan, GpuMode, PlanOptions, make_plan
 from builders.render import render
 from builders.report import BuildReport
@@ -134,11 +135,14 @@ def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOption
         ca_bundle, ca_origin = find_ca_bundle(options.ca_bundle)
         report.ca_bundle = f"{ca_bundle} ({ca_origin})" if ca_bundle else ca_origin
 
+        # A GPU build in wheel mode installs PyPI's CUDA wheel: no sdist to resolve, nothing compiled.
+        gpu_mode = (options.gpu_mode or recipe.cuda.mode) if recipe.device == "cuda" and recipe.cuda else None
+        compiles = recipe.kind == "source" and gpu_mode != "wheel"
         sources: dict[str, ResolvedSource] = {}
         torch_pin: str | None = None
         vllm_version: str | None = None
         with report.phase("sources"):
-            if recipe.kind == "source":
+            if compiles:
                 sources["vllm"] = resolve_sdist(recipe, project.root, options.source_overrides)
                 report.source = {
                     "origin": sources["vllm"].origin,
@@ -160,15 +164,18 @@ def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOption
             sink(f"forge: sources {', '.join(f'{k} ({v.origin})' for k, v in sources.items()) or 'none needed'}")
 
         with report.phase("base"):
-            base = ensure_base(distro, engine)
-            report.base = {
-                "ref": base.ref,
-                "image_id": base.image_id,
-                "how": base.how,
-                "rootfs_sha256": base.rootfs_sha256,
-                "declared": distro.base.pinned_ref,
-            }
-            sink(f"forge: base {base.ref} ({base.how})")
+            if recipe.device == "cuda":
+                base = _ensure_gpu_bases(distro, recipe, options, engine, torch_pin, report, sink)
+            else:
+                base = ensure_base(distro, engine)
+                report.base = {
+                    "ref": base.ref,
+                    "image_id": base.image_id,
+                    "how": base.how,
+                    "rootfs_sha256": base.rootfs_sha256,
+                    "declared": distro.base.pinned_ref,
+                }
+                sink(f"forge: base {base.ref} ({base.how})")
 
         wheelhouse = options.wheelhouse
         if wheelhouse is None and recipe.wheelhouse is not None:
@@ -290,19 +297,15 @@ def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOption
         assert image_id is not None
 
         with report.phase("inspect-toolchain"):
-            if recipe.kind == "source":
+            if compiles:
                 report.versions.update(_toolchain_versions(engine, builder, ctx, plan, ca_bundle, log_path))
 
         if not options.skip_tests:
             with report.phase("test"):
                 checks = run_checks(engine, image_id, plan)
-                report.tests = [
-                    {"name": c.name, "ok": c.ok, "detail": c.detail, "seconds": round(c.seconds, 1)} for c in checks
-                ]
-                for c in checks:
-                    sink(
-                        f"forge: test {c.name}: {'ok' if c.ok else 'FAILED'} {c.detail.splitlines()[0] if c.detail else ''}"
-                    )
+                report.tests = [c.as_report() for c in checks]
+                for entry in report.tests:
+                    sink(f"forge: test {entry['name']}: {status_text(entry)}")
                 imported = next((c for c in checks if c.name == "import-vllm" and c.ok), None)
                 if imported:
                     vllm_v, torch_v = ([*imported.detail.split(), "", ""])[:2]
@@ -354,10 +357,64 @@ def _diagnose_into(report: BuildReport, log_path: Path) -> None:
     report.diagnosis = diagnose_file(log_path).to_dict()
 
 
+def _ensure_gpu_bases(
+    distro: Distro,
+    recipe: Recipe,
+    options: BuildOptions,
+    engine: Engine,
+    torch_pin: str | None,
+    report: BuildReport,
+    sink: Sink,
+) -> BaseResult:
+    """The plan's BASE_IMAGE and RUNTIME_IMAGE in the engine: the distro's own base as `forge bootstrap` makes it,
+    a CUDA base local or pulled. Every missing one is named before the build stops; returns the runtime base."""
+    draft = make_plan(
+        distro,
+        recipe,
+        PlanOptions(
+            max_jobs=1,
+            gpu_mode=options.gpu_mode,
+            torch_version=options.torch_version or torch_pin,
+            torch_index=options.torch_index,
+        ),
+    )
+    wanted = {arg: draft.build_args[arg] for arg in ("BASE_IMAGE", "RUNTIME_IMAGE") if arg in draft.build_args}
+    got: dict[str, BaseResult] = {}
+    problems: dict[str, BaseUnavailable] = {}
+    for ref in dict.fromkeys(wanted.values()):
+        try:
+            got[ref] = ensure_base(distro, engine) if ref == distro.base.local_tag else ensure_image(engine, ref)
+        except BaseUnavailable as exc:
+            problems[ref] = exc
+    if len(problems) == 1:
+        raise next(iter(problems.values()))
+    if problems:
+        registries = " and ".join(dict.fromkeys(registry_of(ref) for ref in problems))
+        raise BaseUnavailable(
+            "\n".join(exc.message for exc in problems.values()),
+            hint=f"pull {' and '.join(problems)} where {registries} is reachable, or `docker load` them",
+        )
+    for arg, ref in wanted.items():
+        sink(f"forge: {arg} {ref} ({got[ref].how})")
+    runtime = got[wanted["RUNTIME_IMAGE"]]
+    report.base = {
+        "ref": runtime.ref,
+        "image_id": runtime.image_id,
+        "how": runtime.how,
+        "rootfs_sha256": runtime.rootfs_sha256,
+        "declared": wanted["RUNTIME_IMAGE"],
+        "images": {
+            arg: {"ref": ref, "image_id": got[ref].image_id, "how": got[ref].how} for arg, ref in wanted.items()
+        },
+    }
+    return runtime
+
+
 def _toolchain_versions(
     engine: Engine, builder: Builder, ctx: Path, plan: BuildPlan, ca_bundle: Path | None, log_path: Path
 ) -> dict[str, str]:
-    """gcc, cmake and python as the compile saw them: the toolchain stage is cached, so this costs seconds."""
+    """The compiler, cmake and python as the compile saw them (plus nvcc for GPU builds): the toolchain stage is
+    cached, so this costs seconds."""
     result = builder.build(
         BuildRequest(
             context_dir=ctx,
@@ -372,20 +429,36 @@ def _toolchain_versions(
     if not result.ok or not result.image_id:
         return {}
     # The toolchain stage's image is shared with the final image's layers: inspect it, do not remove it.
-    rc, out = engine.run_once(
-        result.image_id,
-        [
-            "-c",
-            "gcc -dumpfullversion; cmake --version | head -n1; "
-            "python3 -c 'import platform; print(platform.python_version())'",
-        ],
-        entrypoint=["/bin/sh"],
-        timeout=60,
+    rc, out = engine.run_once(result.image_id, ["-c", toolchain_script(plan)], entrypoint=["/bin/sh"], timeout=60)
+    return parse_toolchain(rc, out, plan)
+
+
+def toolchain_script(plan: BuildPlan) -> str:
+    """Shell printing `FORGE gcc|cmake|python|nvcc VERSION` for the compile's own tools."""
+    # The compile's own C++ compiler (CXX: g++-14 beside Fedora 44's GCC 16 for nvcc), not whatever `gcc` is.
+    cxx = plan.compile_env.get("CXX", "gcc")
+    script = (
+        f'echo "FORGE gcc $({shlex.quote(cxx)} -dumpfullversion)"; '
+        "echo \"FORGE cmake $(cmake --version | head -n1 | sed 's/cmake version //')\"; "
+        "echo \"FORGE python $(python3 -c 'import platform; print(platform.python_version())')\""
     )
-    lines = out.strip().splitlines()
-    if rc != 0 or len(lines) < 3:
+    if plan.cuda is not None:
+        script += "; echo \"FORGE nvcc $(nvcc --version | sed -n 's/.*release .*, V//p')\""
+    return script
+
+
+def parse_toolchain(rc: int, out: str, plan: BuildPlan) -> dict[str, str]:
+    """The versions toolchain_script printed, and the CXX they describe; empty when any is missing."""
+    found = {}
+    for line in out.splitlines():
+        key, _, value = line.removeprefix("FORGE ").partition(" ")
+        if line.startswith("FORGE ") and value.strip():
+            found[key] = value.strip()
+    if rc != 0 or not {"gcc", "cmake", "python"} <= found.keys():
         return {}
-    return {"gcc": lines[0].strip(), "cmake": lines[1].replace("cmake version", "").strip(), "python": lines[2].strip()}
+    if "CXX" in plan.compile_env:
+        found["cxx"] = plan.compile_env["CXX"]
+    return found
 
 
 def _python_version(engine: Engine, image: str) -> str:
