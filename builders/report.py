@@ -72,8 +72,10 @@ class BuildReport:
             lines.append("  versions: " + ", ".join(f"{k} {v}" for k, v in self.versions.items()))
         if self.phases:
             lines.append("  phases: " + ", ".join(f"{k} {v:.1f}s" for k, v in self.phases.items()))
+        from builders.image_tests import status_text
+
         for test in self.tests:
-            lines.append(f"  test {test['name']}: {'ok' if test['ok'] else 'FAILED'} {test.get('detail', '')}".rstrip())
+            lines.append(f"  test {test['name']}: {status_text(test)}")
         if self.diagnosis:
             lines.append(
                 f"  diagnosis: {self.diagnosis.get('category')} at line {self.diagnosis.get('line_number')}: "
