@@ -142,7 +142,7 @@ def _stream(cmd: list[str], env: dict[str, str], log_path: Path | None, sink: Li
     """Run a build command, teeing each line to the sink and the log; returns rc and seconds per stage."""
     step_times: dict[str, float] = {}
     current: str | None = None
-    log = log_path.open("w", encoding="utf-8") if log_path else None
+    log = log_path.open("w", encoding="utf-8", buffering=1) if log_path else None
     try:
         proc = subprocess.Popen(
             cmd,
@@ -191,7 +191,7 @@ class LegacySdkBuilder:
         start = time.monotonic()
         image_id: str | None = None
         rc = 0
-        log = request.log_path.open("w", encoding="utf-8") if request.log_path else None
+        log = request.log_path.open("w", encoding="utf-8", buffering=1) if request.log_path else None
         try:
             stream = self.engine.client.api.build(
                 path=str(request.context_dir),
