@@ -697,9 +697,12 @@ class SmokeRun:
             errors: list[str] = []
             # The router first, so nothing new reaches a replica; then every replica at once, so a replica
             # slow to honour SIGTERM does not make the others wait.
+            t0 = time.monotonic()
             if stack.router is not None:
                 errors += _stop_all([stack.router])
+            t1 = time.monotonic()
             errors += _stop_all(list(stack.replicas.values()))
+            teardown["stop_s"] = {"router": round(t1 - t0, 1), "replicas": round(time.monotonic() - t1, 1)}
             if errors:
                 teardown["stop_errors"] = errors
         runtimes = [r for r in (replicas, router) if r is not None]

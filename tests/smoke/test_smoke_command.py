@@ -1,0 +1,45 @@
+"""`forge smoke` refuses bad invocations with a usage error before touching an engine or a vLLM."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from builders.cli import main
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    code = main(argv)
+    return code, capsys.readouterr().err
+
+
+def test_an_image_or_a_local_vllm_is_required(capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = run(["smoke"], capsys)
+    assert code == 2
+    assert "give an IMAGE to test, or --local-vllm PATH" in err
+
+
+def test_image_and_local_vllm_exclude_each_other(capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = run(["smoke", "some/image:tag", "--local-vllm", "/usr/bin/true"], capsys)
+    assert code == 2
+    assert "not both" in err
+
+
+def test_an_unknown_profile_suggests_the_shipped_one(capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = run(["smoke", "--local-vllm", "/usr/bin/true", "--profile", "spilt"], capsys)
+    assert code == 2
+    assert "did you mean 'split'?" in err
+
+
+def test_a_local_vllm_that_is_not_executable_is_named(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    missing = tmp_path / "bin" / "vllm"
+    code, err = run(["smoke", "--local-vllm", str(missing), "--profile", "ci", "--validate-only"], capsys)
+    assert code == 2
+    assert f"--local-vllm {missing}: not an executable file" in err
+
+
+def test_a_base_port_out_of_range_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = run(["smoke", "--local-vllm", "/usr/bin/true", "--base-port", "80"], capsys)
+    assert code == 2
+    assert "--base-port 80" in err
