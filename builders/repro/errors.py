@@ -24,3 +24,10 @@ class StaleRender(ForgeError):
 
     exit_code = 12
     kind = "stale rendered file"
+
+
+class InsufficientSpace(ForgeError):
+    """`forge verify-repro`: the engine's disk cannot hold a second build and the export of both images."""
+
+    exit_code = 13
+    kind = "not enough space"

@@ -22,9 +22,11 @@ from builders.config import Project
 from builders.config.models import Distro, Recipe
 from builders.engine import Engine
 from builders.repro.compare import ReproComparison, compare_images
+from builders.repro.errors import InsufficientSpace
 from builders.repro.image_export import export_image, extract_paths, image_rootfs
 
 Sink = Callable[[str], None]
+SPACE_FACTOR = 2.2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,6 +84,25 @@ def _diffoscope(
     return path
 
 
+def _check_space(engine: Engine, tag: str) -> None:
+    """Stop before the second build when the engine's disk cannot hold it and the export of both images.
+
+    The uncached build writes every layer again, and the engine's export (docker save) stages each image
+    in its own tmp folder before streaming it: about twice the image on top of what is used now.
+    """
+    root = Path(engine.root_dir or "")
+    if not engine.root_dir or not root.is_dir():
+        return  # a remote engine: its disk cannot be seen from here
+    size = engine.image_info(tag).size
+    free = shutil.disk_usage(root).free
+    if free < SPACE_FACTOR * size:
+        raise InsufficientSpace(
+            f"{root} has {free / 1e9:.1f} GB free; a second, uncached build of {tag} ({size / 1e9:.1f} GB) and "
+            f"the export of both images need about {SPACE_FACTOR * size / 1e9:.1f} GB",
+            hint="free space where the engine keeps its data (`docker builder prune` drops unused build cache)",
+        )
+
+
 def verify_repro(project: Project, distro: Distro, recipe: Recipe, options: VerifyOptions, sink: Sink) -> VerifyResult:
     engine = Engine.connect()
     out = options.reports_dir or project.root / "reports" / f"{distro.name}-{recipe.target}" / "repro"
@@ -112,6 +133,8 @@ def verify_repro(project: Project, distro: Distro, recipe: Recipe, options: Veri
                 sink,
             )
             epoch = report.build_args.get("SOURCE_DATE_EPOCH", epoch)
+            if run == "first":
+                _check_space(engine, tag)
         sink("forge: verify-repro: exporting both images and comparing their layers")
         base = image_rootfs(engine, distro.base.local_tag)
         first, second = export_image(engine, tags[0]), export_image(engine, tags[1])
