@@ -80,15 +80,15 @@ def cmd_lock(args: argparse.Namespace) -> int:
         for entry in resolved:
             locked = existing.pairs.get(entry.key)
             if locked is None:
-                console.print(f"forge: lock: {entry.key} is not in {path.name}", markup=False)
+                console.print(f"forge: lock: {entry.key} is not in {path.name}", markup=False, soft_wrap=True)
                 drifted += 1
                 continue
             for line in notes(locked, entry):
-                console.print(f"forge: lock: {line}", markup=False)
+                console.print(f"forge: lock: {line}", markup=False, soft_wrap=True)
             try:
                 check_drift(locked, entry, path)
             except LockDrift as exc:  # report every pair before failing
-                console.print(exc.render(), markup=False)
+                console.print(exc.render(), markup=False, soft_wrap=True)
                 drifted += 1
         for line in skipped:
             console.print(f"forge: lock: not checked (inputs missing here): {line}", markup=False, soft_wrap=True)
