@@ -55,7 +55,7 @@ def test_ci_profile_passes_on_the_image_with_both_checks(engine: Engine, tmp_pat
 
     assert report["gates"] == {"passed": True, "failures": []}
     assert report["checks"]["kill_replica"]["cut"] >= 1
-    assert report["teardown"] == {"leftovers": [], "clean": True}
+    assert report["teardown"]["clean"] is True and report["teardown"]["leftovers"] == []
     assert engine.containers_with_label(RUN_LABEL, run.run_id) == []
     assert report["replicas_from"].startswith(f"image {image}")
 
