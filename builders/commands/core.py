@@ -228,6 +228,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         tag=args.tag,
         no_cache=args.no_cache,
         skip_tests=args.skip_tests,
+        locked=args.locked,
         reports_dir=Path(args.report_dir).resolve() if args.report_dir else None,
         scratch_dir=Path(args.scratch_dir).resolve() if args.scratch_dir else None,
         gpu_mode=args.gpu_mode,
@@ -356,6 +357,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _common_plan_args(p)
     p.add_argument("--skip-preflight", action="store_true")
     p.add_argument("--skip-tests", action="store_true")
+    p.add_argument("--locked", action="store_true", help="refuse to build when an input differs from forge.lock")
     p.add_argument("--ca-bundle", default=None, help="PEM bundle to trust (default: $PIP_CERT etc.; `none` to disable)")
     p.add_argument("--source", action="append", metavar="NAME=PATH", help="use a local copy of a source")
     p.add_argument("--wheelhouse", default=None, help="folder of wheels for wheel targets")

