@@ -61,10 +61,12 @@ class DebianFamily(DistroFamily):
 
     def install_command(self, packages: Sequence[str]) -> str:
         pkgs = " ".join(shlex.quote(p) for p in packages)
-        # One layer: update, install without recommends, and drop the lists so they never reach an image.
+        # One layer: update, install without recommends, and drop the lists so they never reach an image; the
+        # logs and caches apt, dpkg and ldconfig write carry the time of the build, so two builds would differ.
         return (
             "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "
-            f"{pkgs} && rm -rf /var/lib/apt/lists/*"
+            f"{pkgs} && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/cache/ldconfig/aux-cache "
+            "/var/log/apt /var/log/dpkg.log /var/log/alternatives.log"
         )
 
     def bootstrap_command(self, output_tar: str, *, source_date_epoch: int | None = None) -> list[str]:
