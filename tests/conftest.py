@@ -31,8 +31,7 @@ def project_copy(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def engine() -> Iterator[object]:
-    from builders.engine import Engine
+def engine() -> Iterator[Engine]:
     from builders.errors import EngineError
 
     try:
