@@ -183,7 +183,7 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parse_sources(values: list[str] | None) -> dict[str, Path]:
+def parse_sources(values: list[str] | None) -> dict[str, Path]:
     out = {}
     for value in values or []:
         name, sep, path = value.partition("=")
@@ -220,7 +220,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         skip_preflight=args.skip_preflight,
         builder=args.builder,
         ca_bundle=args.ca_bundle,
-        source_overrides=_parse_sources(args.source),
+        source_overrides=parse_sources(args.source),
         wheelhouse=Path(args.wheelhouse).resolve() if args.wheelhouse else None,
         torch_version=args.torch_version,
         torch_index=args.torch_index,

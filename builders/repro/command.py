@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from builders.commands.core import parse_sources
 from builders.config import Project
 from builders.config.models import Distro, Recipe
 from builders.errors import UsageError
@@ -29,16 +30,6 @@ def _pair(project: Project, distro_name: str, target: str) -> tuple[Distro, Reci
             hint="`forge list` shows every distro × target",
         )
     return distro, recipe
-
-
-def _sources(values: list[str] | None) -> dict[str, Path]:
-    out: dict[str, Path] = {}
-    for value in values or []:
-        name, sep, path = value.partition("=")
-        if not sep or not name or not path:
-            raise UsageError(f"--source {value!r}: expected NAME=PATH", hint="for example --source onednn=/src/oneDNN")
-        out[name] = Path(path).resolve()
-    return out
 
 
 def cmd_lock(args: argparse.Namespace) -> int:
@@ -62,7 +53,7 @@ def cmd_lock(args: argparse.Namespace) -> int:
     console = Console(stderr=True, highlight=False)
     resolved: list[PairLock] = []
     skipped: list[str] = []
-    overrides = _sources(args.source)
+    overrides = parse_sources(args.source)
     wheelhouse = Path(args.wheelhouse).resolve() if args.wheelhouse else None
     for distro, recipe in pairs:
         try:
@@ -129,7 +120,7 @@ def cmd_verify_repro(args: argparse.Namespace) -> int:
             max_jobs=args.max_jobs,
             reports_dir=Path(args.report_dir).resolve() if args.report_dir else None,
             scratch_dir=Path(args.scratch_dir).resolve() if args.scratch_dir else None,
-            source_overrides=_sources(args.source),
+            source_overrides=parse_sources(args.source),
             wheelhouse=Path(args.wheelhouse).resolve() if args.wheelhouse else None,
             keep_images=args.keep_images,
         ),
