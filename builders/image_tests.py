@@ -60,6 +60,17 @@ def status_text(entry: dict[str, Any]) -> str:
     return f"{'ok' if status == 'passed' else 'FAILED'} {first}".rstrip()
 
 
+def server_log_excerpt(engine: Engine, cid: str) -> str:
+    """The lines that say why a server died, then its last lines.
+
+    vLLM's worker errors come hundreds of lines before the final RuntimeError, so the tail alone hides them.
+    """
+    lines = engine.logs(cid, tail=2000).splitlines()
+    causes = [ln for ln in lines if "Error:" in ln or "error:" in ln][:8]
+    head = ["errors in the log:", *causes, "...", "last lines:"] if causes else []
+    return "\n".join(head + lines[-30:])
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -149,7 +160,7 @@ def check_serve(engine: Engine, image: str, plan: BuildPlan) -> CheckResult:
                         name="serve-models",
                         ok=False,
                         seconds=time.monotonic() - start,
-                        detail="vllm serve exited:\n" + engine.logs(cid, tail=40),
+                        detail="vllm serve exited:\n" + server_log_excerpt(engine, cid),
                     )
                 try:
                     resp = requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=2)
@@ -168,7 +179,7 @@ def check_serve(engine: Engine, image: str, plan: BuildPlan) -> CheckResult:
                 name="serve-models",
                 ok=False,
                 seconds=time.monotonic() - start,
-                detail=f"no answer within {SERVE_DEADLINE_S}s:\n" + engine.logs(cid, tail=40),
+                detail=f"no answer within {SERVE_DEADLINE_S}s:\n" + server_log_excerpt(engine, cid),
             )
         finally:
             engine.stop_and_remove(cid)
@@ -355,7 +366,7 @@ def check_serve_gpu(engine: Engine, image: str, plan: BuildPlan) -> CheckResult:
                         name=name,
                         ok=False,
                         seconds=time.monotonic() - start,
-                        detail="vllm serve exited:\n" + engine.logs(cid, tail=40),
+                        detail="vllm serve exited:\n" + server_log_excerpt(engine, cid),
                     )
                 try:
                     resp = requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=2)
@@ -371,7 +382,7 @@ def check_serve_gpu(engine: Engine, image: str, plan: BuildPlan) -> CheckResult:
                 name=name,
                 ok=False,
                 seconds=time.monotonic() - start,
-                detail=f"no answer within {SERVE_DEADLINE_S}s:\n" + engine.logs(cid, tail=40),
+                detail=f"no answer within {SERVE_DEADLINE_S}s:\n" + server_log_excerpt(engine, cid),
             )
         finally:
             engine.stop_and_remove(cid)
