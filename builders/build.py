@@ -16,7 +16,7 @@ from pathlib import Path
 
 from builders.bootstrap import BaseResult, ensure_base, ensure_image, registry_of
 from builders.config import Project
-from builders.config.models import Distro, Recipe
+from builders.config.models import Distro, FetchedSource, Recipe
 from builders.engine import Builder, BuildRequest, Engine, choose_builder
 from builders.engine.image_builders import describe
 from builders.errors import BaseUnavailable, BuildFailed, ForgeError, PreflightBlocked, SourceUnavailable
@@ -25,7 +25,7 @@ from builders.plan import BuildPlan, GpuMode, PlanOptions, make_plan
 from builders.render import render
 from builders.report import BuildReport
 from builders.repro.sbom import sbom_label
-from builders.sources import ResolvedSource, resolve_fetched, resolve_sdist, wheelhouse_dir
+from builders.sources import ResolvedSource, fetch_debian_source, resolve_fetched, resolve_sdist, wheelhouse_dir
 from builders.trust import find_ca_bundle
 
 Sink = Callable[[str], None]
@@ -150,7 +150,7 @@ def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOption
                     "path": str(sources["vllm"].path),
                 }
                 for fetched in recipe.fetched_sources:
-                    resolved = resolve_fetched(fetched, project.root, options.source_overrides)
+                    resolved = _fetched_source(project, distro, fetched, engine, options, sink)
                     sources[fetched.name] = resolved
                     report.fetched_sources.append(
                         {
@@ -349,6 +349,22 @@ def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOption
         if ctx is not None and not options.keep_context:
             shutil.rmtree(ctx, ignore_errors=True)
         report.write(reports_dir)
+
+
+def _fetched_source(
+    project: Project, distro: Distro, fetched: FetchedSource, engine: Engine, options: BuildOptions, sink: Sink
+) -> ResolvedSource:
+    """The cache or an override; else fetch it now where Forge knows how (Debian's source package), since that
+    takes seconds; else stop before the compile, naming both ways to provide it."""
+    try:
+        return resolve_fetched(fetched, project.root, options.source_overrides)
+    except SourceUnavailable:
+        if not fetched.debian_source:
+            raise
+    carrier = project.distro(fetched.debian_source_distro) if fetched.debian_source_distro else distro
+    sink(f"forge: {fetched.name} not in the source cache: fetching Debian's `{fetched.debian_source}` source package")
+    ensure_base(carrier, engine)
+    return fetch_debian_source(fetched, carrier, engine, project.root)
 
 
 def _diagnose_into(report: BuildReport, log_path: Path) -> None:

@@ -106,6 +106,7 @@ def fetch_debian_source(source: FetchedSource, distro: Distro, engine: Engine, r
         return ResolvedSource(
             name=source.name, path=dest, origin=marker.read_text().strip(), version=marker.read_text().split()[-1]
         )
+    cache_dir(root).mkdir(parents=True, exist_ok=True)
     out = Path(tempfile.mkdtemp(prefix=f"forge-{source.name}-", dir=cache_dir(root).parent))
     try:
         script = (
