@@ -37,6 +37,9 @@ def image_run(engine: Engine, image: str, options: SmokeOptions) -> SmokeRun:
     )
 
 
+# One rerun: on 2 shared cores the isolation checks race the scheduler (a kill can land between two
+# generations; a 150-350 ms stall can hit either run). A real regression fails both tries.
+@pytest.mark.flaky(reruns=1)
 @pytest.mark.timeout(900)
 def test_ci_profile_passes_on_the_image_with_both_checks(engine: Engine, tmp_path: Path) -> None:
     image = smoke_image()

@@ -34,6 +34,9 @@ def local_run(options: SmokeOptions, binary: Path) -> SmokeRun:
     )
 
 
+# One rerun: on 2 shared cores the isolation checks race the scheduler (a kill can land between two
+# generations; a 150-350 ms stall can hit either run). A real regression fails both tries.
+@pytest.mark.flaky(reruns=1)
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_ci_profile_passes_with_both_isolation_checks_and_leaves_nothing(tmp_path: Path) -> None:
