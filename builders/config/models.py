@@ -35,6 +35,11 @@ class Bootstrap(Strict):
     components: tuple[str, ...] = Field(default=("main",), description="archive components to enable")
     include: tuple[str, ...] = Field(default=("ca-certificates",), description="extra packages in the base")
     keyring: str | None = Field(default=None, description="keyring file for the archive, when not the host's")
+    check_valid_until: bool = Field(
+        default=True,
+        description="false for a snapshot or frozen archive whose Release file is past its Valid-Until date (every "
+        "snapshot mirror's is): apt then accepts it, in the bootstrap and in every later build stage",
+    )
 
 
 class BaseImage(Strict):

@@ -12,6 +12,8 @@ from typing import ClassVar
 
 from builders.config.models import Distro, Role
 
+EXPIRED_ARCHIVE_APT_OPTION = 'Acquire::Check-Valid-Until "false"'
+
 
 class DistroFamily:
     """Interface every family implements. Subclasses override class attributes and the few differing methods."""
@@ -83,6 +85,10 @@ class DebianFamily(DistroFamily):
         ]
         if boot.keyring:
             cmd.append(f"--keyring={boot.keyring}")
+        if not boot.check_valid_until:
+            # A snapshot archive's Release file is past Valid-Until by design. --aptopt lets the bootstrap read it
+            # and lands in the base's /etc/apt/apt.conf.d, so apt-get in every later build stage accepts it too.
+            cmd.append(f"--aptopt={EXPIRED_ARCHIVE_APT_OPTION}")
         cmd += [boot.suite, output_tar, boot.mirror]
         return cmd
 
