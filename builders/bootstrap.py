@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -63,13 +64,7 @@ def bootstrap(
         env = {**os.environ, "SOURCE_DATE_EPOCH": str(epoch)}
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
         if proc.returncode != 0 or not tar.exists():
-            host = urlparse(boot.mirror).hostname or boot.mirror
-            tail = "\n    ".join((proc.stderr or proc.stdout).strip().splitlines()[-6:])
-            raise BaseUnavailable(
-                f"could not bootstrap {distro.name} from {boot.mirror} ({host}):\n    {tail}",
-                hint=f"make {host} reachable, point base.bootstrap.mirror in distros/{distro.name}.yaml at a "
-                f"mirror you can reach, or load an image tagged {distro.base.local_tag}",
-            )
+            raise bootstrap_failure(distro, (proc.stderr or "") + (proc.stdout or ""))
         digest = hashlib.sha256(tar.read_bytes()).hexdigest()
         engine.import_rootfs(str(tar), distro.base.local_tag, changes=['CMD ["/bin/sh"]'])
     info = engine.image_info(distro.base.local_tag)
@@ -79,6 +74,51 @@ def bootstrap(
         how="bootstrapped",
         seconds=time.monotonic() - start,
         rootfs_sha256=digest,
+    )
+
+
+# What apt says when the archive answered but its Release file is out of its validity window (every snapshot
+# mirror's is past Valid-Until), when no key verifies the archive, and when the mirror cannot be reached.
+_EXPIRED = re.compile(r"Release file for \S+ is (expired|not valid yet)[^\n]*")
+_UNSIGNED = re.compile(r"[^\n]*(NO_PUBKEY \w+|public key is not available|is not signed|Signed-By[^\n]*not)[^\n]*")
+_UNREACHABLE = re.compile(
+    r"[^\n]*(Could not resolve|Temporary failure resolving|Could not connect|Connection (failed|refused|timed out)|"
+    r"Unable to connect|Network is unreachable|No route to host)[^\n]*"
+)
+
+
+def bootstrap_failure(distro: Distro, output: str) -> BaseUnavailable:
+    """Why a bootstrap failed, from the tool's own output, with the remedy for that cause: an expired archive is
+    not an unreachable one, and a missing key is neither."""
+    boot = distro.base.bootstrap
+    assert boot is not None
+    where = f"distros/{distro.name}.yaml"
+    host = urlparse(boot.mirror).hostname or boot.mirror
+    tail = "\n    ".join(output.strip().splitlines()[-6:])
+    if (m := _EXPIRED.search(output)) is not None:
+        return BaseUnavailable(
+            f"could not bootstrap {distro.name}: the archive at {boot.mirror} answered, but {m.group(0).strip()}",
+            hint=f"a snapshot or frozen archive is past its Valid-Until by design: set "
+            f"base.bootstrap.check_valid_until: false in {where} (apt then accepts it here and in later build "
+            "stages), or point base.bootstrap.mirror at a live mirror",
+        )
+    if (m := _UNSIGNED.search(output)) is not None:
+        keyring = boot.keyring or "the host's archive keyring"
+        return BaseUnavailable(
+            f"could not bootstrap {distro.name}: no key verifies the archive at {boot.mirror}: {m.group(0).strip()}",
+            hint=f"install the distro's archive keyring package or set base.bootstrap.keyring in {where} "
+            f"(now: {keyring})",
+        )
+    if (m := _UNREACHABLE.search(output)) is not None:
+        return BaseUnavailable(
+            f"could not bootstrap {distro.name}: the mirror {host} cannot be reached: {m.group(0).strip()}",
+            hint=f"make {host} reachable, point base.bootstrap.mirror in {where} at a mirror you can reach, or "
+            f"load an image tagged {distro.base.local_tag}",
+        )
+    return BaseUnavailable(
+        f"could not bootstrap {distro.name} from {boot.mirror}:\n    {tail}",
+        hint=f"read the bootstrap output above; `forge diagnose` on the full output names known causes, or load an "
+        f"image tagged {distro.base.local_tag}",
     )
 
 

@@ -206,7 +206,15 @@ def make_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> BuildPlan
 
     build_packages = tuple(family.packages(build_roles))  # type: ignore[arg-type]
     if recipe.kind == "source":
-        extra = [p for f in recipe.fetched_sources for p in f.build_depends if distro.family in {"debian", "ubuntu"}]
+        for fetched in recipe.fetched_sources:
+            missing = [role for role in fetched.build_roles if role not in distro.packages]
+            if missing:
+                raise ConfigError(
+                    f"distros/{distro.name}.yaml: packages.{missing[0]} is missing, and recipes/{recipe.name}.yaml "
+                    f"fetched_sources.{fetched.name}.build_roles needs it",
+                    hint=f"name the package that provides {missing[0]} on {distro.name}",
+                )
+        extra = family.packages(role for f in recipe.fetched_sources for role in f.build_roles)
         build_packages += tuple(p for p in extra if p not in build_packages)
 
     labels = {

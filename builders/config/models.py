@@ -21,6 +21,7 @@ Role = Literal[
     "ccache",
     "runtime",
     "numa_runtime",
+    "spdlog_headers",
 ]
 
 
@@ -188,7 +189,11 @@ class FetchedSource(Strict):
     debian_source_distro: str | None = Field(
         default=None, description="distro whose archive carries that source package (any build distro may use it)"
     )
-    build_depends: tuple[str, ...] = Field(default=(), description="distro packages the build then needs")
+    build_roles: tuple[Role, ...] = Field(
+        default=(),
+        description="package roles (distros/*.yaml packages) the build then needs on every distro: the copy serves "
+        "builds on every family, so its needs are named by role, never by one family's package names",
+    )
     path: str | None = Field(default=None, description="local path to a copy (overrides the cache)")
 
 

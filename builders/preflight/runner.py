@@ -95,8 +95,8 @@ def _toolchain(distro: Distro, device: str, probe: ProbeResult | None) -> tuple[
 
 
 def _alternatives(project: Project, distro: Distro, device: str) -> list[tuple[str, str]]:
-    """Other distros' compilers, in the order a remedy should suggest them: same family (newest first), then
-    each family's default, then the rest."""
+    """Other distros' compilers, in the order a remedy should suggest them: the same family's default release (its
+    stable one: Debian 14 is testing), the rest of the family (newest first), each other family's default, the rest."""
     others = [d for d in project.distros.values() if d.name != distro.name]
     if device == "cuda":
         others = [d for d in others if d.cuda]
@@ -109,7 +109,11 @@ def _alternatives(project: Project, distro: Distro, device: str) -> list[tuple[s
     def release_key(d: Distro) -> tuple[int, ...]:
         return tuple(int(p) for p in d.release.split(".") if p.isdigit())
 
-    same = sorted((d for d in others if d.family == distro.family), key=release_key, reverse=True)
+    same = sorted(
+        (d for d in others if d.family == distro.family),
+        key=lambda d: (d.default_for_family, release_key(d)),
+        reverse=True,
+    )
     defaults = sorted((d for d in others if d.default_for_family and d not in same), key=lambda d: d.name)
     rest = sorted((d for d in others if d not in same and d not in defaults), key=lambda d: d.name)
     return [(d.name, gcc_of(d)) for d in (*same, *defaults, *rest)]

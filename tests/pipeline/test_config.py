@@ -16,6 +16,7 @@ def test_every_distro_and_recipe_loads(project: Project) -> None:
         "fedora-43",
         "debian-12",
         "debian-13",
+        "debian-14",
         "ubuntu-22.04",
         "ubuntu-24.04",
         "ubi-9",
@@ -32,6 +33,11 @@ def test_known_toolchain_facts(project: Project) -> None:
     assert f44.toolchain.gcc.startswith("16") and f44.toolchain.python == "3.14"
     assert f44.tcmalloc_path == "/usr/lib64/libtcmalloc_minimal.so.4"
     assert project.distro("ubi-9").gcc == "14.2"  # gcc-toolset, not the system 11.5
+    d14 = project.distro("debian-14")
+    # Debian 14 stands in for Fedora 44: the same toolchain generation, major for major.
+    for tool in ("gcc", "python", "cmake"):
+        assert getattr(d14.toolchain, tool).split(".")[0] == getattr(f44.toolchain, tool).split(".")[0], tool
+    assert d14.toolchain.python == f44.toolchain.python
 
 
 def test_family_name_selects_default_release(project: Project) -> None:

@@ -70,7 +70,8 @@ def test_probe_scripts_ask_the_family_package_manager(project: Project) -> None:
 
 @pytest.fixture(scope="module")
 def debian_bases(project: Project, engine: Engine) -> Engine:
-    for name in ("debian-12", "debian-13"):
+    # Debian 14 comes from an archive past its Valid-Until: bootstrapping it here is itself part of what is tested.
+    for name in ("debian-12", "debian-13", "debian-14"):
         ensure_base(project.distros[name], engine, allow_pull=False)
     return engine
 
@@ -154,3 +155,29 @@ def test_a_base_that_cannot_be_had_runs_on_declared_facts(project: Project, engi
     probe = report.finding("probe")
     assert probe is not None and not probe.passed and "declared facts only" in probe.found
     assert not {f.gate for f in report.blocking} & {"gcc", "cmake"}
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(60, func_only=True)
+def test_debian_14_probe_clears_with_the_fedora_44_toolchain(
+    project: Project, debian_bases: Engine, tmp_path: Path
+) -> None:
+    """Debian 14 stands in for Fedora 44 here: its real archive must show GCC 16, CMake 4 and Python 3.14, as
+    distros/debian-14.yaml declares, and clear every source gate."""
+    d14 = project.distros["debian-14"]
+    report = run_preflight(
+        project,
+        d14,
+        project.recipe_for("cpu"),
+        engine=debian_bases,
+        source=FIXTURE,
+        max_jobs=None,
+        scratch_dir=tmp_path,
+    )
+    assert report.mode == "probed" and report.probe_image == "forge/base:debian-14"
+    assert not {f.gate for f in report.blocking} & {"gcc", "cmake", "python", "numa-headers", "tcmalloc", "package"}
+    found = {f.gate: f.found for f in report.passed}
+    assert found["gcc"].startswith("GCC 16.") and found["cmake"].startswith("CMake 4.")
+    assert found["python"] == "Python 3.14"
+    disagreements = [f for f in report.findings if f.gate == "declared-vs-probed" and not f.passed]
+    assert not disagreements, [f.message for f in disagreements]

@@ -1,0 +1,74 @@
+"""Bases from Debian's archive: snapshot archives past Valid-Until, and failures that say what happened."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from builders.bootstrap import bootstrap, bootstrap_failure
+from builders.config import Project
+from builders.distros import family_for
+from builders.engine import Engine
+from builders.errors import BaseUnavailable
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def test_an_expired_archive_is_accepted_only_where_the_distro_says_so(project: Project) -> None:
+    d14 = family_for(project.distro("debian-14")).bootstrap_command("/x.tar")
+    d13 = family_for(project.distro("debian-13")).bootstrap_command("/x.tar")
+    # --aptopt also lands in the base's /etc/apt/apt.conf.d, so apt-get in later build stages accepts it too.
+    assert '--aptopt=Acquire::Check-Valid-Until "false"' in d14
+    assert not any("Check-Valid-Until" in arg for arg in d13)
+    assert d14[-3:] == ["forky", "/x.tar", "http://deb.debian.org/debian"]
+
+
+def test_an_expired_release_file_points_at_the_schema_field(project: Project) -> None:
+    err = bootstrap_failure(project.distro("debian-14"), (FIXTURES / "mmdebstrap-forky-expired.txt").read_text())
+    assert "answered" in err.message and "is expired (invalid since 24d" in err.message
+    assert err.hint is not None
+    assert "check_valid_until: false" in err.hint and "distros/debian-14.yaml" in err.hint
+    assert "reachable" not in err.message
+
+
+def test_an_unreachable_mirror_names_the_host(project: Project) -> None:
+    err = bootstrap_failure(project.distro("debian-14"), (FIXTURES / "mmdebstrap-unresolvable-mirror.txt").read_text())
+    assert "mirror deb.debian.org cannot be reached" in err.message
+    assert "Could not resolve 'no-such-mirror.invalid'" in err.message
+    assert err.hint is not None and "base.bootstrap.mirror" in err.hint and "check_valid_until" not in err.hint
+
+
+def test_a_missing_archive_key_points_at_the_keyring(project: Project) -> None:
+    # apt's wording when the keyring lacks the archive's signing key.
+    output = (
+        "W: GPG error: http://deb.debian.org/debian forky InRelease: The following signatures couldn't be verified "
+        "because the public key is not available: NO_PUBKEY 762F67A0B2C39DE4\n"
+        "E: The repository 'http://deb.debian.org/debian forky InRelease' is not signed.\n"
+    )
+    err = bootstrap_failure(project.distro("debian-14"), output)
+    assert "no key verifies" in err.message and "NO_PUBKEY 762F67A0B2C39DE4" in err.message
+    assert err.hint is not None and "keyring" in err.hint and "mirror" not in err.hint
+
+
+def test_an_unknown_failure_keeps_the_tools_last_lines(project: Project) -> None:
+    err = bootstrap_failure(project.distro("debian-13"), "I: something\nE: dpkg was interrupted\n")
+    assert "E: dpkg was interrupted" in err.message and err.hint is not None and "forge diagnose" in err.hint
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(120, func_only=True)
+def test_the_real_snapshot_archive_is_refused_without_the_field(project_copy: Path, engine: Engine) -> None:
+    """Against the real archive: without check_valid_until the bootstrap stops, saying why and what to set."""
+    path = project_copy / "distros" / "debian-14.yaml"
+    text = path.read_text()
+    assert "check_valid_until: false" in text
+    path.write_text(text.replace("check_valid_until: false", "check_valid_until: true"))
+    distro = Project.load(project_copy).distro("debian-14")
+    try:
+        bootstrap(distro, engine)
+    except BaseUnavailable as err:
+        assert "is expired" in err.message or "not valid yet" in err.message
+        assert err.hint is not None and "check_valid_until: false" in err.hint
+    else:
+        pytest.skip("this mirror serves a live archive, within its Valid-Until: nothing to refuse")
