@@ -9,7 +9,7 @@ import pytest
 from builders.bootstrap import ensure_base
 from builders.config import Project
 from builders.engine import Engine
-from builders.preflight import run_preflight
+from builders.preflight import PreflightReport, run_preflight
 from builders.preflight.probe import ProbeUnavailable, numeric_version, parse_probe_output, probe_base, probe_script
 
 FIXTURE = Path(__file__).parent / "fixtures" / "vllm-0.33.0"
@@ -68,6 +68,14 @@ def test_probe_scripts_ask_the_family_package_manager(project: Project) -> None:
     assert "getconf GNU_LIBC_VERSION" in f44  # the glibc whose headers nvcc meets
 
 
+def probed(project: Project, name: str, engine: Engine, scratch: Path) -> PreflightReport:
+    """Preflight of `cpu` on a real bootstrapped base, against the vLLM 0.33.0 fixture's gates."""
+    distro = project.distros[name]
+    return run_preflight(
+        project, distro, project.recipe_for("cpu"), engine=engine, source=FIXTURE, max_jobs=None, scratch_dir=scratch
+    )
+
+
 @pytest.fixture(scope="module")
 def debian_bases(project: Project, engine: Engine) -> Engine:
     # Debian 14 comes from an archive past its Valid-Until: bootstrapping it here is itself part of what is tested.
@@ -79,15 +87,7 @@ def debian_bases(project: Project, engine: Engine) -> Engine:
 @pytest.mark.engine
 @pytest.mark.timeout(30, func_only=True)
 def test_debian_12_probe_blocks_on_gcc_and_cmake(project: Project, debian_bases: Engine, tmp_path: Path) -> None:
-    report = run_preflight(
-        project,
-        project.distros["debian-12"],
-        project.recipe_for("cpu"),
-        engine=debian_bases,
-        source=FIXTURE,
-        max_jobs=None,
-        scratch_dir=tmp_path,
-    )
+    report = probed(project, "debian-12", debian_bases, tmp_path)
     assert report.mode == "probed" and report.probe_image == "forge/base:debian-12"
     blocking = {f.gate: f for f in report.blocking}
     assert blocking["gcc"].found.startswith("GCC 12.2") and blocking["gcc"].required == "≥ 12.3"
@@ -105,15 +105,7 @@ def test_debian_12_probe_blocks_on_gcc_and_cmake(project: Project, debian_bases:
 @pytest.mark.engine
 @pytest.mark.timeout(30, func_only=True)
 def test_debian_13_probe_clears_gcc_and_cmake(project: Project, debian_bases: Engine, tmp_path: Path) -> None:
-    report = run_preflight(
-        project,
-        project.distros["debian-13"],
-        project.recipe_for("cpu"),
-        engine=debian_bases,
-        source=FIXTURE,
-        max_jobs=None,
-        scratch_dir=tmp_path,
-    )
+    report = probed(project, "debian-13", debian_bases, tmp_path)
     assert report.mode == "probed"
     assert not {f.gate for f in report.blocking} & {"gcc", "cmake", "python", "numa-headers", "tcmalloc", "package"}
     gcc = [f for f in report.passed if f.gate == "gcc"]
@@ -164,16 +156,7 @@ def test_debian_14_probe_clears_with_the_fedora_44_toolchain(
 ) -> None:
     """Debian 14 stands in for Fedora 44 here: its real archive must show GCC 16, CMake 4 and Python 3.14, as
     distros/debian-14.yaml declares, and clear every source gate."""
-    d14 = project.distros["debian-14"]
-    report = run_preflight(
-        project,
-        d14,
-        project.recipe_for("cpu"),
-        engine=debian_bases,
-        source=FIXTURE,
-        max_jobs=None,
-        scratch_dir=tmp_path,
-    )
+    report = probed(project, "debian-14", debian_bases, tmp_path)
     assert report.mode == "probed" and report.probe_image == "forge/base:debian-14"
     assert not {f.gate for f in report.blocking} & {"gcc", "cmake", "python", "numa-headers", "tcmalloc", "package"}
     found = {f.gate: f.found for f in report.passed}
