@@ -40,6 +40,16 @@ class PreflightBlocked(ForgeError):
     kind = "preflight blocked"
 
 
+class PreflightIncomplete(ForgeError):
+    """Preflight blocked nothing but could not evaluate every gate: never reported as clear.
+
+    `forge preflight --allow-incomplete` (and `forge ci --allow-incomplete-preflight`) accept it with exit 0.
+    """
+
+    exit_code = 9
+    kind = "preflight incomplete"
+
+
 class SourceUnavailable(ForgeError):
     """A source the build needs (vLLM sdist, oneDNN, a wheel) cannot be had."""
 

@@ -61,6 +61,8 @@ class BuildReport:
             lines.append(
                 f"  base: {self.base.get('ref')} ({self.base.get('how')}) {self.base.get('image_id', '')[:19]}"
             )
+        if self.preflight:
+            lines.append(f"  preflight: {preflight_line(self.preflight)}")
         if self.builder:
             lines.append(f"  builder: {self.builder.get('name')} ({self.builder.get('cli') or 'engine API'})")
         if self.image:
@@ -102,3 +104,16 @@ class BuildReport:
         path.write_text(self.to_json() + "\n")
         (folder / "summary.txt").write_text(self.summary() + "\n")
         return path
+
+
+def preflight_line(preflight: dict[str, Any]) -> str:
+    """The verdict as the summary states it: never clear for a gate that was not evaluated."""
+    verdict = str(preflight.get("verdict", "?"))
+    if verdict == "skipped":
+        return f"SKIPPED ({preflight.get('why', '')})"
+    blocking = [f["gate"] for f in preflight.get("findings", []) if f.get("blocking")]
+    skipped = list(preflight.get("not_evaluated", []))
+    parts = [f"blocking: {', '.join(blocking)}"] if blocking else []
+    parts += [f"not evaluated: {', '.join(skipped)}"] if skipped else []
+    passed = len(preflight.get("passed", []))
+    return f"{verdict.upper() if verdict != 'clear' else verdict} ({'; '.join([*parts, f'{passed} passed'])})"

@@ -19,7 +19,12 @@ from builders.config.models import Distro, FetchedSource, Recipe
 from builders.engine import Engine
 from builders.errors import SourceUnavailable
 
-PYPI_SIMPLE = os.environ.get("FORGE_PYPI_SIMPLE", "https://pypi.org/simple")
+PYPI_SIMPLE = "https://pypi.org/simple"
+
+
+def pypi_simple() -> str:
+    """The simple index sdists come from: $FORGE_PYPI_SIMPLE (a mirror) read at each call, else PyPI's."""
+    return os.environ.get("FORGE_PYPI_SIMPLE", PYPI_SIMPLE).rstrip("/")
 
 
 def cache_dir(root: Path) -> Path:
@@ -45,7 +50,7 @@ def sha256_file(path: Path) -> str:
 
 def sdist_url(name: str, version: str, sha256: str) -> str:
     """Ask PyPI's JSON simple API (PEP 691) for the sdist's URL; the sha256 pins which file."""
-    url = f"{PYPI_SIMPLE}/{name}/"
+    url = f"{pypi_simple()}/{name}/"
     try:
         resp = requests.get(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"}, timeout=30)
         resp.raise_for_status()

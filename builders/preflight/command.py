@@ -13,7 +13,7 @@ from rich.console import Console
 from builders.commands.core import add_gpu_args, gpu_args_apply
 from builders.config import Project
 from builders.engine import Engine
-from builders.errors import EngineError, PreflightBlocked, UsageError
+from builders.errors import EngineError, PreflightBlocked, PreflightIncomplete, UsageError
 from builders.preflight.findings import render_table
 from builders.preflight.host import parse_cpu_flags
 from builders.preflight.runner import run_preflight
@@ -69,6 +69,11 @@ def cmd_preflight(args: argparse.Namespace) -> int:
         run_host_source=args.run_host_flags,
         wheelhouse=[Path(w) for w in args.wheelhouse or ()],
         gpu_mode=args.gpu_mode,
+        torch_index=args.torch_index,
+        torch_version=args.torch_version,
+        fetch=not args.no_fetch,
+        # stderr: --json keeps stdout to the report alone.
+        progress=lambda line: print(f"forge: {line}", file=sys.stderr, flush=True),
     )
     if args.json:
         print(json.dumps(report.to_json(), indent=2, ensure_ascii=False))
@@ -84,6 +89,21 @@ def cmd_preflight(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         return PreflightBlocked.exit_code
+    if not report.complete:
+        if not args.json:
+            print(
+                PreflightIncomplete(
+                    f"not evaluated: {', '.join(report.not_evaluated)}",
+                    hint=next(f.remedy for f in report.findings if not f.evaluated)
+                    + (
+                        " (accepted: --allow-incomplete)"
+                        if args.allow_incomplete
+                        else " — or pass --allow-incomplete to accept an incomplete answer"
+                    ),
+                ).render(),
+                file=sys.stderr,
+            )
+        return 0 if args.allow_incomplete else PreflightIncomplete.exit_code
     return 0
 
 
@@ -92,7 +112,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "preflight",
         help="check in seconds whether DISTRO can build TARGET: source gates, real base, host, torch index",
         description="Every gate a build would hit, each with what was found, what is required, where that "
-        "comes from (vLLM file:line, distro file, host) and what to do. Exit 3 when a gate blocks.",
+        "comes from (vLLM file:line, distro file, host) and what to do. The pinned vLLM source is fetched into "
+        "the source cache when missing. Exit codes: 0 clear; 3 blocked (a gate blocks); 9 incomplete (nothing "
+        "blocks, but a gate could not be evaluated — never reported as clear; --allow-incomplete makes it 0).",
     )
     p.add_argument("distro", help="distro (debian-12) or family (debian: its default release)")
     p.add_argument("target", help="target (cpu, cpu-wheel, ...)")
@@ -106,6 +128,23 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--max-jobs", type=int, default=None, help="compile jobs to check RAM for (default: derived)")
     p.add_argument("--scratch-dir", default=None, help="where the build stages its context (default: the temp dir)")
     p.add_argument("--no-probe", action="store_true", help="do not probe the base image: declared facts only")
+    p.add_argument(
+        "--no-fetch",
+        action="store_true",
+        help="do not download the pinned vLLM sdist when it is not cached (its gates are then not evaluated)",
+    )
+    p.add_argument(
+        "--allow-incomplete",
+        action="store_true",
+        help="exit 0 when nothing blocks but some gate could not be evaluated (the verdict still says incomplete)",
+    )
+    p.add_argument("--torch-version", default=None, help="the torch the build will install (default: vLLM's pin)")
+    p.add_argument(
+        "--torch-index",
+        choices=("pytorch-cpu", "pytorch-cuda", "pypi", "wheelhouse"),
+        default=None,
+        help="the index the build will take torch from, as given to `forge build` (default: the recipe's)",
+    )
     p.add_argument(
         "--run-host-flags",
         default=None,

@@ -9,7 +9,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-Verdict = Literal["pass", "warn", "block"]
+Verdict = Literal["pass", "warn", "block", "skip"]
+# The answer for the whole report: never "clear" while any gate went unchecked (issue 9).
+ReportVerdict = Literal["clear", "incomplete", "blocked"]
 
 
 class Finding(BaseModel):
@@ -28,15 +30,24 @@ class Finding(BaseModel):
     remedy: str = Field(default="", description="what to do instead; empty when the gate passed")
     message: str = Field(default="", description="one sentence saying what the gate checked and why it matters")
     passed: bool = Field(default=False, description="the gate was met; listed to show it was checked")
+    evaluated: bool = Field(
+        default=True,
+        description="false: the gate was skipped or could not be evaluated (no source, index unreachable, base not "
+        "probed); such a gate is never counted as passed and makes the report incomplete",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Finding:
         if self.passed and self.blocking:
             raise ValueError("a finding cannot both pass and block")
+        if not self.evaluated and (self.passed or self.blocking):
+            raise ValueError("a gate that was not evaluated can neither pass nor block")
         return self
 
     @property
     def verdict(self) -> Verdict:
+        if not self.evaluated:
+            return "skip"
         return "pass" if self.passed else ("block" if self.blocking else "warn")
 
 
@@ -58,6 +69,20 @@ def blocker(gate: str, found: str, required: str, source: str, remedy: str, mess
     )
 
 
+def unchecked(gate: str, found: str, required: str, source: str, remedy: str, message: str = "") -> Finding:
+    """A gate preflight could not evaluate: `found` says why; the report is then incomplete, never clear."""
+    return Finding(
+        gate=gate,
+        found=found,
+        required=required,
+        source=source,
+        blocking=False,
+        remedy=remedy,
+        message=message,
+        evaluated=False,
+    )
+
+
 class PreflightReport(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -65,10 +90,17 @@ class PreflightReport(BaseModel):
     target: str = Field(description="target name (cpu)")
     recipe: str = Field(description="recipe file stem")
     blocked: bool = Field(description="at least one finding blocks the build")
+    complete: bool = Field(description="every gate was evaluated; false: see not_evaluated")
+    not_evaluated: tuple[str, ...] = Field(
+        default=(), description="gates that were skipped or could not be evaluated, in report order"
+    )
+    verdict: ReportVerdict = Field(
+        description="blocked (any gate blocks), else incomplete (any gate not evaluated), else clear"
+    )
     mode: Literal["probed", "declared"] = Field(
         description="probed: toolchain facts came from the real base image; declared: from distros/*.yaml only"
     )
-    findings: tuple[Finding, ...] = Field(description="gates that block or warn")
+    findings: tuple[Finding, ...] = Field(description="gates that block, were not evaluated, or warn")
     passed: tuple[Finding, ...] = Field(description="gates that were checked and met")
     seconds: float = Field(description="wall time preflight took")
     vllm_version: str | None = Field(default=None, description="vLLM version of the source read")
@@ -78,9 +110,15 @@ class PreflightReport(BaseModel):
 
     @classmethod
     def from_findings(cls, items: list[Finding], **fields: Any) -> PreflightReport:
-        problems = tuple(sorted((f for f in items if not f.passed), key=lambda f: not f.blocking))
+        order = {"block": 0, "skip": 1, "warn": 2}
+        problems = tuple(sorted((f for f in items if not f.passed), key=lambda f: order[f.verdict]))
+        blocked = any(f.blocking for f in items)
+        skipped = tuple(dict.fromkeys(f.gate for f in problems if not f.evaluated))
         return cls(
-            blocked=any(f.blocking for f in items),
+            blocked=blocked,
+            complete=not skipped,
+            not_evaluated=skipped,
+            verdict="blocked" if blocked else ("incomplete" if skipped else "clear"),
             findings=problems,
             passed=tuple(f for f in items if f.passed),
             **fields,
@@ -98,8 +136,8 @@ class PreflightReport(BaseModel):
         return None
 
     def to_json(self) -> dict[str, Any]:
-        """`distro`, `target`, `blocked`, `findings` (each: gate, found, required, source, blocking, remedy),
-        plus mode, passed checks, timing and what was read."""
+        """`distro`, `target`, `verdict`, `blocked`, `complete`, `not_evaluated` (gate ids), `findings` (each: gate,
+        found, required, source, blocking, evaluated, remedy), plus mode, passed checks, timing and what was read."""
 
         def item(f: Finding) -> dict[str, Any]:
             return {
@@ -108,6 +146,7 @@ class PreflightReport(BaseModel):
                 "required": f.required,
                 "source": f.source,
                 "blocking": f.blocking,
+                "evaluated": f.evaluated,
                 "remedy": f.remedy,
                 "message": f.message,
             }
@@ -115,7 +154,10 @@ class PreflightReport(BaseModel):
         return {
             "distro": self.distro,
             "target": self.target,
+            "verdict": self.verdict,
             "blocked": self.blocked,
+            "complete": self.complete,
+            "not_evaluated": list(self.not_evaluated),
             "findings": [item(f) for f in self.findings],
             "mode": self.mode,
             "recipe": self.recipe,
@@ -129,16 +171,18 @@ class PreflightReport(BaseModel):
 
     def summary(self) -> str:
         blocking = len(self.blocking)
-        warnings = len(self.findings) - blocking
+        skipped = sum(1 for f in self.findings if not f.evaluated)
+        warnings = len(self.findings) - blocking - skipped
         how = f"probed {self.probe_image}" if self.mode == "probed" else "declared facts only, base not probed"
-        verdict = "BLOCKED" if self.blocked else "clear"
+        verdict = "clear" if self.verdict == "clear" else self.verdict.upper()
         return (
-            f"preflight {self.distro} × {self.target}: {verdict} — {blocking} blocking, {warnings} warning(s), "
-            f"{len(self.passed)} passed ({how}; {self.seconds:.1f} s)"
+            f"preflight {self.distro} × {self.target}: {verdict} — {blocking} blocking, {skipped} not evaluated, "
+            f"{warnings} warning(s), {len(self.passed)} passed ({how}; {self.seconds:.1f} s)"
         )
 
 
-_STYLE = {"pass": "green", "warn": "yellow", "block": "bold red"}
+_STYLE = {"pass": "green", "warn": "yellow", "block": "bold red", "skip": "magenta"}
+_LABEL = {"pass": "pass", "warn": "warn", "block": "block", "skip": "not evaluated"}
 
 
 def render_table(report: PreflightReport, console: Console | None = None, *, show_passed: bool = True) -> None:
@@ -149,5 +193,5 @@ def render_table(report: PreflightReport, console: Console | None = None, *, sho
     rows = [*report.findings, *(report.passed if show_passed else ())]
     for f in rows:
         remedy = f.remedy or f.message
-        table.add_row(f.gate, f.found, f.required, f.source, Text(f.verdict, style=_STYLE[f.verdict]), remedy)
+        table.add_row(f.gate, f.found, f.required, f.source, Text(_LABEL[f.verdict], style=_STYLE[f.verdict]), remedy)
     console.print(table)

@@ -14,7 +14,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from builders.config.models import FetchedSource
-from builders.preflight.findings import Finding, blocker, passed, warning
+from builders.preflight.findings import Finding, blocker, passed, unchecked, warning
 from builders.preflight.host import GIB, Memory, Mount, derive_max_jobs
 from builders.preflight.source_facts import CompilerGate, FetchedDependency, SourceFacts
 from builders.preflight.torch_index import IndexListing, matching_wheels, pythons_offered, versions_offered
@@ -179,7 +179,7 @@ def nvcc_host_gcc_gate(
 ) -> Finding:
     found = f"GCC {host_gcc} as nvcc's host compiler"
     if max_major is None:
-        return warning(
+        return unchecked(
             "nvcc-host-gcc",
             found,
             "unknown",
@@ -235,7 +235,7 @@ def glibc_rsqrt_gate(
     yaml_key = f"cuda.glibc_rsqrt_fix in distros/{distro_name}.yaml"
     g, c = _major_minor(glibc), _major_minor(cuda_version)
     if g is None or c is None:
-        return warning(
+        return unchecked(
             "cuda-glibc-rsqrt",
             found,
             required,
@@ -379,7 +379,7 @@ def torch_wheel_gate(
     required = f"torch=={version} wheel for {cp} {arch}"
     other_indexes = "pypi or wheelhouse" if index_name.startswith("pytorch") else "another index"
     if not listing.reachable:
-        return warning(
+        return unchecked(
             "torch-wheel",
             f"index unreachable: {listing.error}",
             required,
@@ -421,7 +421,14 @@ def file_gate(
     pkgs = " ".join(packages) or "(none)"
     source = f"distros/{distro_name}.yaml: {yaml_key}"
     if present is None:
-        return passed(gate, f"declared: {pkgs}", path, source, "not probed: the base image was not at hand")
+        return unchecked(
+            gate,
+            f"not probed: declared {pkgs}",
+            path,
+            source,
+            f"load or bootstrap the base (`forge bootstrap {distro_name}`) and rerun to check the real archive",
+            "the base image was not at hand, so nobody looked for the file",
+        )
     if present:
         return passed(gate, f"{path} shipped by {pkgs}", path, source, f"checked in {origin}'s archive")
     return blocker(

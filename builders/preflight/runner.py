@@ -6,16 +6,17 @@ The build executor calls this as its first phase; `forge preflight` calls it on 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from builders.config import Project
 from builders.config.models import Distro, Recipe, Role
 from builders.engine import Engine
+from builders.errors import SourceUnavailable
 from builders.plan import CudaPlan, GpuMode, PlanOptions, cuda_torch, make_plan, torch_spec
 from builders.preflight import gates
-from builders.preflight.findings import Finding, PreflightReport, passed, warning
+from builders.preflight.findings import Finding, PreflightReport, passed, unchecked, warning
 from builders.preflight.host import (
     GIB,
     HostFacts,
@@ -34,7 +35,9 @@ from builders.preflight.probe import (
 )
 from builders.preflight.source_facts import SourceFacts, read_source_facts
 from builders.preflight.torch_index import IndexListing, fetch_listing, local_listing, project_url
-from builders.sources import cache_dir
+from builders.sources import cache_dir, fetch_sdist
+
+Progress = Callable[[str], None]
 
 
 def default_source_path(project: Project, recipe: Recipe) -> Path | None:
@@ -44,6 +47,54 @@ def default_source_path(project: Project, recipe: Recipe) -> Path | None:
     pin = recipe.source.pypi
     path = cache_dir(project.root) / f"{pin.name}-{pin.version}.tar.gz"
     return path if path.is_file() else None
+
+
+# The gates read from the vLLM source: without it none of them is evaluated.
+SOURCE_GATES = ("gcc", "cmake", "python", "python-cmake", "fetched-source")
+
+
+def _source_or_fetch(
+    project: Project, recipe: Recipe, source: Path | None, fetch: bool, progress: Progress
+) -> tuple[Path | None, str]:
+    """The vLLM source to read: given, cached, or fetched now (sha256-checked, into `forge fetch`'s cache).
+    Returns the path, or None and why it could not be had."""
+    if source is not None:
+        return source, ""
+    cached = default_source_path(project, recipe)
+    if cached is not None:
+        return cached, ""
+    pin = recipe.source.pypi if recipe.source else None
+    if pin is None:
+        return None, "the recipe pins no PyPI sdist"
+    if not fetch:
+        return None, "not in the source cache and fetching was not asked for"
+    progress(
+        f"preflight: fetching {pin.name} {pin.version} sdist from PyPI into {cache_dir(project.root)} (sha256-checked)"
+    )
+    start = time.monotonic()
+    try:
+        got = fetch_sdist(recipe, project.root)
+    except SourceUnavailable as exc:
+        progress(f"preflight: could not fetch {pin.name} {pin.version}: {exc.message}")
+        return None, exc.message
+    size = got.path.stat().st_size / 1e6
+    progress(f"preflight: fetched {got.path.name} ({size:.0f} MB) in {time.monotonic() - start:.1f} s")
+    return got.path, ""
+
+
+def _source_unchecked(recipe: Recipe, why: str, gates_read: Sequence[str]) -> list[Finding]:
+    """One finding per gate the source would have answered: each says it was not evaluated, and why."""
+    return [
+        unchecked(
+            gate,
+            f"not evaluated: no vLLM source ({why})",
+            "read from the vLLM source",
+            f"recipes/{recipe.name}.yaml: source",
+            "make PyPI reachable (preflight fetches the pinned sdist itself), run `forge fetch`, or pass --source PATH",
+            f"the {gate} gate comes from the vLLM source being built",
+        )
+        for gate in gates_read
+    ]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,10 +176,14 @@ def _torch_findings(
     recipe: Recipe,
     python: str,
     wheelhouse: Sequence[Path],
+    torch_index: str | None,
+    torch_version: str | None,
 ) -> list[Finding]:
     if recipe.device == "none":
         return []
     pin_version, pin_source = recipe.torch.version, f"recipes/{recipe.name}.yaml: torch.version"
+    if torch_version:
+        pin_version, pin_source = torch_version, "--torch-version"
     if pin_version is None and facts is not None:
         pins = facts.pins_for(recipe.device, arch=distro.arch, python=python)
         build_pins = [p for p in pins if p.kind == "build" and p.version] or [p for p in pins if p.version]
@@ -136,15 +191,16 @@ def _torch_findings(
             pin_version, pin_source = build_pins[0].version, build_pins[0].source
     if pin_version is None:
         return [
-            warning(
+            unchecked(
                 "torch-wheel",
-                "no torch pin known",
+                "not evaluated: no torch pin known",
                 "a torch pin",
                 f"recipes/{recipe.name}.yaml: torch",
                 "give torch.version in the recipe, or a vLLM source to read the pin from",
             )
         ]
-    options = PlanOptions(max_jobs=1, torch_version=pin_version)
+    # The index the build will use: --torch-index where given, else the recipe's (issue 15: not always PyTorch's).
+    options = PlanOptions(max_jobs=1, torch_version=pin_version, torch_index=torch_index)
     # A GPU image installs the plan's torch: the build for the base's CUDA (2.14.0+cu130 from /whl/cu130).
     spec = (
         cuda_torch(recipe, options, distro.cuda.torch_tag)
@@ -165,9 +221,9 @@ def _torch_findings(
         listing = fetch_listing(project_url(spec.index_url))
     else:
         return [
-            warning(
+            unchecked(
                 "torch-wheel",
-                f"no URL for index {spec.index}",
+                f"not evaluated: no URL for index {spec.index}",
                 spec.requirement,
                 pin_source,
                 f"set torch.index_url in recipes/{recipe.name}.yaml",
@@ -210,7 +266,7 @@ def _disk_findings(
         )
     elif root:
         out.append(
-            warning(
+            unchecked(
                 "disk-layers",
                 f"engine data root {root} not visible from here",
                 f"≥ {res.disk_gb:g} GiB",
@@ -221,7 +277,7 @@ def _disk_findings(
         )
     else:
         out.append(
-            warning(
+            unchecked(
                 "disk-layers",
                 "no engine connected",
                 f"≥ {res.disk_gb:g} GiB",
@@ -367,10 +423,17 @@ def run_preflight(
     wheelhouse: Sequence[Path] = (),
     host: HostFacts | None = None,
     gpu_mode: GpuMode | None = None,
+    torch_index: str | None = None,
+    torch_version: str | None = None,
+    fetch: bool = False,
+    progress: Progress = lambda _line: None,
 ) -> PreflightReport:
-    """Every gate for building `recipe` on `distro` here. A failed gate never raises: the report says.
+    """Every gate for building `recipe` on `distro` here. A failed gate never raises: the report says, and a gate
+    that could not be evaluated makes it incomplete, never clear.
 
     gpu_mode: for device=cuda recipes, overrides the recipe's cuda.mode (wheel: no compile gates).
+    torch_index, torch_version: what the build was told (--torch-index, --torch-version), else the recipe's.
+    fetch: download the pinned vLLM sdist into the source cache when it is not there (progress says so).
     Raises SourceUnavailable only when an explicitly given source cannot be read.
     """
     start = time.monotonic()
@@ -387,25 +450,25 @@ def run_preflight(
 
     facts: SourceFacts | None = None
     source_path = source
-    if compiles:
-        source_path = source or default_source_path(project, recipe)
+    # A GPU wheel's requires-python is the sdist's of the same release: the python gate reads it from there.
+    if compiles or (gpu_wheel and _source_matches_wheel(recipe)):
+        source_path, why = _source_or_fetch(project, recipe, source, fetch, progress)
         if source_path is None:
-            findings.append(
-                warning(
-                    "source",
-                    "no vLLM source at hand",
-                    "vLLM source (dir or sdist)",
-                    f"recipes/{recipe.name}.yaml: source",
-                    "run `forge fetch` to cache the pinned sdist, or pass --source PATH",
-                    "the GCC, CMake, Python and torch gates come from the source and were not checked",
-                )
-            )
+            findings += _source_unchecked(recipe, why, SOURCE_GATES if compiles else ("python",))
         else:
             facts = read_source_facts(source_path)
-    elif gpu_wheel and _source_matches_wheel(recipe):
-        # The wheel's requires-python is the sdist's of the same release: read it where the sdist is at hand.
-        source_path = source or default_source_path(project, recipe)
-        facts = read_source_facts(source_path) if source_path else None
+    elif gpu_wheel:
+        pin = recipe.source.pypi if recipe.source else None
+        findings.append(
+            unchecked(
+                "python",
+                f"not evaluated: no sdist of the wheel's release ({recipe.cuda.wheel_version if recipe.cuda else '?'}) "
+                f"pinned (source.pypi: {pin.version if pin else 'none'})",
+                "the wheel's requires-python",
+                f"recipes/{recipe.name}.yaml: source.pypi",
+                "pin the sdist of the same vLLM release as cuda.wheel_version, so its requires-python can be read",
+            )
+        )
 
     probe_result: ProbeResult | None = None
     if device != "none":
@@ -443,7 +506,9 @@ def run_preflight(
         )
         findings += [f for f in python if compiles or f.gate not in COMPILE_GATES]
     if recipe.kind in {"source", "wheel"}:
-        findings += _torch_findings(facts, distro, recipe, toolchain.python.value, wheelhouse)
+        findings += _torch_findings(
+            facts, distro, recipe, toolchain.python.value, wheelhouse, torch_index, torch_version
+        )
     if device != "none":
         findings += _file_findings(distro, compiles, probe_result)
     if cuda is not None and compiles:

@@ -72,16 +72,18 @@ def render_matrix(project: Project) -> str:
     return json.dumps({"include": [asdict(e) for e in matrix(project)]}, indent=2) + "\n"
 
 
-def _command_lines(e: MatrixEntry, *, locked: bool) -> dict[str, str]:
+def _command_lines(e: MatrixEntry, *, locked: bool, allow_incomplete: bool) -> dict[str, str]:
     """The shell each stage runs; shared by both CI formats so they cannot drift apart."""
     report = 'reports/"$FORGE_DISTRO-$FORGE_TARGET"'
-    fetch_for_preflight = 'forge fetch "$FORGE_DISTRO" "$FORGE_TARGET" vllm\n' if e.kind == "source" else ""
+    # Preflight fetches the vLLM sdist its gates read; exit 9 (incomplete: a gate not evaluated) fails the job
+    # like exit 3 (blocked) unless the workflow was rendered with --allow-incomplete-preflight.
+    accept = " --allow-incomplete" if allow_incomplete else ""
     return {
         # The same order builders/bootstrap.ensure_base tries: the registry first; CI runners reach it.
         "base": f"docker pull {e.base_image}\ndocker tag {e.base_image} {e.base_tag}\n",
         "preflight": (
-            f"{fetch_for_preflight}mkdir -p {report}\n"
-            f'forge preflight "$FORGE_DISTRO" "$FORGE_TARGET" --json > {report}/preflight.json\n'
+            f"mkdir -p {report}\n"
+            f'forge preflight "$FORGE_DISTRO" "$FORGE_TARGET" --json{accept} > {report}/preflight.json\n'
         ),
         "fetch": 'forge fetch "$FORGE_DISTRO" "$FORGE_TARGET"\n',
         "build": f'forge build "$FORGE_DISTRO" "$FORGE_TARGET" --quiet{" --locked" if locked else ""}\n',
@@ -144,10 +146,16 @@ def _upload(e: MatrixEntry, what: str) -> dict[str, Any]:
     }
 
 
-def render_github(project: Project, *, runs_on: str = DEFAULT_RUNS_ON, locked: bool = False) -> str:
+def _options(locked: bool, allow_incomplete: bool) -> str:
+    return (" --locked" if locked else "") + (" --allow-incomplete-preflight" if allow_incomplete else "")
+
+
+def render_github(
+    project: Project, *, runs_on: str = DEFAULT_RUNS_ON, locked: bool = False, allow_incomplete: bool = False
+) -> str:
     jobs: dict[str, Any] = {}
     for e in matrix(project):
-        cmd = _command_lines(e, locked=locked)
+        cmd = _command_lines(e, locked=locked, allow_incomplete=allow_incomplete)
         env = {"FORGE_DISTRO": e.distro, "FORGE_TARGET": e.target}
         jobs[f"preflight-{e.job}"] = {
             "name": f"preflight {e.distro} {e.target}",
@@ -190,7 +198,7 @@ def render_github(project: Project, *, runs_on: str = DEFAULT_RUNS_ON, locked: b
         "env": {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PYTHONUNBUFFERED": "1"},
         "jobs": jobs,
     }
-    options = (f" --runs-on {runs_on}" if runs_on != DEFAULT_RUNS_ON else "") + (" --locked" if locked else "")
+    options = (f" --runs-on {runs_on}" if runs_on != DEFAULT_RUNS_ON else "") + _options(locked, allow_incomplete)
     return (
         _dump(data, _header("github", GITHUB_PATH, options))
         .replace("pull_request: null", "pull_request:")
@@ -198,7 +206,9 @@ def render_github(project: Project, *, runs_on: str = DEFAULT_RUNS_ON, locked: b
     )
 
 
-def render_gitlab(project: Project, *, tags: tuple[str, ...] = (), locked: bool = False) -> str:
+def render_gitlab(
+    project: Project, *, tags: tuple[str, ...] = (), locked: bool = False, allow_incomplete: bool = False
+) -> str:
     """A pipeline for a runner whose jobs reach a Docker engine with host networking (a shell executor)."""
     data: dict[str, Any] = {
         "stages": ["preflight", "image"],
@@ -208,7 +218,7 @@ def render_gitlab(project: Project, *, tags: tuple[str, ...] = (), locked: bool 
     if tags:
         data[".forge"]["tags"] = list(tags)
     for e in matrix(project):
-        cmd = _command_lines(e, locked=locked)
+        cmd = _command_lines(e, locked=locked, allow_incomplete=allow_incomplete)
         variables = {"FORGE_DISTRO": e.distro, "FORGE_TARGET": e.target}
         artifacts = {"when": "always", "paths": [f"reports/{e.distro}-{e.target}/"], "expire_in": "30 days"}
         preflight = f"preflight:{e.distro}:{e.target}"
@@ -230,5 +240,5 @@ def render_gitlab(project: Project, *, tags: tuple[str, ...] = (), locked: bool 
             "script": script,
             "artifacts": artifacts,
         }
-    options = (" " + " ".join(f"--gitlab-tag {t}" for t in tags) if tags else "") + (" --locked" if locked else "")
+    options = (" " + " ".join(f"--gitlab-tag {t}" for t in tags) if tags else "") + _options(locked, allow_incomplete)
     return _dump(data, _header("gitlab", GITLAB_PATH, options))

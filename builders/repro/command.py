@@ -165,9 +165,16 @@ def cmd_ci(args: argparse.Namespace) -> int:
 
     project = _project(args)
     if args.format == "github":
-        text = render_github(project, runs_on=args.runs_on, locked=args.locked)
+        text = render_github(
+            project, runs_on=args.runs_on, locked=args.locked, allow_incomplete=args.allow_incomplete_preflight
+        )
     elif args.format == "gitlab":
-        text = render_gitlab(project, tags=tuple(args.gitlab_tag or ()), locked=args.locked)
+        text = render_gitlab(
+            project,
+            tags=tuple(args.gitlab_tag or ()),
+            locked=args.locked,
+            allow_incomplete=args.allow_incomplete_preflight,
+        )
     else:
         text = render_matrix(project)
     if not args.output:
@@ -245,4 +252,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--runs-on", default="ubuntu-24.04", help="GitHub runner label (default: ubuntu-24.04)")
     p.add_argument("--gitlab-tag", action="append", metavar="TAG", help="GitLab runner tag (repeatable)")
     p.add_argument("--locked", action="store_true", help="build with --locked (needs every pair in forge.lock)")
+    p.add_argument(
+        "--allow-incomplete-preflight",
+        action="store_true",
+        help="let a preflight job pass when a gate could not be evaluated (default: incomplete fails the job)",
+    )
     p.set_defaults(func=cmd_ci)

@@ -259,8 +259,10 @@ def test_file_gates_in_each_mode() -> None:
     assert gate(present=True).passed
     missing = gate(present=False)
     assert missing.blocking and missing.source == "distros/debian-12.yaml: packages.numa_headers"
+    # Not probed: nobody looked for the file, so the gate is not evaluated (never passed).
     declared = gate(present=None)
-    assert declared.passed and "declared" in declared.found
+    assert not declared.passed and not declared.evaluated and declared.verdict == "skip"
+    assert "not probed" in declared.found and "forge bootstrap debian-12" in declared.remedy
 
 
 def test_disk_gate() -> None:
@@ -388,7 +390,7 @@ def test_declared_vs_probed() -> None:
         ("13.0", "2.41", False, "pass"),  # Debian 13: no rsqrt in its headers
         ("12.8", "2.43", False, "block"),  # older toolkits declare them the same way
         ("13.1", "2.43", False, "pass"),
-        ("13.0", "unknown", False, "warn"),
+        ("13.0", "unknown", False, "skip"),  # versions not understood: not evaluated, never passed
     ],
 )
 def test_glibc_rsqrt_gate(cuda: str, glibc: str, fix: bool, verdict: str) -> None:

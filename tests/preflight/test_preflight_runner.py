@@ -13,7 +13,7 @@ from rich.console import Console
 from builders.cli import main
 from builders.config import Project
 from builders.config.models import Distro
-from builders.errors import PreflightBlocked
+from builders.errors import PreflightBlocked, PreflightIncomplete
 from builders.preflight import PreflightReport, render_table, run_preflight
 from builders.preflight.host import (
     GIB,
@@ -190,7 +190,28 @@ def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
         ]
     )
     out = capsys.readouterr()
-    assert rc == 0, out.out
+    # Without a probe nobody looked for numa.h or libtcmalloc in the archive: incomplete, not clear.
+    assert rc == PreflightIncomplete.exit_code == 9, out.out
+    assert "INCOMPLETE" in out.out and "not evaluated" in out.out and "clear" not in out.out
+    assert "preflight incomplete: not evaluated: " in out.err and "--allow-incomplete" in out.err
+    rc = main(
+        [
+            "preflight",
+            "debian-13",
+            "cpu",
+            "--source",
+            str(FIXTURE),
+            "--no-probe",
+            "--json",
+            "--scratch-dir",
+            str(tmp_path),
+            "--allow-incomplete",
+        ]
+    )
+    data = json.loads(capsys.readouterr().out)
+    assert rc == 0 and data["verdict"] == "incomplete" and not data["complete"]
+    assert {"numa-headers", "tcmalloc"} <= set(data["not_evaluated"])
+    assert not {f["gate"] for f in data["passed"]} & set(data["not_evaluated"])
 
 
 def test_cli_bad_run_host_flags_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -283,9 +304,11 @@ def test_without_source_the_cached_sdist_is_read(
         scratch_dir=tmp_path,
         probe=False,
     )
-    note = bare.finding("source")
-    assert note is not None and not note.passed and "forge fetch" in note.remedy
-    assert bare.finding("gcc") is None
+    # Not cached and not asked to fetch: every source gate is listed as not evaluated, none as passed.
+    gcc = bare.finding("gcc")
+    assert gcc is not None and not gcc.evaluated and "forge fetch" in gcc.remedy
+    assert bare.verdict == "incomplete" and not bare.complete
+    assert {"gcc", "cmake", "python", "python-cmake", "fetched-source"} <= set(bare.not_evaluated)
 
 
 def test_wheelhouse_torch_must_match_the_distro_python(project: Project, tmp_path: Path) -> None:
