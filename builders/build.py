@@ -138,6 +138,31 @@ def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOption
         # A GPU build in wheel mode installs PyPI's CUDA wheel: no sdist to resolve, nothing compiled.
         gpu_mode = (options.gpu_mode or recipe.cuda.mode) if recipe.device == "cuda" and recipe.cuda else None
         compiles = recipe.kind == "source" and gpu_mode != "wheel"
+
+        # Cheapest first (issue 9): a base that cannot be had, or a gate that blocks, stops the build before any
+        # download; preflight fetches only the vLLM sdist its gates read, which the build needs anyway.
+        with report.phase("base"):
+            if recipe.device == "cuda":
+                base = _ensure_gpu_bases(distro, recipe, options, engine, report, sink)
+            else:
+                base = ensure_base(distro, engine)
+                report.base = {
+                    "ref": base.ref,
+                    "image_id": base.image_id,
+                    "how": base.how,
+                    "rootfs_sha256": base.rootfs_sha256,
+                    "declared": distro.base.pinned_ref,
+                }
+                sink(f"forge: base {base.ref} ({base.how})")
+
+        cached_wheels = wheelhouse_dir(project.root, distro, recipe) if recipe.wheelhouse is not None else None
+        wheelhouse = options.wheelhouse or cached_wheels
+        if options.skip_preflight:
+            report.preflight = {"verdict": "skipped", "complete": False, "why": "--skip-preflight: no gate evaluated"}
+        else:
+            with report.phase("preflight"):
+                _preflight_phase(project, distro, recipe, engine, options, max_jobs, wheelhouse, report, sink)
+
         sources: dict[str, ResolvedSource] = {}
         torch_pin: str | None = None
         vllm_version: str | None = None
@@ -163,29 +188,11 @@ def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOption
                 torch_pin, vllm_version = read_pins(sources["vllm"].path, distro, recipe.device)
             sink(f"forge: sources {', '.join(f'{k} ({v.origin})' for k, v in sources.items()) or 'none needed'}")
 
-        with report.phase("base"):
-            if recipe.device == "cuda":
-                base = _ensure_gpu_bases(distro, recipe, options, engine, torch_pin, report, sink)
-            else:
-                base = ensure_base(distro, engine)
-                report.base = {
-                    "ref": base.ref,
-                    "image_id": base.image_id,
-                    "how": base.how,
-                    "rootfs_sha256": base.rootfs_sha256,
-                    "declared": distro.base.pinned_ref,
-                }
-                sink(f"forge: base {base.ref} ({base.how})")
-
-        wheelhouse = options.wheelhouse
-        if wheelhouse is None and recipe.wheelhouse is not None:
-            cached = wheelhouse_dir(project.root, distro, recipe)
-            if not any(cached.glob("*.whl")):
-                raise SourceUnavailable(
-                    f"no wheelhouse for {distro.name} {recipe.target} in {cached}",
-                    hint=f"run `forge fetch {distro.name} {recipe.target}` or pass --wheelhouse DIR",
-                )
-            wheelhouse = cached
+        if options.wheelhouse is None and cached_wheels is not None and not any(cached_wheels.glob("*.whl")):
+            raise SourceUnavailable(
+                f"no wheelhouse for {distro.name} {recipe.target} in {cached_wheels}",
+                hint=f"run `forge fetch {distro.name} {recipe.target}` or pass --wheelhouse DIR",
+            )
         if wheelhouse is not None:
             report.source = {
                 "origin": f"wheelhouse {wheelhouse}",
@@ -196,36 +203,6 @@ def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOption
             from builders.repro.integration import lock_phase  # imported late: the repro package imports this one
 
             epoch = lock_phase(project, distro, recipe, engine, report, options, wheelhouse, sink)
-
-        if not options.skip_preflight:
-            with report.phase("preflight"):
-                from builders.preflight import run_preflight
-
-                scratch = options.scratch_dir or Path(tempfile.gettempdir())
-                pre = run_preflight(
-                    project,
-                    distro,
-                    recipe,
-                    engine=engine,
-                    source=sources["vllm"].path if "vllm" in sources else None,
-                    max_jobs=max_jobs,
-                    scratch_dir=scratch,
-                    wheelhouse=[wheelhouse] if wheelhouse else [],
-                    gpu_mode=options.gpu_mode,
-                )
-                report.preflight = pre.model_dump(mode="json")
-                for finding in pre.findings:
-                    sink(
-                        f"forge: preflight {finding.gate}: {finding.found} vs {finding.required} "
-                        f"{'BLOCKING' if finding.blocking else 'ok/warn'}"
-                    )
-                if pre.blocked:
-                    blocking = [f for f in pre.findings if f.blocking]
-                    raise PreflightBlocked(
-                        f"{distro.name} {recipe.target}: "
-                        + "; ".join(f"{f.gate}: {f.found} < {f.required} ({f.source})" for f in blocking),
-                        hint=blocking[0].remedy + " — or run with --skip-preflight to try anyway",
-                    )
 
         plan = make_plan(
             distro,
@@ -351,6 +328,54 @@ def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOption
         report.write(reports_dir)
 
 
+def _preflight_phase(
+    project: Project,
+    distro: Distro,
+    recipe: Recipe,
+    engine: Engine,
+    options: BuildOptions,
+    max_jobs: int,
+    wheelhouse: Path | None,
+    report: BuildReport,
+    sink: Sink,
+) -> None:
+    """Every gate against the real base, the source (fetched when missing) and the index this build uses. Blocked
+    stops the build; incomplete is said loudly and recorded, and the build goes on to find out for itself."""
+    from builders.preflight import run_preflight
+
+    pre = run_preflight(
+        project,
+        distro,
+        recipe,
+        engine=engine,
+        source=options.source_overrides.get("vllm"),
+        max_jobs=max_jobs,
+        scratch_dir=options.scratch_dir or Path(tempfile.gettempdir()),
+        wheelhouse=[wheelhouse] if wheelhouse else [],
+        gpu_mode=options.gpu_mode,
+        torch_index=options.torch_index,
+        torch_version=options.torch_version,
+        fetch=True,
+        progress=lambda line: sink(f"forge: {line}"),
+    )
+    report.preflight = pre.model_dump(mode="json")
+    for finding in pre.findings:
+        sink(f"forge: preflight {finding.gate}: {finding.found} vs {finding.required} ({finding.verdict})")
+    sink(f"forge: {pre.summary()}")
+    if pre.blocked:
+        blocking = pre.blocking
+        raise PreflightBlocked(
+            f"{distro.name} {recipe.target}: "
+            + "; ".join(f"{f.gate}: {f.found} vs {f.required} ({f.source})" for f in blocking),
+            hint=blocking[0].remedy + " — or run with --skip-preflight to try anyway",
+        )
+    if not pre.complete:
+        sink(
+            f"forge: warning: preflight INCOMPLETE — not evaluated: {', '.join(pre.not_evaluated)}; "
+            "the build goes on, and its report says so"
+        )
+
+
 def _fetched_source(
     project: Project, distro: Distro, fetched: FetchedSource, engine: Engine, options: BuildOptions, sink: Sink
 ) -> ResolvedSource:
@@ -378,23 +403,19 @@ def _ensure_gpu_bases(
     recipe: Recipe,
     options: BuildOptions,
     engine: Engine,
-    torch_pin: str | None,
     report: BuildReport,
     sink: Sink,
 ) -> BaseResult:
     """The plan's BASE_IMAGE and RUNTIME_IMAGE in the engine: the distro's own base as `forge bootstrap` makes it,
     a CUDA base local or pulled. Every missing one is named before the build stops; returns the runtime base."""
-    draft = make_plan(
-        distro,
-        recipe,
-        PlanOptions(
-            max_jobs=1,
-            gpu_mode=options.gpu_mode,
-            torch_version=options.torch_version or torch_pin,
-            torch_index=options.torch_index,
-        ),
-    )
-    wanted = {arg: draft.build_args[arg] for arg in ("BASE_IMAGE", "RUNTIME_IMAGE") if arg in draft.build_args}
+    from builders.preflight.runner import gpu_plan
+
+    cuda = gpu_plan(distro, recipe, options.gpu_mode)
+    if cuda is None:  # no cuda section: the plan's own error names the fix
+        make_plan(distro, recipe, PlanOptions(max_jobs=1, gpu_mode=options.gpu_mode))
+        raise AssertionError("make_plan accepted a GPU target on a distro without a cuda section")
+    wanted = {"BASE_IMAGE": cuda.devel_ref} if cuda.devel_ref else {}
+    wanted["RUNTIME_IMAGE"] = cuda.runtime_ref
     got: dict[str, BaseResult] = {}
     problems: dict[str, BaseUnavailable] = {}
     for ref in dict.fromkeys(wanted.values()):
