@@ -22,9 +22,17 @@ step      1.0 inside the build step that failed (or when the log has no steps), 
 
 The best candidate wins (ties: non-fallout, then heavier rule, then later line). A message repeated verbatim
 (BuildKit's closing summary echoes the failing step's last lines; vLLM logs an exception, then re-raises it)
-is scored at its best occurrence and reported at its first occurrence in the failing step. Below
-CONFIDENCE_THRESHOLD the answer is `unknown`, pointing at the anchor: a wrong cause sends people the wrong way.
-For `unknown`, confidence is 1 − the best candidate's score: how sure it is that no known cause applies.
+is scored at its best occurrence and reported at its first occurrence in the failing step; when the winning
+rule matched several lines that score within SAME_CAUSE_MARGIN of the best (apt's one `E:` per repository),
+the first of them is reported. Below CONFIDENCE_THRESHOLD the answer is `unknown`, pointing at the anchor: a
+wrong cause sends people the wrong way.
+
+Confidence means one thing for every answer: how strongly the reported line supports the answer, by the
+formula above. `unknown` is scored as the catch-all rule: its line is the first error of the failing step,
+its weight is UNKNOWN_WEIGHT (= CONFIDENCE_THRESHOLD) and no context supports it, so an `unknown` is never
+more confident than the least a named cause needs, and is 0 when nothing in the log reads like an error.
+A runner-up above the threshold and within CLOSE_MARGIN of the answer is flagged `close`: the log supports
+both causes nearly as well, and both are shown.
 """
 
 from __future__ import annotations
@@ -53,6 +61,9 @@ INHERIT_FACTOR = 0.9
 OUTSIDE_STEP_FACTOR = 0.6
 MAX_EVIDENCE = 8
 MAX_ALTERNATIVES = 3
+SAME_CAUSE_MARGIN = 0.1
+CLOSE_MARGIN = 0.1
+UNKNOWN_WEIGHT = CONFIDENCE_THRESHOLD
 
 
 class Alternative(BaseModel):
@@ -63,6 +74,12 @@ class Alternative(BaseModel):
     category: str = Field(description="The rule id that matched.")
     line_number: int = Field(description="1-based line of that rule's best line.")
     confidence: float = Field(description="That rule's score, 0..1.")
+    close: bool = Field(
+        default=False,
+        description="Above the threshold and within CLOSE_MARGIN of the answer: a second cause as likely, "
+        "shown next to the answer.",
+    )
+    cause: str = Field(default="", description="That rule's cause, so that a close second can be read as one.")
 
 
 class Diagnosis(BaseModel):
@@ -95,7 +112,10 @@ class Diagnosis(BaseModel):
 
     def render(self, width: int = 100) -> str:
         """A few lines for a person: what, where, why, what to do."""
-        lines = [f"diagnosis: {self.category} (confidence {self.confidence:.2f})"]
+        verdict = f"confidence {self.confidence:.2f}"
+        if self.category == UNKNOWN:
+            verdict += f"; no known cause reached {CONFIDENCE_THRESHOLD:.2f}"
+        lines = [f"diagnosis: {self.category} ({verdict})"]
         if self.line_number is not None:
             shown = self.line if len(self.line or "") <= 2 * width else f"{(self.line or '')[: 2 * width]} ..."
             lines.append(f"  line {self.line_number}: {shown}")
@@ -103,11 +123,20 @@ class Diagnosis(BaseModel):
             lines.append(textwrap.fill(text, width=width, initial_indent=f"  {label} ", subsequent_indent=" " * 10))
         if self.evidence:
             lines.append("  evidence: lines " + ", ".join(str(n) for n in self.evidence))
-        if self.alternatives:
-            others = ", ".join(
-                f"{alt.category} (line {alt.line_number}, {alt.confidence:.2f})" for alt in self.alternatives
-            )
-            lines.append(f"  also matched: {others}")
+        for alt in self.alternatives:
+            if alt.close:
+                lines.append(
+                    textwrap.fill(
+                        f"{alt.category} (line {alt.line_number}, confidence {alt.confidence:.2f}): {alt.cause}",
+                        width=width,
+                        initial_indent="  or, as likely: ",
+                        subsequent_indent=" " * 10,
+                    )
+                )
+        others = [alt for alt in self.alternatives if not alt.close]
+        if others:
+            listed = ", ".join(f"{alt.category} (line {alt.line_number}, {alt.confidence:.2f})" for alt in others)
+            lines.append(f"  also matched: {listed}")
         return "\n".join(lines)
 
 
@@ -287,11 +316,12 @@ class _LogView:
         if self.anchor is not None:
             return self.anchor
         in_step = [(line, kind) for line, kind in zip(self.lines, self.kinds, strict=True) if self.in_step(line)]
-        for wanted in (Kind.ERROR, Kind.FATAL):
-            for line, kind in reversed(in_step):
-                if kind is wanted:
-                    return line
-        return None
+        for line, kind in in_step:
+            if kind is Kind.ERROR:
+                return line
+        # Only fallout is left (a CalledProcessError, its traceback): the earliest of it is where the
+        # failure first shows; the traceback it raises after it only repeats it.
+        return next((line for line, kind in in_step if kind is Kind.FATAL), None)
 
 
 def _candidates(
@@ -347,7 +377,7 @@ def diagnose_text(text: str, *, rules: RuleBook | None = None) -> Diagnosis:
     compiled_kinds, compiled_rules = _compile(book)
     lines = split_log(text)
     if not lines:
-        return _unknown(None, 0.0, ())
+        return _unknown(None, None, ())
     view = _LogView.of(lines, compiled_kinds)
     candidates, context_evidence = _candidates(view, compiled_rules)
     best_per_rule: dict[str, _Candidate] = {}
@@ -358,10 +388,24 @@ def diagnose_text(text: str, *, rules: RuleBook | None = None) -> Diagnosis:
     ordered = sorted(best_per_rule.values(), key=_rank, reverse=True)
     if not ordered or ordered[0].score < CONFIDENCE_THRESHOLD:
         rejected = tuple(_alternative(c) for c in ordered[:MAX_ALTERNATIVES])
-        return _unknown(view.first_error(), ordered[0].score if ordered else 0.0, rejected)
+        return _unknown(view, view.first_error(), rejected)
 
     best = ordered[0]
-    reported = next((line for line in lines if line.key == best.line.key and view.in_step(line)), best.line)
+    # Apt prints one `E:` line per repository, a parallel build one `Killed` per job: the same cause on
+    # several lines that score alike. A person reads from the first of them.
+    earliest = min(
+        (
+            c
+            for c in candidates
+            if c.rule.id == best.rule.id
+            and c.fallout == best.fallout
+            and view.in_step(c.line)
+            and c.score >= best.score - SAME_CAUSE_MARGIN
+        ),
+        key=lambda c: c.line.number,
+        default=best,
+    )
+    reported = next((line for line in lines if line.key == earliest.line.key and view.in_step(line)), earliest.line)
     supporting = {c.line.number for c in candidates if c.rule.id == best.rule.id}
     supporting |= context_evidence[best.rule.id]
     supporting.discard(reported.number)
@@ -374,17 +418,24 @@ def diagnose_text(text: str, *, rules: RuleBook | None = None) -> Diagnosis:
         remedy=best.rule.remedy.strip(),
         confidence=round(min(best.score, 1.0), 2),
         evidence=tuple(sorted(nearest)),
-        alternatives=tuple(_alternative(c) for c in ordered[1 : 1 + MAX_ALTERNATIVES]),
+        alternatives=tuple(_alternative(c, best=best) for c in ordered[1 : 1 + MAX_ALTERNATIVES]),
     )
 
 
-def _alternative(candidate: _Candidate) -> Alternative:
+def _alternative(candidate: _Candidate, *, best: _Candidate | None = None) -> Alternative:
+    close = (
+        best is not None and candidate.score >= CONFIDENCE_THRESHOLD and best.score - candidate.score <= CLOSE_MARGIN
+    )
     return Alternative(
-        category=candidate.rule.id, line_number=candidate.line.number, confidence=round(candidate.score, 2)
+        category=candidate.rule.id,
+        line_number=candidate.line.number,
+        confidence=round(candidate.score, 2),
+        close=close,
+        cause=candidate.rule.cause.strip(),
     )
 
 
-def _unknown(line: LogLine | None, best_score: float, alternatives: tuple[Alternative, ...]) -> Diagnosis:
+def _unknown(view: _LogView | None, line: LogLine | None, alternatives: tuple[Alternative, ...]) -> Diagnosis:
     where = (
         f"line {line.number}, the first error of the failing step"
         if line is not None
@@ -397,9 +448,17 @@ def _unknown(line: LogLine | None, best_score: float, alternatives: tuple[Altern
         cause="No known cause in builders/diagnose/rules.yaml explains this log with enough confidence.",
         remedy=f"Start reading at {where}. If the cause is one Forge should recognise, add a rule with "
         "examples to builders/diagnose/rules.yaml and the log to tests/logs/.",
-        confidence=round(1.0 - min(best_score, 1.0), 2),
+        confidence=round(_unknown_score(view, line), 2),
         alternatives=alternatives,
     )
+
+
+def _unknown_score(view: _LogView | None, line: LogLine | None) -> float:
+    """The catch-all rule's score at `line`, by the same formula as every rule (no context supports it)."""
+    if view is None or line is None:
+        return 0.0
+    severity = view.severities[line.number - 1]
+    return UNKNOWN_WEIGHT * (0.5 * severity + 0.3 * view.position(line.number) + 0.2 * 0.5)
 
 
 def read_log(path: Path | str) -> str:

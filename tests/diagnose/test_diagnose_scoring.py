@@ -208,7 +208,9 @@ def test_noise_seen_in_completed_steps_does_not_hide_a_later_error() -> None:
     assert diagnosis.category == UNKNOWN
     assert diagnosis.line == error
     assert diagnosis.alternatives[0].category == "tcmalloc-preload"
-    assert diagnosis.confidence == pytest.approx(1 - diagnosis.alternatives[0].confidence, abs=0.011)
+    # The catch-all's own score at the error line: never above what a named cause needs.
+    assert 0.0 < diagnosis.confidence < CONFIDENCE_THRESHOLD
+    assert not diagnosis.alternatives[0].close
 
 
 def test_preload_failure_that_ends_the_build_is_named() -> None:
@@ -257,7 +259,7 @@ def test_a_log_without_errors_is_unknown_with_no_line(text: str) -> None:
         UNKNOWN,
         None,
         None,
-        1.0,
+        0.0,
     )
 
 
@@ -301,3 +303,35 @@ def test_a_specific_rule_keeps_its_line_against_a_generic_one_with_more_context(
     diagnosis = diagnose_text(text)
     assert diagnosis.category == "shm-too-small"
     assert diagnosis.line_number == _number_of(text, "/dev/shm/psm_")
+
+
+def test_two_causes_that_score_alike_are_both_shown() -> None:
+    text = _log(
+        NINJA[:5],
+        "c++: fatal error: Killed signal terminated program cc1plus",
+        "/usr/bin/ld: final link failed: No space left on device",
+        "ninja: build stopped: subcommand failed.",
+    )
+    diagnosis = diagnose_text(text)
+    assert diagnosis.category == "oom-killed"
+    close = [alt for alt in diagnosis.alternatives if alt.close]
+    assert [alt.category for alt in close] == ["disk-full"]
+    assert diagnosis.confidence - close[0].confidence <= 0.1
+    rendered = diagnosis.render()
+    assert "or, as likely: disk-full" in rendered and "ran out of" in rendered
+
+
+def test_a_distant_runner_up_is_not_called_close() -> None:
+    text = _log(NINJA[:5], "c++: fatal error: Killed signal terminated program cc1plus", "ninja: build stopped")
+    diagnosis = diagnose_text(text)
+    assert diagnosis.category == "oom-killed"
+    assert not [alt for alt in diagnosis.alternatives if alt.close]
+    assert "or, as likely" not in diagnosis.render()
+
+
+def test_unknown_confidence_is_the_catch_all_score_not_a_certainty() -> None:
+    diagnosis = diagnose_text("configuring\nerror: something odd happened\n")
+    assert diagnosis.category == UNKNOWN
+    assert diagnosis.line_number == 2
+    assert 0.0 < diagnosis.confidence < CONFIDENCE_THRESHOLD
+    assert f"no known cause reached {CONFIDENCE_THRESHOLD:.2f}" in diagnosis.render()
