@@ -97,6 +97,12 @@ class Rule(BaseModel):
         description="Real-looking log lines that must match this rule and no other rule of equal or "
         "higher weight; checked by the test suite.",
     )
+    must_not_fire_on: list[str] = Field(
+        default_factory=list,
+        description="Categories whose logs this rule must never explain (as the answer or as a close "
+        "second): the look-alikes it could be confused with. tests/diagnose checks it on every log in "
+        "tests/logs labelled with one of them.",
+    )
 
     @field_validator("id")
     @classmethod
@@ -136,6 +142,14 @@ class RuleBook(BaseModel):
             if rule.id in seen:
                 raise ValueError(f"rule id {rule.id!r} appears twice; each category has exactly one rule")
             seen.add(rule.id)
+        for rule in self.rules:
+            for other in rule.must_not_fire_on:
+                if other not in seen and other != UNKNOWN:
+                    close = difflib.get_close_matches(other, sorted(seen), n=1)
+                    hint = f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(sorted(seen))}"
+                    raise ValueError(f"rule {rule.id!r}: must_not_fire_on names no rule {other!r}{hint}")
+                if other == rule.id:
+                    raise ValueError(f"rule {rule.id!r}: must_not_fire_on cannot name the rule itself")
         return self
 
     @property

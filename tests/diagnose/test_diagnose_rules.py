@@ -24,7 +24,10 @@ def test_required_categories_are_present() -> None:
     required = {
         "gcc-gate", "cmake-too-old", "missing-header", "disk-full", "oom-killed", "torch-mismatch",
         "network-fetch", "isa-unsupported", "python-unsupported", "tcmalloc-preload", "tls-untrusted",
-        "shm-too-small",
+        "shm-too-small", "cmake-policy", "missing-library", "cuda-mismatch", "cuda-home-unset",
+        "cuda-arch-unsupported",
+        # issue 15: bootstrap failures say what happened
+        "release-expired", "release-not-yet-valid", "mirror-unreachable", "archive-key",
     }  # fmt: skip
     assert required <= set(BOOK.categories)
     assert UNKNOWN in BOOK.categories
@@ -160,3 +163,10 @@ def test_json_schema_file_is_current() -> None:
         "builders/diagnose/rules.schema.json is stale: run "
         "`python -c 'from builders.diagnose.rules import write_schema; write_schema()'`"
     )
+
+
+def test_must_not_fire_on_names_known_rules_and_suggests_the_closest() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_rules(_with_rule_change(must_not_fire_on=["disk-ful"]), source="book.yaml")
+    text = caught.value.render()
+    assert "must_not_fire_on names no rule 'disk-ful'; did you mean 'disk-full'?" in text
