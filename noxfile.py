@@ -92,6 +92,12 @@ def ci_matrix(session: nox.Session) -> None:
     session.run("forge", "ci", "--format", "matrix", *session.posargs, external=True)
 
 
+@nox.session(python=False, name="bench-diagnose", default=False)
+def bench_diagnose(session: nox.Session) -> None:
+    """Diagnosis on tests/logs: per-category precision and recall, and the leave-one-source-out figure."""
+    session.run("python", str(ROOT / "benchmarks" / "bench_diagnose.py"), *session.posargs, external=True)
+
+
 @nox.session(python=False, name="bench-preflight", default=False)
 def bench_preflight(session: nox.Session) -> None:
     """Seconds until preflight blocks Debian 12 vs until a plain build reaches vLLM's gate, as a ratio."""
