@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import shutil
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlparse
 
 from builders.config.models import Distro
+from builders.diagnose.diagnosis import diagnose_text
 from builders.distros import family_for
 from builders.engine import Engine
 from builders.errors import BaseUnavailable
@@ -77,48 +76,30 @@ def bootstrap(
     )
 
 
-# What apt says when the archive answered but its Release file is out of its validity window (every snapshot
-# mirror's is past Valid-Until), when no key verifies the archive, and when the mirror cannot be reached.
-_EXPIRED = re.compile(r"Release file for \S+ is (expired|not valid yet)[^\n]*")
-_UNSIGNED = re.compile(r"[^\n]*(NO_PUBKEY \w+|public key is not available|is not signed|Signed-By[^\n]*not)[^\n]*")
-_UNREACHABLE = re.compile(
-    r"[^\n]*(Could not resolve|Temporary failure resolving|Could not connect|Connection (failed|refused|timed out)|"
-    r"Unable to connect|Network is unreachable|No route to host)[^\n]*"
-)
+# The causes a bootstrap can name from the tool's own output. The words that tell them apart (an expired archive
+# is not an unreachable one, a clock behind is not an expired archive) live once, in the diagnosis rules.
+BOOTSTRAP_CAUSES = ("release-expired", "release-not-yet-valid", "archive-key", "mirror-unreachable")
 
 
 def bootstrap_failure(distro: Distro, output: str) -> BaseUnavailable:
-    """Why a bootstrap failed, from the tool's own output, with the remedy for that cause: an expired archive is
-    not an unreachable one, and a missing key is neither."""
+    """Why a bootstrap failed, with the remedy for that cause, from the same rules `forge diagnose` uses."""
     boot = distro.base.bootstrap
     assert boot is not None
     where = f"distros/{distro.name}.yaml"
-    host = urlparse(boot.mirror).hostname or boot.mirror
+    diagnosis = diagnose_text(output)
+    if diagnosis.category in BOOTSTRAP_CAUSES:
+        cause = " ".join(diagnosis.cause.split())
+        remedy = " ".join(diagnosis.remedy.split()).replace("distros/<name>.yaml", where)
+        return BaseUnavailable(
+            f"could not bootstrap {distro.name} from {boot.mirror}: {diagnosis.category}\n"
+            f"    {(diagnosis.line or '').strip()}\n  {cause}",
+            hint=remedy,
+        )
     tail = "\n    ".join(output.strip().splitlines()[-6:])
-    if (m := _EXPIRED.search(output)) is not None:
-        return BaseUnavailable(
-            f"could not bootstrap {distro.name}: the archive at {boot.mirror} answered, but {m.group(0).strip()}",
-            hint=f"a snapshot or frozen archive is past its Valid-Until by design: set "
-            f"base.bootstrap.check_valid_until: false in {where} (apt then accepts it here and in later build "
-            "stages), or point base.bootstrap.mirror at a live mirror",
-        )
-    if (m := _UNSIGNED.search(output)) is not None:
-        keyring = boot.keyring or "the host's archive keyring"
-        return BaseUnavailable(
-            f"could not bootstrap {distro.name}: no key verifies the archive at {boot.mirror}: {m.group(0).strip()}",
-            hint=f"install the distro's archive keyring package or set base.bootstrap.keyring in {where} "
-            f"(now: {keyring})",
-        )
-    if (m := _UNREACHABLE.search(output)) is not None:
-        return BaseUnavailable(
-            f"could not bootstrap {distro.name}: the mirror {host} cannot be reached: {m.group(0).strip()}",
-            hint=f"make {host} reachable, point base.bootstrap.mirror in {where} at a mirror you can reach, or "
-            f"load an image tagged {distro.base.local_tag}",
-        )
     return BaseUnavailable(
         f"could not bootstrap {distro.name} from {boot.mirror}:\n    {tail}",
-        hint=f"read the bootstrap output above; `forge diagnose` on the full output names known causes, or load an "
-        f"image tagged {distro.base.local_tag}",
+        hint=f"`forge diagnose` on the whole output names the causes it knows; or load an image tagged "
+        f"{distro.base.local_tag}",
     )
 
 
