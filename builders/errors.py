@@ -83,3 +83,10 @@ class SmokeFailed(ForgeError):
 
     exit_code = 8
     kind = "smoke failed"
+
+
+class ListenFailed(ForgeError):
+    """A server Forge runs (the router) cannot listen on its address: the port is taken or not allowed."""
+
+    exit_code = 9
+    kind = "cannot listen"

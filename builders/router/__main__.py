@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import signal
 import sys
 from collections.abc import Sequence
@@ -23,13 +22,26 @@ async def _run_until_signalled(config_path: str, host: str | None, port: int | N
         overrides["port"] = port
     if overrides:
         config = config.model_validate({**config.model_dump(), **overrides})
-    task = asyncio.create_task(serve(config))
+    stop, hurry = asyncio.Event(), asyncio.Event()
+
+    def on_signal(sig: signal.Signals) -> None:
+        # A container stop sends SIGTERM and, after its own grace, SIGKILL: drain first, and let a second
+        # signal (an impatient operator) end the grace at once, still with an error event per stream.
+        if stop.is_set():
+            print(f"forge router: {sig.name} again: ending the remaining streams now", file=sys.stderr, flush=True)
+            hurry.set()
+        else:
+            print(
+                f"forge router: {sig.name}: draining (no new connections; streams get up to {config.drain_grace_s}s)",
+                file=sys.stderr,
+                flush=True,
+            )
+            stop.set()
+
     loop = asyncio.get_running_loop()
-    # A container stop sends SIGTERM: shut down cleanly so in-flight upstream connections are closed.
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, task.cancel)
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+        loop.add_signal_handler(sig, on_signal, sig)
+    await serve(config, stop, hurry)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

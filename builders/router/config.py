@@ -48,7 +48,9 @@ class RouterConfig(BaseModel):
     )
     default_pool: str | None = Field(default=None, description="Pool for classes missing from class_pools.")
     api_key: str | None = Field(
-        default=None, description="If set, /v1/* requires 'Authorization: Bearer <key>'; /health and /metrics do not."
+        default=None,
+        description="If set, /v1/* requires 'Authorization: Bearer <key>'; /health and /metrics do not. "
+        "Must be non-empty printable ASCII without spaces (an empty key would admit 'Bearer' with no token).",
     )
     upstream_api_key: str | None = Field(
         default=None, description="Bearer key sent to replicas; the client's own Authorization is never forwarded."
@@ -80,6 +82,42 @@ class RouterConfig(BaseModel):
         default=64 * 1024 * 1024, ge=1024, description="Largest non-streamed response body accepted from a replica."
     )
     max_request_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, description="Largest request body accepted.")
+    max_json_depth: int = Field(
+        default=64,
+        ge=4,
+        le=500,
+        description="Deepest nesting of arrays and objects a request body may have (400 above).",
+    )
+    max_json_elements: int = Field(
+        default=200_000,
+        ge=1000,
+        description="Most JSON values (array items, object members, containers) a request body may have (400 "
+        "above); bounds the memory and CPU one body can cost. The default fits a 128k-token token-id prompt.",
+    )
+    offload_parse_bytes: int = Field(
+        default=256 * 1024,
+        ge=0,
+        description="Request bodies at least this large are checked and parsed on a worker thread, so one big "
+        "body does not hold up every other stream on the event loop.",
+    )
+    idle_timeout_s: float = Field(
+        default=15.0,
+        gt=0,
+        le=3600,
+        description="A client connection must send a complete request head within this many seconds of connecting "
+        "or of its previous response, else it is closed: the keep-alive idle timeout and the header timeout at once "
+        "(aiohttp runs one timer for both).",
+    )
+    body_timeout_s: float = Field(
+        default=30.0, gt=0, le=3600, description="A request body must arrive completely within this time (408 if not)."
+    )
+    drain_grace_s: float = Field(
+        default=30.0,
+        ge=0,
+        le=3600,
+        description="On SIGTERM the router stops accepting and lets streams run this long; then each remaining one "
+        "ends with an SSE error event (a waiting non-streamed request gets a 503). A second SIGTERM ends the grace.",
+    )
     health_interval_s: float = Field(default=2.0, gt=0, description="Seconds between GET /health rounds on replicas.")
     health_timeout_s: float = Field(default=1.0, gt=0, description="Timeout of one replica health check.")
     long_prefill_tokens: int = Field(
@@ -118,6 +156,13 @@ class RouterConfig(BaseModel):
                 raise ValueError(f"pool {name!r} has no replicas; list at least one base URL")
             for url in urls:
                 parts = urlsplit(url)
+                if parts.username is not None or parts.password is not None:
+                    # Replica URLs appear on the unauthenticated /health and /metrics and in x-forge-replica.
+                    shown = f"{parts.scheme}://***@{parts.hostname}:{parts.port}"
+                    raise ValueError(
+                        f"pool {name!r}: replica {shown} has credentials in its URL, which the router would show in "
+                        "/health, /metrics and x-forge-replica; remove them and set upstream_api_key instead"
+                    )
                 if parts.scheme not in ("http", "https") or not parts.hostname or parts.port is None:
                     raise ValueError(f"pool {name!r}: replica {url!r} is not a base URL like http://127.0.0.1:8001")
                 if parts.path.rstrip("/"):
@@ -125,6 +170,17 @@ class RouterConfig(BaseModel):
             if len(set(urls)) != len(urls):
                 raise ValueError(f"pool {name!r} lists a replica twice")
         return {name: [u.rstrip("/") for u in urls] for name, urls in pools.items()}
+
+    @field_validator("api_key", "upstream_api_key")
+    @classmethod
+    def _usable_key(cls, key: str | None) -> str | None:
+        if key is None:
+            return None
+        if not key:
+            raise ValueError("is empty; leave it out (or null) for no key, or set a real key")
+        if not key.isascii() or not key.isprintable() or " " in key:
+            raise ValueError("must be printable ASCII without spaces, as a Bearer token is")
+        return key
 
     @model_validator(mode="after")
     def _every_class_has_a_pool(self) -> RouterConfig:

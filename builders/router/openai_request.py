@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -106,12 +107,60 @@ def _completion_prompt(body: dict[str, Any]) -> tuple[str, int]:
     )
 
 
-def parse_request(endpoint: Endpoint, raw: bytes) -> ParsedRequest:
+# A JSON string (escapes included) or one structural byte. Strings match as one token, so brackets and
+# commas inside them are not counted, and scanning costs one step per token, not per byte.
+_JSON_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{},]')
+
+
+def check_json_cost(raw: bytes, *, max_depth: int, max_elements: int) -> None:
+    """Refuse a body whose nesting or value count is over the limits, before the decoder builds it.
+
+    The decoder holds the GIL while it builds every object, so the cost of a body must be bounded
+    before it runs: a million tiny messages cost hundreds of MB and seconds, and deep nesting ends in
+    a RecursionError. Two byte counts settle ordinary bodies; only the others are scanned.
+    """
+    check_depth = raw.count(b"[") + raw.count(b"{") > max_depth
+    # Every value but the last is followed by a comma, so a body with few commas has few values.
+    check_count = raw.count(b",") + 1 > max_elements
+    if not (check_depth or check_count):
+        return
+    depth = 0
+    values = 1
+    for match in _JSON_TOKEN.finditer(raw):
+        token = match.group()
+        if token in (b"[", b"{"):
+            depth += 1
+            if check_depth and depth > max_depth:
+                raise BadRequest("body", f"request body nests arrays/objects more than {max_depth} deep")
+        elif token in (b"]", b"}"):
+            depth -= 1
+        elif token == b",":
+            values += 1
+            if check_count and values > max_elements:
+                raise BadRequest("body", f"request body has more than {max_elements} JSON values")
+
+
+def _check_encodable(text: str, param: str) -> None:
+    if text.isascii():
+        return
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        raise BadRequest(
+            param, f"`{param}` contains a lone UTF-16 surrogate (like \\ud800), which is not text"
+        ) from None
+
+
+def parse_request(endpoint: Endpoint, raw: bytes, *, max_depth: int = 64, max_elements: int = 200_000) -> ParsedRequest:
     """Validate the fields the router relies on; the engine validates the rest."""
+    check_json_cost(raw, max_depth=max_depth, max_elements=max_elements)
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BadRequest("body", f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        # Only reachable with a max_depth above the decoder's own recursion limit.
+        raise BadRequest("body", "request body nests arrays/objects too deep") from None
     if not isinstance(body, dict):
         raise BadRequest("body", f"request body must be a JSON object, found {type(body).__name__}")
 
@@ -145,6 +194,8 @@ def parse_request(endpoint: Endpoint, raw: bytes) -> ParsedRequest:
         text, tool_turns = _chat_prompt(body)
     else:
         text, token_ids = _completion_prompt(body)
+    # The prefix is hashed as UTF-8 and the engine tokenizes UTF-8: a lone surrogate is a client error.
+    _check_encodable(text, "messages" if endpoint is Endpoint.CHAT else "prompt")
     return ParsedRequest(
         endpoint=endpoint,
         stream=stream,

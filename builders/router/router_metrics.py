@@ -20,8 +20,8 @@ class RouterMetrics:
         )
         self.errors = r.counter(
             "forge_router_errors_total",
-            "Routed requests that failed, by class, pool and kind (no_replica, first_byte_timeout, "
-            "upstream_error, upstream_died, stream_cut, client_gone).",
+            "Routed requests that failed, by class, pool and kind (no_replica_available, first_byte_timeout, "
+            "upstream_error, upstream_died, replica_down, shutting_down, stream_cut, client_gone).",
             ("class", "pool", "kind"),
         )
         self.rejected = r.counter(

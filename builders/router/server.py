@@ -6,15 +6,22 @@ Guarantees it keeps:
 - a stream never holds more than ``stream_buffer_bytes`` for its client: upstream is read only as fast
   as the client drains, and a client that stalls past ``stream_cut_timeout_s`` is cut and its
   upstream request aborted (its connection closed, which makes vLLM abort the sequence);
-- when nothing can serve, a 503 JSON error at once.
+- when nothing can serve, a 503 JSON error at once;
+- a request waiting on a replica that its health check marks down is released at once (failover
+  before the first byte, else an SSE error event or 503), and a drain on SIGTERM ends each stream
+  still running after the grace with an SSE error event.
+
+docs/router.md lists every promise and the test that keeps it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hmac
 import json
+import re
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -24,6 +31,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from builders.errors import ListenFailed
 from builders.router.classes import ALL_CLASSES, RequestClass
 from builders.router.classify import Classifier, Decision
 from builders.router.config import RouterConfig
@@ -55,9 +63,18 @@ class _ClientGone(Exception):
     pass
 
 
-@dataclass(kw_only=True)
+class _InvalidStream(Exception):
+    pass
+
+
+# Why a call was stopped from outside its handler: its replica went down, or the router is shutting down.
+REPLICA_DOWN = "replica_down"
+SHUTTING_DOWN = "shutting_down"
+
+
+@dataclass(kw_only=True, eq=False)
 class _Call:
-    """One routed request as it goes through the router."""
+    """One routed request as it goes through the router (hashed by identity: the router keeps a set)."""
 
     request: web.Request
     raw: bytes
@@ -68,6 +85,14 @@ class _Call:
     client_id: str | None
     tried: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+    replica: Replica | None = None
+    """The replica being tried or streamed from, so a health check that marks it down can find the call."""
+    pending: asyncio.Future[aiohttp.ClientResponse] | None = None
+    upstream: aiohttp.ClientResponse | None = None
+    stop_kind: str | None = None
+    stop_reason: str | None = None
+    delivered: bool = False
+    """The whole answer, [DONE] included, reached the client's socket: a close after this is normal."""
 
     @property
     def labels(self) -> dict[str, str]:
@@ -111,6 +136,8 @@ class Router:
         self._health_task: asyncio.Task[None] | None = None
         self.stream_buffer_peak = 0
         self.streams_active = 0
+        self.calls: set[_Call] = set()
+        self.shutting_down = False
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -122,6 +149,10 @@ class Router:
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
+        # Clients of an OpenAI API parse error bodies as JSON: 405 and 404 answer in the same shape.
+        for path in (Endpoint.CHAT.value, Endpoint.COMPLETIONS.value, "/v1/models", "/health", "/metrics"):
+            app.router.add_route("*", path, self._method_not_allowed)
+        app.router.add_route("*", "/{path:.*}", self._not_found)
         app.cleanup_ctx.append(self._lifespan)
         return app
 
@@ -158,6 +189,10 @@ class Router:
             replica.healthy = True
         else:
             replica.mark_down(error or "unhealthy")
+            # Requests already waiting on it would otherwise wait out first_byte_timeout_s or
+            # upstream_idle_timeout_s on a replica known to be gone.
+            for call in [c for c in self.calls if c.replica is replica]:
+                self.interrupt(call, REPLICA_DOWN, f"replica {replica.url} was marked down by its health check")
 
     async def check_all(self) -> None:
         replicas = [r for pool in self.pools.values() for r in pool.replicas]
@@ -170,17 +205,31 @@ class Router:
 
     # --- small handlers --------------------------------------------------------------------------
 
-    def _authorized(self, request: web.Request) -> bool:
+    def _refuse_unauthorized(self, request: web.Request) -> web.Response | None:
+        """None when the request may pass, else the 401 (or 400 for a header that is not text) to send."""
         key = self.config.api_key
         if key is None:
-            return True
+            return None
         given = request.headers.get("Authorization", "")
         scheme, _, token = given.partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
-
-    def _unauthorized(self) -> web.Response:
+        try:
+            # Headers arrive as UTF-8 with surrogate escapes; a key is ASCII (checked at config load).
+            token_bytes = token.strip().encode("ascii")
+        except UnicodeEncodeError:
+            self.metrics.rejected.inc({"reason": "bad_request"})
+            return json_error(
+                400, "the Authorization header is not ASCII", "invalid_request_error", param="Authorization"
+            )
+        if scheme.lower() == "bearer" and token_bytes and hmac.compare_digest(token_bytes, key.encode()):
+            return None
         self.metrics.rejected.inc({"reason": "unauthorized"})
         return json_error(401, "missing or wrong API key: send 'Authorization: Bearer <key>'", "authentication_error")
+
+    async def _method_not_allowed(self, request: web.Request) -> web.Response:
+        return json_error(405, f"{request.method} is not allowed on {request.path}", "method_not_allowed")
+
+    async def _not_found(self, request: web.Request) -> web.Response:
+        return json_error(404, f"no such path: {request.path}", "not_found")
 
     def _upstream_headers(self) -> dict[str, str]:
         # identity: compressing a token stream only adds latency on loopback.
@@ -206,8 +255,9 @@ class Router:
         return web.Response(body=self.metrics.render().encode(), headers={"Content-Type": CONTENT_TYPE})
 
     async def _models(self, request: web.Request) -> web.Response:
-        if not self._authorized(request):
-            return self._unauthorized()
+        refused = self._refuse_unauthorized(request)
+        if refused is not None:
+            return refused
         timeout = aiohttp.ClientTimeout(total=self.config.health_timeout_s + self.config.connect_timeout_s)
         models: dict[str, Any] = {}
         answered: list[str] = []
@@ -242,20 +292,41 @@ class Router:
 
     async def _route(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         started = time.monotonic()
-        if not self._authorized(request):
-            return self._unauthorized()
+        refused = self._refuse_unauthorized(request)
+        if refused is not None:
+            return refused
+        cfg = self.config
+        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding != "identity":
+            # A compressed body can inflate a thousandfold; the server does not decompress (auto_decompress
+            # is off), and no OpenAI client compresses requests, so refusing costs nobody anything. aiohttp
+            # then reads and drops the rest of the body (compressed, so cheap) for up to its lingering time.
+            return self._reject(
+                415, f"Content-Encoding {encoding!r} is not accepted; send the body uncompressed", "Content-Encoding"
+            )
         try:
-            raw = await request.read()
-            parsed = parse_request(endpoint, raw)
+            async with asyncio.timeout(cfg.body_timeout_s):
+                raw = await request.read()
+            if len(raw) >= cfg.offload_parse_bytes:
+                parsed = await asyncio.to_thread(
+                    parse_request, endpoint, raw, max_depth=cfg.max_json_depth, max_elements=cfg.max_json_elements
+                )
+            else:
+                parsed = parse_request(endpoint, raw, max_depth=cfg.max_json_depth, max_elements=cfg.max_json_elements)
             decision = self.classifier.classify(parsed, request.headers)
         except BadRequest as exc:
             self.metrics.rejected.inc({"reason": "bad_request"})
             return json_error(400, exc.message, "invalid_request_error", param=exc.param)
         except web.HTTPRequestEntityTooLarge:
-            self.metrics.rejected.inc({"reason": "bad_request"})
-            return json_error(
-                413, f"request body is over {self.config.max_request_bytes} bytes", "invalid_request_error"
-            )
+            return self._reject(413, f"request body is over {cfg.max_request_bytes} bytes", "body")
+        except TimeoutError:
+            response = self._reject(408, f"request body did not arrive within {cfg.body_timeout_s}s", "body")
+            # Sent now and the connection closed: aiohttp would otherwise linger up to 10 s reading the rest
+            # of the body from a client already known to be too slow.
+            await response.prepare(request)
+            await response.write_eof()
+            request.protocol.force_close()
+            return response
         pool = self.pools[self.config.pool_for(decision.request_class)]
         call = _Call(
             request=request,
@@ -268,16 +339,45 @@ class Router:
         )
         self.metrics.requests.inc(call.labels)
         self.metrics.in_flight.inc(call.class_label)
+        self.calls.add(call)
         try:
             return await (self._stream(call) if parsed.stream else self._unary(call))
         except asyncio.CancelledError:
             # The client went away (aiohttp cancels its handler); unwinding closes the upstream
             # connection, which makes the replica abort the request instead of finishing it for nobody.
-            self.metrics.errors.inc({**call.labels, "kind": "client_gone"})
+            # A client that closes once it has [DONE] (as SDK clients do) left after a complete answer.
+            if not call.delivered:
+                self.metrics.errors.inc({**call.labels, "kind": "client_gone"})
             raise
         finally:
+            self.calls.discard(call)
             self.metrics.in_flight.dec(call.class_label)
             self.metrics.e2e.observe(call.class_label, time.monotonic() - started)
+
+    def _reject(self, status: int, message: str, param: str) -> web.Response:
+        self.metrics.rejected.inc({"reason": "bad_request"})
+        return json_error(status, message, "invalid_request_error", param=param)
+
+    def interrupt(self, call: _Call, kind: str, reason: str) -> None:
+        """Stop a call's upstream wait from outside its handler; the handler answers with an error."""
+        if call.stop_kind is not None:
+            return
+        call.stop_kind, call.stop_reason = kind, reason
+        if call.pending is not None and not call.pending.done():
+            call.pending.cancel()
+            self.metrics.upstream_aborts.inc(call.labels)
+        if call.upstream is not None:
+            # The handler's pending read fails at once with a connection error.
+            self._abort_upstream(call, call.upstream)
+
+    def _stopped(self, call: _Call) -> str | web.Response:
+        """What an interrupted attempt returns: a reason to fail over, or the final 503."""
+        reason = call.stop_reason or "interrupted"
+        if call.stop_kind == REPLICA_DOWN and not self.shutting_down:
+            # Before the first byte the request may still go to another healthy replica.
+            call.stop_kind = call.stop_reason = None
+            return reason
+        return self._error(call, 503, call.stop_kind or SHUTTING_DOWN, reason)
 
     def _error(self, call: _Call, status: int, kind: str, message: str, **extra: Any) -> web.Response:
         self.metrics.errors.inc({**call.labels, "kind": kind})
@@ -309,20 +409,27 @@ class Router:
         Returns the outcome and the replica whose in_flight count stays raised until the caller ends.
         """
         while True:
+            if self.shutting_down:
+                return self._error(call, 503, SHUTTING_DOWN, "the router is shutting down"), None
             replica, _by_affinity = call.pool.choose(call.decision.prefix, exclude=call.tried)
             if replica is None:
                 return self._no_replica(call), None
             call.tried.append(replica.url)
+            call.replica = replica
             replica.in_flight += 1
             try:
                 outcome = await self._attempt(call, replica)
             except BaseException:
                 # Cancelled (client gone) mid-attempt: nobody else will lower the count.
                 replica.in_flight -= 1
+                call.replica = None
                 raise
             if not isinstance(outcome, str):
+                if not isinstance(outcome, _Opened):
+                    call.replica = None
                 return outcome, replica
             replica.in_flight -= 1
+            call.replica = None
             call.failures.append(f"{replica.url}: {outcome}")
             self.metrics.failovers.inc(call.labels)
 
@@ -332,33 +439,54 @@ class Router:
         deadline = call.started + cfg.first_byte_timeout_s
         url = f"{replica.url}{call.parsed.endpoint.value}"
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout_s, connect=cfg.connect_timeout_s)
+        # A future of its own, so a health check or a drain can cancel the wait without cancelling the handler.
+        post = asyncio.ensure_future(
+            self.session.post(url, data=call.raw, headers=self._upstream_headers(), timeout=timeout)
+        )
+        call.pending = post
         try:
-            upstream = await asyncio.wait_for(
-                self.session.post(url, data=call.raw, headers=self._upstream_headers(), timeout=timeout),
-                timeout=max(0.001, deadline - time.monotonic()),
-            )
-        except TimeoutError:
+            done, _ = await asyncio.wait((post,), timeout=max(0.001, deadline - time.monotonic()))
+        except asyncio.CancelledError:
+            post.cancel()
+            self.metrics.upstream_aborts.inc(call.labels)
+            raise
+        finally:
+            call.pending = None
+        if not done:
+            post.cancel()
+            self.metrics.upstream_aborts.inc(call.labels)
             return self._first_byte_timeout(call)
+        if post.cancelled():
+            return self._stopped(call)
+        try:
+            upstream = post.result()
         except (aiohttp.ClientConnectorError, ConnectionRefusedError) as exc:
             replica.mark_down(f"connect failed: {exc}")
             return f"connect failed ({type(exc).__name__})"
         except (aiohttp.ClientError, OSError) as exc:
-            return f"failed before any byte ({type(exc).__name__}: {exc})"
+            return f"failed before any byte ({type(exc).__name__})"
 
         if upstream.status >= 500:
-            detail = await self._short_body(upstream)
+            # Only the status: the replica's error text can carry paths and internals.
             upstream.close()
-            return f"answered {upstream.status} {detail}".strip()
+            return f"answered {upstream.status}"
+        call.upstream = upstream
         if upstream.status != 200 or not call.parsed.stream:
             return await self._read_whole(call, replica, upstream, deadline)
         try:
             first = await asyncio.wait_for(upstream.content.readany(), timeout=max(0.001, deadline - time.monotonic()))
         except TimeoutError:
-            upstream.close()
+            self._abort_upstream(call, upstream)
             return self._first_byte_timeout(call)
         except (aiohttp.ClientError, OSError) as exc:
             upstream.close()
+            call.upstream = None
+            if call.stop_kind is not None:
+                return self._stopped(call)
             return f"died before the first byte ({type(exc).__name__})"
+        except asyncio.CancelledError:
+            self._abort_upstream(call, upstream)
+            raise
         if not first:
             upstream.close()
             return "closed the stream before the first byte"
@@ -372,14 +500,6 @@ class Router:
             "first_byte_timeout",
             f"no first byte from pool {call.pool.name!r} within {self.config.first_byte_timeout_s}s",
         )
-
-    @staticmethod
-    async def _short_body(upstream: aiohttp.ClientResponse) -> str:
-        try:
-            text = (await asyncio.wait_for(upstream.content.read(500), timeout=1.0)).decode(errors="replace")
-        except (aiohttp.ClientError, OSError, TimeoutError):
-            return ""
-        return text.strip().replace("\n", " ")[:200]
 
     async def _read_whole(
         self, call: _Call, replica: Replica, upstream: aiohttp.ClientResponse, deadline: float
@@ -403,8 +523,13 @@ class Router:
                         call, 502, "upstream_error", f"replica {replica.url} sent more than {limit} bytes"
                     )
                 chunks.append(chunk)
+        except asyncio.CancelledError:
+            self._abort_upstream(call, upstream)
+            raise
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             upstream.close()
+            if call.stop_kind is not None:
+                return self._error(call, 503, call.stop_kind, call.stop_reason or "interrupted")
             return self._error(
                 call,
                 502,
@@ -414,6 +539,7 @@ class Router:
             )
         finally:
             upstream.release()
+            call.upstream = None
         headers = call.headers(replica)
         headers["Content-Type"] = upstream.headers.get("Content-Type", "application/json")
         if upstream.status == 200:
@@ -451,8 +577,15 @@ class Router:
                 return await self._pump(call, replica, upstream, outcome.first_chunk)
             finally:
                 self.streams_active -= 1
-                upstream.close()
+                if call.delivered:
+                    # [DONE] reached the client: nothing is left to abort, whatever ended the handler.
+                    upstream.close()
+                else:
+                    # A cancelled handler (the client left) ends here too: that is an abort.
+                    self._abort_upstream(call, upstream)
+                call.upstream = None
         finally:
+            call.replica = None
             if held is not None:
                 held.in_flight -= 1
 
@@ -513,11 +646,17 @@ class Router:
             await resp.prepare(request)
             self.metrics.ttft.observe(call.class_label, time.monotonic() - call.started)
             chunk = first
-            upstream_error: str | None = None
+            failure: tuple[str, int, str] | None = None
             while chunk:
-                complete, gaps = events.feed(chunk, time.monotonic())
+                try:
+                    complete, gaps = events.feed(chunk, time.monotonic())
+                except _InvalidStream as exc:
+                    failure = ("upstream_error", 502, f"replica {replica.url} sent {exc}")
+                    break
                 if complete:
                     await self._send(call, resp, transport, complete)
+                    # From here a client that closes has its whole answer (SDK clients close on [DONE]).
+                    call.delivered = events.done
                 for gap in gaps:
                     self.metrics.itl.observe(call.class_label, gap)
                 try:
@@ -525,30 +664,49 @@ class Router:
                         upstream.content.readany(), timeout=self.config.upstream_idle_timeout_s
                     )
                 except TimeoutError:
-                    upstream_error = f"replica {replica.url} sent nothing for {self.config.upstream_idle_timeout_s}s"
+                    failure = (
+                        "upstream_died",
+                        502,
+                        f"replica {replica.url} sent nothing for {self.config.upstream_idle_timeout_s}s",
+                    )
                 except (aiohttp.ClientError, OSError) as exc:
-                    upstream_error = f"replica {replica.url} failed mid-stream ({type(exc).__name__})"
-                if upstream_error is not None:
+                    if call.stop_kind is not None:
+                        failure = (call.stop_kind, 503, call.stop_reason or "interrupted")
+                    else:
+                        failure = (
+                            "upstream_died",
+                            502,
+                            f"replica {replica.url} failed mid-stream ({type(exc).__name__})",
+                        )
+                if failure is not None:
                     break
-            if upstream_error is None:
+            if failure is None and not (events.flush() == b"" and events.done):
+                failure = ("upstream_error", 502, f"replica {replica.url} ended the stream without data: [DONE]")
+            if failure is not None and call.delivered:
+                # The replica failed after its [DONE]: the client's answer is whole, an error would only confuse.
+                failure = None
+            if failure is None:
                 upstream.release()
-                rest = events.flush()
-                if rest:
-                    await self._send(call, resp, transport, rest)
             else:
                 # A partial event is dropped so the client's parser sees only whole events.
-                self.metrics.errors.inc({**call.labels, "kind": "upstream_died"})
+                kind, code, message = failure
+                self.metrics.errors.inc({**call.labels, "kind": kind})
                 self._abort_upstream(call, upstream)
                 error = {
-                    "message": upstream_error,
-                    "type": "upstream_died",
-                    "code": 502,
+                    "message": message,
+                    "type": kind,
+                    "code": code,
                     "class": call.decision.request_class.value,
                     "pool": call.pool.name,
                     "replica": replica.url,
                 }
                 await self._send(call, resp, transport, _sse({"error": error}) + b"data: [DONE]\n\n")
-            await resp.write_eof()
+            try:
+                await resp.write_eof()
+            except ConnectionError:
+                # Many SSE clients close as soon as they read [DONE]; the answer was complete.
+                if not call.delivered:
+                    raise _ClientGone from None
         except _StreamCut as cut:
             self.metrics.stream_cuts.inc({"class": call.decision.request_class.value, "reason": cut.reason})
             self.metrics.errors.inc({**call.labels, "kind": "stream_cut"})
@@ -571,29 +729,52 @@ def _sse(payload: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(payload).encode() + b"\n\n"
 
 
+_SSE_FIELD = re.compile(rb"(?:data|event|id|retry)(?::|$)|:|$")
+_DONE_EVENTS = (b"data: [DONE]\n\n", b"data:[DONE]\n\n", b"data: [DONE]\r\n\r\n", b"data:[DONE]\r\n\r\n")
+
+
+def _is_sse(complete: bytes, events: int) -> bool:
+    """Whether whole events are Server-Sent Events: every line a field (data, event, id, retry) or a comment."""
+    # vLLM sends one 'data:' line per event: two byte counts settle those without a split.
+    if (
+        complete.startswith(b"data:")
+        and complete.count(b"\n") == 2 * events
+        and complete.count(b"\n\ndata:") == events - 1
+    ):
+        return True
+    return all(_SSE_FIELD.match(line) for line in complete.splitlines())
+
+
 class _EventFramer:
     """Passes on whole SSE events only, and times them: each yields its gap since the previous one.
 
     Holding back a partial event costs nothing in latency (the client could not use it either) and
-    lets a mid-stream failure append a clean error event.
+    lets a mid-stream failure append a clean error event. Bytes that are not SSE raise _InvalidStream,
+    so the client gets an error event instead of a 200 it cannot parse.
     """
 
     def __init__(self, *, max_pending: int) -> None:
         self._max_pending = max_pending
         self._pending = b""
         self._last_event: float | None = None
+        self.done = False
+        """The last whole event was data: [DONE]."""
 
     def feed(self, chunk: bytes, now: float) -> tuple[bytes, list[float]]:
         data = self._pending + chunk
         found = ((data.rfind(b"\n\n"), 2), (data.rfind(b"\r\n\r\n"), 4))
         end = max((at + size for at, size in found if at >= 0), default=0)
         if end == 0 and len(data) > self._max_pending:
-            # Not SSE as expected: pass it on rather than hold it without bound.
-            self._pending = b""
-            return data, []
+            raise _InvalidStream(f"over {self._max_pending} bytes without an SSE event boundary")
         complete, self._pending = data[:end], data[end:]
+        if not complete:
+            return complete, []
+        count = complete.count(b"\n\n") + complete.count(b"\r\n\r\n")
+        if not _is_sse(complete, count):
+            raise _InvalidStream("bytes that are not Server-Sent Events")
+        self.done = complete.endswith(_DONE_EVENTS)
         gaps = []
-        for i in range(complete.count(b"\n\n") + complete.count(b"\r\n\r\n")):
+        for i in range(count):
             if self._last_event is not None:
                 # Events read together reached the client together: their gap really is zero.
                 gaps.append(now - self._last_event if i == 0 else 0.0)
@@ -616,26 +797,68 @@ class RunningRouter:
     async def stop(self) -> None:
         await self.runner.cleanup()
 
+    async def drain(self, hurry: asyncio.Event | None = None) -> None:
+        """Stop accepting, let calls finish within drain_grace_s (or until hurry is set), end the rest, stop.
+
+        A remaining stream ends with an SSE error event of type shutting_down, a non-streamed request
+        still waiting gets a 503; both reach the client before the connection closes.
+        """
+        router = self.router
+        for site in list(self.runner.sites):
+            await site.stop()
+        if self.runner.server is not None:
+            # Idle keep-alive connections close now, busy ones after their response.
+            self.runner.server.pre_shutdown()
+        deadline = time.monotonic() + router.config.drain_grace_s
+        while router.calls and time.monotonic() < deadline and not (hurry is not None and hurry.is_set()):
+            await asyncio.sleep(0.05)
+        router.shutting_down = True
+        for call in list(router.calls):
+            router.interrupt(call, SHUTTING_DOWN, "the router is shutting down")
+        # Each interrupted handler writes its error at once, unless its client does not read; such a
+        # client is cut after stream_cut_timeout_s as always.
+        deadline = time.monotonic() + router.config.stream_cut_timeout_s + 1.0
+        while router.calls and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        await self.stop()
+
 
 async def start_router(config: RouterConfig) -> RunningRouter:
     router = Router(config)
     # handler_cancellation: a client that disconnects must free its replica too, streamed or not.
-    runner = web.AppRunner(router.app(), access_log=None, handler_cancellation=True, shutdown_timeout=5.0)
+    # keepalive_timeout: aiohttp's timer runs from connect and from each response until the next request
+    # head is complete, so it bounds idle, slow-header and never-speaking connections alike.
+    # auto_decompress=False: request bodies are never inflated (a compressed body gets a 415).
+    runner = web.AppRunner(
+        router.app(),
+        access_log=None,
+        handler_cancellation=True,
+        shutdown_timeout=5.0,
+        keepalive_timeout=config.idle_timeout_s,
+        auto_decompress=False,
+    )
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port)
-    await site.start()
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        why = "the port is already in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
+        raise ListenFailed(f"cannot listen on {config.host} port {config.port}: {why}") from None
     host, port = runner.addresses[0][:2]
     return RunningRouter(router=router, runner=runner, url=f"http://{host}:{port}")
 
 
-async def serve(config: RouterConfig) -> None:
-    """Run the router until cancelled (the CLI entry point runs this)."""
+async def serve(config: RouterConfig, stop: asyncio.Event | None = None, hurry: asyncio.Event | None = None) -> None:
+    """Run the router until stop is set (then drain) or until cancelled (then stop at once)."""
     running = await start_router(config)
     print(f"forge router listening on {running.url}", flush=True)
     try:
-        await asyncio.Event().wait()
-    finally:
+        await (stop or asyncio.Event()).wait()
+    except asyncio.CancelledError:
         await running.stop()
+        raise
+    await running.drain(hurry)
 
 
 __all__ = [

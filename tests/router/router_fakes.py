@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
+import sys
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -48,6 +51,13 @@ class Behavior:
     pad_bytes: int = 0
     """Extra bytes in every chunk, to fill buffers quickly."""
     health_status: int = 200
+    fail_message: str = "fake failure"
+    hang_after: int | None = None
+    """Stop answering after this many tokens (0: before any byte, streamed or not); /health hangs from then on."""
+    raw_stream: bytes | None = None
+    """Send these bytes as the whole body of a streamed answer (to play a replica that breaks SSE)."""
+    done_linger_s: float = 0.0
+    """Keep the stream open this long after data: [DONE], as a replica may before its final chunk."""
 
 
 @dataclass
@@ -61,6 +71,7 @@ class FakeReplica:
     bytes_sent: int = 0
     url: str = ""
     abort_seen: asyncio.Event = field(default_factory=asyncio.Event)
+    hung: bool = False
     _runner: web.AppRunner | None = None
 
     async def start(self) -> FakeReplica:
@@ -83,6 +94,8 @@ class FakeReplica:
             await self._runner.cleanup()
 
     async def _health(self, _request: web.Request) -> web.Response:
+        if self.hung:
+            await asyncio.Event().wait()
         return web.Response(status=self.behavior.health_status, text="")
 
     async def _models(self, _request: web.Request) -> web.Response:
@@ -113,15 +126,23 @@ class FakeReplica:
         if b.first_delay_s:
             await asyncio.sleep(b.first_delay_s)
         if b.fail_status is not None:
-            return web.json_response({"error": {"message": "fake failure"}}, status=b.fail_status)
+            return web.json_response({"error": {"message": b.fail_message}}, status=b.fail_status)
         chat = request.path.endswith("/chat/completions")
+        if b.hang_after == 0:
+            await self._hang()
         if not body.get("stream"):
             return await self._unary(request, chat)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
+        if b.raw_stream is not None:
+            await resp.write(b.raw_stream)
+            await resp.write_eof()
+            return resp
         i = 0
         try:
             while b.endless or i < b.tokens:
+                if b.hang_after is not None and i >= b.hang_after:
+                    await self._hang()
                 if b.die_after is not None and i >= b.die_after:
                     assert request.transport is not None
                     request.transport.abort()
@@ -132,6 +153,8 @@ class FakeReplica:
                 i += 1
                 await asyncio.sleep(b.delay_s)
             await resp.write(b"data: [DONE]\n\n")
+            if b.done_linger_s:
+                await asyncio.sleep(b.done_linger_s)
             await resp.write_eof()
         except ConnectionError:
             self.aborted += 1
@@ -139,6 +162,10 @@ class FakeReplica:
             return resp
         self.completed += 1
         return resp
+
+    async def _hang(self) -> None:
+        self.hung = True
+        await asyncio.Event().wait()
 
     async def _unary(self, request: web.Request, chat: bool) -> web.StreamResponse:
         text = "".join(f"t{i} " for i in range(self.behavior.tokens))
@@ -174,3 +201,74 @@ def sse_data(raw: bytes) -> list[str]:
         if lines:
             events.append("\n".join(lines))
     return events
+
+
+@dataclass
+class RouterProcess:
+    """`python -m builders.router` in a child process: the real entry point, with its own RSS, fds and stderr."""
+
+    proc: asyncio.subprocess.Process
+    url: str
+    stderr_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
+    def rss_bytes(self) -> int:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise AssertionError("no VmRSS in /proc status")
+
+    def fds(self) -> int:
+        return sum(1 for _ in Path(f"/proc/{self.pid}/fd").iterdir())
+
+    def cpu_s(self) -> float:
+        # Fields 14 and 15 of /proc/PID/stat (after the parenthesised name) are user and system ticks.
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    async def wait(self, timeout: float) -> int:
+        return await asyncio.wait_for(self.proc.wait(), timeout)
+
+    async def stop(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.kill()
+            await self.proc.wait()
+
+
+async def start_router_process(tmp_path: Path, config: dict[str, Any]) -> RouterProcess:
+    """Start the router CLI on a JSON config (port 0 unless given) and wait for its listening line."""
+    path = tmp_path / f"router-{len(list(tmp_path.glob('router-*.json')))}.json"
+    path.write_text(json.dumps({"host": "127.0.0.1", "port": 0, **config}))
+    stderr_path = path.with_suffix(".stderr")
+    with stderr_path.open("wb") as err:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "builders.router", "--config", str(path), stdout=asyncio.subprocess.PIPE, stderr=err
+        )
+    assert proc.stdout is not None
+    line = (await asyncio.wait_for(proc.stdout.readline(), 20)).decode()
+    if "listening on " not in line:
+        await proc.wait()
+        raise AssertionError(f"router did not start: {line!r} {stderr_path.read_text()}")
+    return RouterProcess(proc=proc, url=line.split("listening on ", 1)[1].strip(), stderr_path=stderr_path)
+
+
+def process_config(pools: dict[str, list[str]], **overrides: Any) -> dict[str, Any]:
+    return {"pools": pools, "default_pool": next(iter(pools)), **overrides}
+
+
+def metric(text: str, name: str) -> float:
+    """One sample's value from a /metrics page (0 when the series is absent)."""
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
