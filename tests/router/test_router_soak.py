@@ -1,0 +1,185 @@
+"""A short soak of the real router process: thousands of mixed requests, then RSS, fds and in-flight counts.
+
+Kept to a few thousand requests so it runs in CI in well under a minute on 2 cores. A leak of one fd,
+one in-flight count or a few KiB per request shows up as hundreds; the tolerances below are far
+smaller than that, and are there for the upstream keep-alive pool and allocator noise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from router_fakes import (
+    Behavior,
+    FakeReplica,
+    RouterProcess,
+    chat_body,
+    metric,
+    process_config,
+    run,
+    start_router_process,
+)
+
+MiB = 1024 * 1024
+CLASSES = ("interactive", "rag", "long_prefill", "batch", "agent", "slow_stream")
+
+
+async def unary(s: aiohttp.ClientSession, url: str) -> str:
+    async with s.post(f"{url}/v1/chat/completions", json=chat_body("hi")) as resp:
+        await resp.read()
+        assert resp.status == 200
+    return "unary"
+
+
+async def stream(s: aiohttp.ClientSession, url: str) -> str:
+    async with s.post(f"{url}/v1/chat/completions", json=chat_body("hi", stream=True)) as resp:
+        raw = await resp.read()
+        assert resp.status == 200 and raw.endswith(b"data: [DONE]\n\n")
+    return "stream"
+
+
+async def bad(s: aiohttp.ClientSession, url: str) -> str:
+    async with s.post(f"{url}/v1/chat/completions", data=b'{"messages": "no"}') as resp:
+        assert resp.status == 400
+    return "bad"
+
+
+async def abort_stream(_s: aiohttp.ClientSession, url: str) -> str:
+    # A session of its own, closed at once: the router sees the client vanish mid-stream.
+    headers = {"x-request-class": "agent"}
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(f"{url}/v1/chat/completions", json=chat_body("hi", stream=True), headers=headers) as resp,
+    ):
+        await resp.content.readany()
+    return "abort_stream"
+
+
+async def abort_waiting(_s: aiohttp.ClientSession, url: str) -> str:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.1)) as s:
+        try:
+            await s.post(f"{url}/v1/chat/completions", json=chat_body("hi"), headers={"x-request-class": "batch"})
+        except TimeoutError:
+            return "abort_waiting"
+    raise AssertionError("the delayed replica answered within 0.1 s")
+
+
+async def slow_reader(_s: aiohttp.ClientSession, url: str) -> str:
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    try:
+        await loop.sock_connect(sock, (host, int(port)))
+        payload = json.dumps(chat_body("hi", stream=True)).encode()
+        head = (
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nx-request-class: slow_stream\r\n"
+            f"Content-Length: {len(payload)}\r\n\r\n"
+        )
+        await loop.sock_sendall(sock, head.encode() + payload)
+        received = b""
+        while not received.endswith(b"0\r\n\r\n"):
+            await asyncio.sleep(0.005)
+            chunk = await asyncio.wait_for(loop.sock_recv(sock, 2048), timeout=10)
+            assert chunk, received[-200:]
+            received += chunk
+        assert b"data: [DONE]" in received
+    finally:
+        sock.close()
+    return "slow_reader"
+
+
+MIX = [(unary, 40), (stream, 35), (bad, 5), (abort_stream, 10), (abort_waiting, 5), (slow_reader, 5)]
+
+
+async def drive(url: str, count: int, seed: int) -> dict[str, int]:
+    rng = random.Random(seed)
+    kinds = rng.choices([k for k, _ in MIX], weights=[w for _, w in MIX], k=count)
+    limit = asyncio.Semaphore(24)
+    done: dict[str, int] = {}
+
+    async def one(kind: Any, s: aiohttp.ClientSession) -> None:
+        async with limit:
+            name = await kind(s, url)
+        done[name] = done.get(name, 0) + 1
+
+    async with aiohttp.ClientSession() as s:
+        await asyncio.gather(*(one(kind, s) for kind in kinds))
+    return done
+
+
+async def settled(router: RouterProcess, seconds: float = 15.0) -> str:
+    """The /metrics page once nothing is in flight (or the last one seen when time runs out)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        async with aiohttp.ClientSession() as s, s.get(f"{router.url}/metrics") as resp:
+            text = await resp.text()
+        busy = sum(metric(text, f'forge_router_in_flight{{class="{c}"}}') for c in CLASSES)
+        if (busy == 0 and metric(text, "forge_router_streams_active") == 0) or time.monotonic() > deadline:
+            return text
+        await asyncio.sleep(0.1)
+
+
+def test_soak_returns_rss_fds_and_in_flight_to_baseline(tmp_path: Path) -> None:
+    async def body() -> None:
+        main = await FakeReplica(Behavior(tokens=6, pad_bytes=1024), name="main").start()
+        long = await FakeReplica(Behavior(tokens=200, delay_s=0.01), name="long").start()
+        delayed = await FakeReplica(Behavior(first_delay_s=2.0), name="delayed").start()
+        router = await start_router_process(
+            tmp_path,
+            process_config(
+                {"main": [main.url], "long": [long.url], "delayed": [delayed.url]},
+                class_pools={"agent": "long", "batch": "delayed"},
+                default_pool="main",
+                stream_buffer_bytes=32 * 1024,
+                client_sndbuf_bytes=4096,
+                slow_client={"enabled": False},
+            ),
+        )
+        try:
+            await drive(router.url, 400, seed=1)
+            before = await settled(router)
+            rss, fds = router.rss_bytes(), router.fds()
+
+            began = time.monotonic()
+            done = await drive(router.url, 3000, seed=2)
+            took = time.monotonic() - began
+            after = await settled(router)
+            print(f"soak: {sum(done.values())} requests in {took:.1f}s {done}")
+            print(f"soak: rss {rss / MiB:.1f} -> {router.rss_bytes() / MiB:.1f} MiB, fds {fds} -> {router.fds()}")
+
+            for request_class in CLASSES:
+                assert metric(after, f'forge_router_in_flight{{class="{request_class}"}}') == 0, request_class
+            assert metric(after, "forge_router_streams_active") == 0
+            async with aiohttp.ClientSession() as s, s.get(f"{router.url}/health") as resp:
+                health = await resp.json()
+            assert all(r["in_flight"] == 0 for pool in health["pools"].values() for r in pool)
+            # Every abort is counted exactly once, and nothing else in these classes was aborted.
+            for request_class, pool, kind in (("agent", "long", "abort_stream"), ("batch", "delayed", "abort_waiting")):
+                labels = f'class="{request_class}",pool="{pool}"'
+                grew = metric(after, f"forge_router_upstream_aborts_total{{{labels}}}") - metric(
+                    before, f"forge_router_upstream_aborts_total{{{labels}}}"
+                )
+                assert grew == done[kind], (kind, grew, done[kind])
+            # Complete answers are not errors: only the aborts are.
+            for request_class in ("interactive", "slow_stream"):
+                labels = f'class="{request_class}",pool="main"'
+                for kind in ("client_gone", "stream_cut", "upstream_died", "upstream_error"):
+                    assert metric(after, f'forge_router_errors_total{{{labels},kind="{kind}"}}') == 0, kind
+            assert router.fds() <= fds + 8
+            assert router.rss_bytes() - rss < 32 * MiB
+            assert "Traceback" not in router.stderr()
+        finally:
+            await router.stop()
+            for replica in (main, long, delayed):
+                await replica.stop()
+
+    run(body(), timeout=120)
