@@ -94,6 +94,11 @@ class _Call:
     delivered: bool = False
     """The whole answer, [DONE] included, reached the client's socket: a close after this is normal."""
 
+    def interrupted(self) -> bool:
+        # A call, not a field test: interrupt() sets stop_kind while the handler awaits, which a type
+        # checker's narrowing cannot see.
+        return self.stop_kind is not None
+
     @property
     def labels(self) -> dict[str, str]:
         return {"class": self.decision.request_class.value, "pool": self.pool.name}
@@ -466,6 +471,10 @@ class Router:
         except (aiohttp.ClientError, OSError) as exc:
             return f"failed before any byte ({type(exc).__name__})"
 
+        if call.interrupted():
+            # Interrupted in the moment between the answer's arrival and this coroutine resuming.
+            self._abort_upstream(call, upstream)
+            return self._stopped(call)
         if upstream.status >= 500:
             # Only the status: the replica's error text can carry paths and internals.
             upstream.close()
@@ -481,7 +490,7 @@ class Router:
         except (aiohttp.ClientError, OSError) as exc:
             upstream.close()
             call.upstream = None
-            if call.stop_kind is not None:
+            if call.interrupted():
                 return self._stopped(call)
             return f"died before the first byte ({type(exc).__name__})"
         except asyncio.CancelledError:

@@ -627,3 +627,38 @@ def test_port_in_use_is_one_line_naming_the_port(tmp_path: Path) -> None:
     assert done.returncode == ListenFailed.exit_code != 0
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and str(port) in lines[0] and "in use" in lines[0], done.stderr
+
+
+def test_size_and_time_limits_answer_413_504_and_502() -> None:
+    async def body() -> None:
+        slow = await FakeReplica(Behavior(first_delay_s=5), name="slow").start()
+        wordy = await FakeReplica(Behavior(tokens=400), name="wordy").start()
+        router = await start_router(
+            router_config(
+                {"slow": [slow.url], "wordy": [wordy.url]},
+                class_pools={"agent": "wordy"},
+                default_pool="slow",
+                max_request_bytes=1024,
+                max_response_bytes=1024,
+                first_byte_timeout_s=0.3,
+            )
+        )
+        try:
+            async with aiohttp.ClientSession() as s:
+                url = f"{router.url}/v1/chat/completions"
+                async with s.post(url, json=chat_body("x" * 2000)) as resp:
+                    assert resp.status == 413 and (await resp.json())["error"]["param"] == "body"
+                began = time.monotonic()
+                async with s.post(url, json=chat_body("x")) as resp:
+                    assert resp.status == 504 and (await resp.json())["error"]["type"] == "first_byte_timeout"
+                assert time.monotonic() - began < 3.0
+                async with s.post(url, json=chat_body("x"), headers={"x-request-class": "agent"}) as resp:
+                    assert resp.status == 502 and "more than 1024 bytes" in (await resp.json())["error"]["message"]
+            # The timed-out request was aborted upstream, not left running.
+            await asyncio.wait_for(slow.abort_seen.wait(), 5)
+        finally:
+            await router.stop()
+            await slow.stop()
+            await wordy.stop()
+
+    run(body())
