@@ -101,22 +101,24 @@ class RouterConfig(BaseModel):
         "body does not hold up every other stream on the event loop.",
     )
     idle_timeout_s: float = Field(
-        default=15.0,
+        default=30.0,
         gt=0,
         le=3600,
         description="A client connection must send a complete request head within this many seconds of connecting "
         "or of its previous response, else it is closed: the keep-alive idle timeout and the header timeout at once "
-        "(aiohttp runs one timer for both).",
+        "(aiohttp runs one timer for both). Longer than the pool expiry of common clients (aiohttp 15 s, httpx and "
+        "so the OpenAI SDK 5 s), so a pooled connection is retired by its client, never closed under a new request.",
     )
     body_timeout_s: float = Field(
         default=30.0, gt=0, le=3600, description="A request body must arrive completely within this time (408 if not)."
     )
     drain_grace_s: float = Field(
-        default=30.0,
+        default=8.0,
         ge=0,
         le=3600,
         description="On SIGTERM the router stops accepting and lets streams run this long; then each remaining one "
-        "ends with an SSE error event (a waiting non-streamed request gets a 503). A second SIGTERM ends the grace.",
+        "ends with an SSE error event (a waiting non-streamed request gets a 503). A second SIGTERM ends the grace. "
+        "The default stays under Docker's 10 s stop timeout, so the events go out before SIGKILL.",
     )
     health_interval_s: float = Field(default=2.0, gt=0, description="Seconds between GET /health rounds on replicas.")
     health_timeout_s: float = Field(default=1.0, gt=0, description="Timeout of one replica health check.")
