@@ -8,6 +8,7 @@ docs/router.md names, for each promise, the test here that keeps it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import socket
@@ -576,7 +577,14 @@ def test_every_client_abort_is_counted_as_one_upstream_abort() -> None:
         streaming = await FakeReplica(Behavior(tokens=200, delay_s=0.02), name="streaming").start()
         waiting = await FakeReplica(Behavior(first_delay_s=30), name="waiting").start()
         router = await start_router(
-            router_config({"s": [streaming.url], "w": [waiting.url]}, class_pools={"batch": "w"}, default_pool="s")
+            router_config(
+                {"s": [streaming.url], "w": [waiting.url]},
+                class_pools={"batch": "w"},
+                default_pool="s",
+                # The fakes share this loop: a /health answered late must not release requests mid-test.
+                health_interval_s=30,
+                health_timeout_s=10,
+            )
         )
         try:
 
@@ -587,12 +595,22 @@ def test_every_client_abort_is_counted_as_one_upstream_abort() -> None:
                 ):
                     await resp.content.readany()
 
-            async def leave_while_waiting() -> None:
-                async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.5)) as s:
-                    with pytest.raises(TimeoutError):
-                        await s.post(f"{router.url}/v1/chat/completions", json=chat_body("x", max_tokens=900))
+            async def leave_while_waiting(tag: str) -> None:
+                # Leaves once the request waits on the replica: a timeout alone could, on a loaded box,
+                # leave before the router had routed it, and then there is nothing upstream to abort.
+                async with aiohttp.ClientSession() as s:
+                    body = chat_body("x", max_tokens=900, user=tag)
+                    task = asyncio.create_task(s.post(f"{router.url}/v1/chat/completions", json=body))
+                    while not any(r.get("user") == tag for r in waiting.requests):
+                        assert not task.done()
+                        await asyncio.sleep(0.01)
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
 
-            await asyncio.gather(*(leave_mid_stream() for _ in range(40)), *(leave_while_waiting() for _ in range(10)))
+            await asyncio.gather(
+                *(leave_mid_stream() for _ in range(40)), *(leave_while_waiting(f"w{i}") for i in range(10))
+            )
             metrics = router.router.metrics
             expected = {("interactive", "s"): 40, ("batch", "w"): 10}
             for _ in range(200):

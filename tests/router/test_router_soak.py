@@ -8,6 +8,7 @@ smaller than that, and are there for the upstream keep-alive pool and allocator 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import socket
@@ -62,13 +63,19 @@ async def abort_stream(_s: aiohttp.ClientSession, url: str) -> str:
     return "abort_stream"
 
 
-async def abort_waiting(_s: aiohttp.ClientSession, url: str) -> str:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.1)) as s:
-        try:
-            await s.post(f"{url}/v1/chat/completions", json=chat_body("hi"), headers={"x-request-class": "batch"})
-        except TimeoutError:
-            return "abort_waiting"
-    raise AssertionError("the delayed replica answered within 0.1 s")
+async def abort_waiting(s: aiohttp.ClientSession, url: str, delayed: FakeReplica, tag: str) -> str:
+    """Leave once the request is known to wait on the replica, so the router has an upstream request to abort
+    (leaving on a client timeout instead could, on a loaded box, leave before the router routed it)."""
+    headers = {"x-request-class": "batch"}
+    task = asyncio.create_task(s.post(f"{url}/v1/chat/completions", json=chat_body("hi", user=tag), headers=headers))
+    deadline = time.monotonic() + 20
+    while not any(r.get("user") == tag for r in delayed.requests):
+        assert not task.done() and time.monotonic() < deadline, "the request never reached the delayed replica"
+        await asyncio.sleep(0.01)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return "abort_waiting"
 
 
 async def slow_reader(_s: aiohttp.ClientSession, url: str) -> str:
@@ -100,19 +107,22 @@ async def slow_reader(_s: aiohttp.ClientSession, url: str) -> str:
 MIX = [(unary, 40), (stream, 35), (bad, 5), (abort_stream, 10), (abort_waiting, 5), (slow_reader, 5)]
 
 
-async def drive(url: str, count: int, seed: int) -> dict[str, int]:
+async def drive(url: str, count: int, seed: int, delayed: FakeReplica) -> dict[str, int]:
     rng = random.Random(seed)
     kinds = rng.choices([k for k, _ in MIX], weights=[w for _, w in MIX], k=count)
     limit = asyncio.Semaphore(24)
     done: dict[str, int] = {}
 
-    async def one(kind: Any, s: aiohttp.ClientSession) -> None:
+    async def one(i: int, kind: Any, s: aiohttp.ClientSession) -> None:
         async with limit:
-            name = await kind(s, url)
+            if kind is abort_waiting:
+                name = await abort_waiting(s, url, delayed, f"{seed}-{i}")
+            else:
+                name = await kind(s, url)
         done[name] = done.get(name, 0) + 1
 
     async with aiohttp.ClientSession() as s:
-        await asyncio.gather(*(one(kind, s) for kind in kinds))
+        await asyncio.gather(*(one(i, kind, s) for i, kind in enumerate(kinds)))
     return done
 
 
@@ -131,8 +141,9 @@ async def settled(router: RouterProcess, seconds: float = 15.0) -> str:
 def test_soak_returns_rss_fds_and_in_flight_to_baseline(tmp_path: Path) -> None:
     async def body() -> None:
         main = await FakeReplica(Behavior(tokens=6, pad_bytes=1024), name="main").start()
-        long = await FakeReplica(Behavior(tokens=200, delay_s=0.01), name="long").start()
-        delayed = await FakeReplica(Behavior(first_delay_s=2.0), name="delayed").start()
+        # Long enough that no client that read the first event has the whole answer before it leaves.
+        long = await FakeReplica(Behavior(tokens=500, delay_s=0.01), name="long").start()
+        delayed = await FakeReplica(Behavior(first_delay_s=30.0), name="delayed").start()
         router = await start_router_process(
             tmp_path,
             process_config(
@@ -142,15 +153,19 @@ def test_soak_returns_rss_fds_and_in_flight_to_baseline(tmp_path: Path) -> None:
                 stream_buffer_bytes=32 * 1024,
                 client_sndbuf_bytes=4096,
                 slow_client={"enabled": False},
+                # Health is not under test here: the fakes share this busy loop, and a late /health
+                # would mark a replica down (and release its requests, as it should) mid-soak.
+                health_interval_s=30,
+                health_timeout_s=10,
             ),
         )
         try:
-            await drive(router.url, 400, seed=1)
+            await drive(router.url, 400, seed=1, delayed=delayed)
             before = await settled(router)
             rss, fds = router.rss_bytes(), router.fds()
 
             began = time.monotonic()
-            done = await drive(router.url, 3000, seed=2)
+            done = await drive(router.url, 3000, seed=2, delayed=delayed)
             took = time.monotonic() - began
             after = await settled(router)
             print(f"soak: {sum(done.values())} requests in {took:.1f}s {done}")
