@@ -89,6 +89,8 @@ class _Call:
     """The replica being tried or streamed from, so a health check that marks it down can find the call."""
     pending: asyncio.Future[aiohttp.ClientResponse] | None = None
     upstream: aiohttp.ClientResponse | None = None
+    last_upstream: float = 0.0
+    """When the replica last sent something (or the attempt began): a health check spares a flowing stream."""
     stop_kind: str | None = None
     stop_reason: str | None = None
     delivered: bool = False
@@ -195,8 +197,10 @@ class Router:
         else:
             replica.mark_down(error or "unhealthy")
             # Requests already waiting on it would otherwise wait out first_byte_timeout_s or
-            # upstream_idle_timeout_s on a replica known to be gone.
-            for call in [c for c in self.calls if c.replica is replica]:
+            # upstream_idle_timeout_s on a replica known to be gone. One that is still receiving bytes
+            # is not hung, whatever /health says (a check can time out on a busy replica): it goes on.
+            quiet_since = time.monotonic() - self.config.health_timeout_s
+            for call in [c for c in self.calls if c.replica is replica and c.last_upstream <= quiet_since]:
                 self.interrupt(call, REPLICA_DOWN, f"replica {replica.url} was marked down by its health check")
 
     async def check_all(self) -> None:
@@ -421,6 +425,7 @@ class Router:
                 return self._no_replica(call), None
             call.tried.append(replica.url)
             call.replica = replica
+            call.last_upstream = time.monotonic()
             replica.in_flight += 1
             try:
                 outcome = await self._attempt(call, replica)
@@ -657,8 +662,9 @@ class Router:
             chunk = first
             failure: tuple[str, int, str] | None = None
             while chunk:
+                call.last_upstream = now = time.monotonic()
                 try:
-                    complete, gaps = events.feed(chunk, time.monotonic())
+                    complete, gaps = events.feed(chunk, now)
                 except _InvalidStream as exc:
                     failure = ("upstream_error", 502, f"replica {replica.url} sent {exc}")
                     break

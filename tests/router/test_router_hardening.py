@@ -160,6 +160,7 @@ def test_json_depth_and_size_are_bounded_before_decoding(tmp_path: Path) -> None
                 assert router.rss_bytes() - rss < 100 * MiB
                 # Scanned on a worker thread: the event loop kept answering. The bound is loose on purpose
                 # (a loaded 2-core CI box); decoding this body on the loop stalls it for seconds.
+                print(f"slowest /health while a 12 MB body was checked: {slowest_health:.3f}s")
                 assert slowest_health < 1.0, slowest_health
             assert replica.requests == []
         finally:
@@ -353,11 +354,13 @@ def test_requests_on_a_replica_marked_down_are_released_at_once(tmp_path: Path) 
         waiting = await FakeReplica(Behavior(hang_after=0), name="waiting").start()
         alone = await FakeReplica(Behavior(hang_after=0), name="alone").start()
         spare = await FakeReplica(name="spare").start()
+        # Fails its health checks while its stream keeps flowing: not hung, so its stream goes on.
+        flowing = await FakeReplica(Behavior(tokens=40, delay_s=0.05), name="flowing").start()
         router = await start_router_process(
             tmp_path,
             process_config(
-                {"s": [streaming.url], "u": [waiting.url, spare.url], "v": [alone.url]},
-                class_pools={"batch": "u", "agent": "v"},
+                {"s": [streaming.url], "u": [waiting.url, spare.url], "v": [alone.url], "f": [flowing.url]},
+                class_pools={"batch": "u", "agent": "v", "slow_stream": "f"},
                 default_pool="s",
                 health_interval_s=0.2,
                 health_timeout_s=0.5,
@@ -373,10 +376,23 @@ def test_requests_on_a_replica_marked_down_are_released_at_once(tmp_path: Path) 
                     async with s.post(f"{router.url}/v1/chat/completions", json=payload, headers=headers) as resp:
                         return resp.status, await resp.read(), time.monotonic() - began
 
-                (s_status, s_raw, s_took), (u_status, _, u_took), (v_status, v_raw, v_took) = await asyncio.gather(
+                async def flowing_but_failing_health() -> tuple[int, bytes, float]:
+                    asked = asyncio.create_task(ask(chat_body("x", stream=True), {"x-client-slow": "1"}))
+                    while not flowing.requests:
+                        await asyncio.sleep(0.01)
+                    flowing.behavior.health_status = 503
+                    return await asked
+
+                (
+                    (s_status, s_raw, s_took),
+                    (u_status, _, u_took),
+                    (v_status, v_raw, v_took),
+                    (f_status, f_raw, _),
+                ) = await asyncio.gather(
                     ask(chat_body("x", stream=True), {}),
                     ask(chat_body("x", max_tokens=600), {}),
                     ask(chat_body("x"), {"x-request-class": "agent"}),
+                    flowing_but_failing_health(),
                 )
             # Streamed: two tokens, then an error event naming the cause, then [DONE].
             events = sse_data(s_raw)
@@ -388,15 +404,20 @@ def test_requests_on_a_replica_marked_down_are_released_at_once(tmp_path: Path) 
             # Waiting with nothing left: a 503 naming why.
             assert v_status == 503
             assert "marked down by its health check" in json.loads(v_raw)["error"]["message"]
+            # Marked down (so new requests avoid it), yet its flowing stream ended normally.
+            f_events = sse_data(f_raw)
+            assert f_status == 200 and len(f_events) == 41 and f_events[-1] == "[DONE]"
+            assert not any('"error"' in e for e in f_events)
             # Released within a few health intervals, not after first_byte_timeout_s/upstream_idle_timeout_s.
             assert max(s_took, u_took, v_took) < 5.0
             health = await get_json(f"{router.url}/health")
             assert all(r["in_flight"] == 0 for pool in health["pools"].values() for r in pool)
             text = await get_text(f"{router.url}/metrics")
             assert metric(text, 'forge_router_errors_total{class="interactive",pool="s",kind="replica_down"}') == 1
+            assert [r["healthy"] for r in health["pools"]["f"]] == [False]
         finally:
             await router.stop()
-            for replica in (streaming, waiting, alone, spare):
+            for replica in (streaming, waiting, alone, spare, flowing):
                 await replica.stop()
 
     run(body(), timeout=40)
