@@ -88,5 +88,6 @@ class SmokeFailed(ForgeError):
 class ListenFailed(ForgeError):
     """A server Forge runs (the router) cannot listen on its address: the port is taken or not allowed."""
 
-    exit_code = 9
+    # 9 is PreflightIncomplete; 10-13 are builders/repro/errors.py's.
+    exit_code = 14
     kind = "cannot listen"
