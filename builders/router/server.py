@@ -530,6 +530,7 @@ class Router:
                 )
                 if not chunk:
                     break
+                call.last_upstream = time.monotonic()
                 size += len(chunk)
                 if size > limit:
                     upstream.close()
