@@ -148,8 +148,10 @@ class Engine:
         entrypoint: list[str] | None = None,
         user: str | None = None,
         gpus: bool = False,
+        cpuset_cpus: str | None = None,
     ) -> str:
-        """Start a long-lived container; the caller must `stop_and_remove` it. gpus: hand it every host GPU."""
+        """Start a long-lived container; the caller must `stop_and_remove` it. gpus: hand it every host GPU;
+        cpuset_cpus: confine it to these host CPUs ('0-1', '2,3')."""
         all_labels = {OWNER_LABEL: "forge", **(labels or {})}
         name = name or f"forge-{uuid.uuid4().hex[:10]}"
         try:
@@ -165,6 +167,7 @@ class Engine:
                 entrypoint=entrypoint,
                 user=user,
                 device_requests=gpu_device_requests(gpus) or None,
+                cpuset_cpus=cpuset_cpus,
                 detach=True,
             )
         except docker.errors.APIError as exc:

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from builders.smoke.profile import PoolSettings, StackProfile
+from builders.smoke.profile import PoolSettings, StackProfile, format_cpuset, parse_cpuset
 from builders.smoke.vllm_args import PoolArgv
 
 # Where the tiny model is mounted inside replica containers.
@@ -26,6 +26,8 @@ class ReplicaPlan:
     keys: tuple[str, ...]
     env: Mapping[str, str]
     name: str
+    cpuset: str | None = None
+    """CPUs the whole replica (every process it starts) is confined to; None leaves it to the kernel."""
 
     @property
     def url(self) -> str:
@@ -122,7 +124,12 @@ def plan_stack(profile: StackProfile, *, run_id: str, base_port: int | None = No
                 "VLLM_NO_USAGE_STATS": "1",
                 "DO_NOT_TRACK": "1",
             }
-            if profile.cpu_bind == "round_robin":
+            cpuset = pool.cpuset_of(index)
+            if cpuset is not None:
+                # vLLM binds one OpenMP thread to each listed CPU; left to its 'auto' it would pick CPUs by
+                # NUMA node and ignore the cpuset, and two pools would share a core again.
+                env["VLLM_CPU_OMP_THREADS_BIND"] = format_cpuset(parse_cpuset(cpuset))
+            elif profile.cpu_bind == "round_robin":
                 env["VLLM_CPU_OMP_THREADS_BIND"] = str(ordinal % max(cpus, 1))
             elif profile.cpu_bind == "nobind":
                 env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
@@ -136,6 +143,7 @@ def plan_stack(profile: StackProfile, *, run_id: str, base_port: int | None = No
                     keys=tuple(keys),
                     env=env,
                     name=f"forge-smoke-{run_id}-{name}-{index}",
+                    cpuset=cpuset,
                 )
             )
             ordinal += 1

@@ -78,6 +78,29 @@ class PoolSettings(_Strict):
         default=(), description="Further `vllm serve` arguments, checked against the image's vLLM before start."
     )
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment of each replica.")
+    cpus: tuple[str, ...] = Field(
+        default=(),
+        description="CPU set of each replica in Linux cpuset syntax ('1', '0-3', '0,2'): one entry per replica, "
+        "or one entry every replica of the pool shares. Containers get it as --cpuset-cpus, host processes "
+        "as their CPU affinity (every process vLLM starts inherits it), and vLLM's OpenMP threads are bound "
+        "to it (VLLM_CPU_OMP_THREADS_BIND). Empty: the replicas are not confined (see cpu_bind).",
+    )
+
+    @field_validator("cpus")
+    @classmethod
+    def _cpusets(cls, cpus: tuple[str, ...]) -> tuple[str, ...]:
+        for i, text in enumerate(cpus):
+            try:
+                parse_cpuset(text)
+            except ValueError as exc:
+                raise ValueError(f"cpus[{i}]: {exc}") from None
+        return cpus
+
+    def cpuset_of(self, index: int) -> str | None:
+        """The CPU set replica `index` is confined to, or None when the pool sets none."""
+        if not self.cpus:
+            return None
+        return self.cpus[index] if len(self.cpus) > 1 else self.cpus[0]
 
 
 class PortSettings(_Strict):
@@ -151,8 +174,10 @@ class StackProfile(_Strict):
     ports: PortSettings = Field(default_factory=lambda: PortSettings(), description="Loopback ports.")
     cpu_bind: Literal["round_robin", "auto", "nobind"] = Field(
         default="round_robin",
-        description="How replicas' OpenMP threads are pinned: round_robin gives replica k core k mod N "
-        "(vLLM's 'auto' pins every replica to the same core); 'nobind' leaves it to the kernel.",
+        description="How the OpenMP threads of replicas in pools without `cpus` are pinned: round_robin gives "
+        "replica k core k mod N (vLLM's 'auto' pins every replica to the same core); 'nobind' leaves it to the "
+        "kernel. Only the OpenMP threads are pinned this way, not the replica's other processes: for isolation "
+        "give the pools `cpus`.",
     )
     pools: dict[str, PoolSettings] = Field(description="Pool name -> settings (names: lowercase, digits, '-').")
     classes: dict[RequestClass, str] = Field(description="Each of the six request classes -> pool name.")
@@ -202,6 +227,12 @@ class StackProfile(_Strict):
                     f"pools.{name}: max_model_len {length} exceeds model.max_position_embeddings "
                     f"{self.model.max_position_embeddings}"
                 )
+        for name, settings in self.pools.items():
+            if len(settings.cpus) not in (0, 1, settings.replicas):
+                raise ValueError(
+                    f"pools.{name}.cpus: {len(settings.cpus)} CPU sets for {settings.replicas} replica(s); give one "
+                    "per replica, or one for the whole pool"
+                )
         last = self.ports.base + self.replica_count
         if last > 65535:
             raise ValueError(f"ports.base {self.ports.base} leaves no room for {self.replica_count} replicas")
@@ -213,6 +244,55 @@ class StackProfile(_Strict):
 
     def classes_of(self, pool: str) -> list[RequestClass]:
         return [c for c in ALL_CLASSES if self.classes[c] == pool]
+
+
+def parse_cpuset(text: str) -> frozenset[int]:
+    """The CPUs of a Linux cpuset list ('0-3,6'), or ValueError saying what is wrong with it."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
+        if match is None:
+            raise ValueError(f"{text!r} is not a CPU list like '0', '0-3' or '0,2'")
+        low = int(match.group(1))
+        high = int(match.group(2)) if match.group(2) is not None else low
+        if high < low:
+            raise ValueError(f"{text!r}: range {low}-{high} runs backwards")
+        cpus.update(range(low, high + 1))
+    return frozenset(cpus)
+
+
+def format_cpuset(cpus: typing.Iterable[int]) -> str:
+    """The shortest cpuset list naming `cpus` ({0, 1, 2, 5} -> '0-2,5')."""
+    ordered = sorted(set(cpus))
+    parts: list[str] = []
+    start = prev = None
+    for cpu in [*ordered, None]:
+        if cpu is not None and prev is not None and cpu == prev + 1:
+            prev = cpu
+            continue
+        if start is not None and prev is not None:
+            parts.append(str(start) if start == prev else f"{start}-{prev}")
+        start = prev = cpu
+    return ",".join(parts)
+
+
+def check_cpus_available(profile: StackProfile, *, source: str, available: typing.Collection[int]) -> None:
+    """Every pool's CPU sets exist on this host (the CPUs this process may run on), else a ConfigError naming
+    the profile file and the key."""
+    problems = []
+    for name, pool in profile.pools.items():
+        for i, text in enumerate(pool.cpus):
+            missing = sorted(parse_cpuset(text) - set(available))
+            if missing:
+                problems.append(
+                    f"{source}: pools.{name}.cpus[{i}]: CPU(s) {format_cpuset(missing)} of {text!r} are not "
+                    f"available here (this host offers {format_cpuset(available) or 'none'})"
+                )
+    if problems:
+        raise ConfigError(
+            "\n  ".join(problems),
+            hint="give the pools CPU sets within the host's CPUs, or run on a machine with more cores",
+        )
 
 
 def _suggest(name: str, choices: typing.Iterable[str]) -> str:

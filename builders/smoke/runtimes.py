@@ -21,6 +21,7 @@ from typing import IO, Protocol
 from builders.engine import Engine
 from builders.errors import EngineError, UsageError
 from builders.smoke.plan import CONTAINER_MODEL_DIR, RUN_LABEL, ReplicaPlan
+from builders.smoke.profile import parse_cpuset
 from builders.smoke.vllm_args import SERVE_ENTRIES, ServeProbe, local_cache_key, probe_serve
 
 ROUTER_CONFIG_DIR = "/forge/router"
@@ -131,8 +132,21 @@ class LaunchedProcess:
             self._log = None
 
 
-def start_process(argv: Sequence[str], *, name: str, env: Mapping[str, str], log_path: Path) -> LaunchedProcess:
+def start_process(
+    argv: Sequence[str],
+    *,
+    name: str,
+    env: Mapping[str, str],
+    log_path: Path,
+    cpus: frozenset[int] | None = None,
+) -> LaunchedProcess:
+    """Start argv in its own session; with `cpus`, confined to them before it runs (its children inherit it)."""
     log = log_path.open("wb")
+
+    def confine() -> None:
+        if cpus is not None:
+            os.sched_setaffinity(0, cpus)
+
     try:
         process = subprocess.Popen(
             list(argv),
@@ -141,6 +155,7 @@ def start_process(argv: Sequence[str], *, name: str, env: Mapping[str, str], log
             stderr=subprocess.STDOUT,
             env={**os.environ, **env},
             start_new_session=True,
+            preexec_fn=confine if cpus is not None else None,
         )
     except OSError as exc:
         log.close()
@@ -207,6 +222,7 @@ class ContainerReplicas:
             network_host=True,
             shm_size="2g",
             labels={RUN_LABEL: run_id, f"{RUN_LABEL}.replica": replica.label},
+            cpuset_cpus=replica.cpuset,
         )
         launched = LaunchedContainer(engine=self.engine, cid=cid, name=replica.name)
         self._started.append(launched)
@@ -263,7 +279,11 @@ class LocalReplicas:
     def start(self, replica: ReplicaPlan, probe: ServeProbe, *, run_id: str) -> Launched:
         argv = serve_argv(probe, str(self.model_dir), replica.args)
         launched = start_process(
-            argv, name=replica.name, env=replica.env, log_path=self.log_dir / f"{replica.name}.log"
+            argv,
+            name=replica.name,
+            env=replica.env,
+            log_path=self.log_dir / f"{replica.name}.log",
+            cpus=parse_cpuset(replica.cpuset) if replica.cpuset is not None else None,
         )
         self._started.append(launched)
         return launched

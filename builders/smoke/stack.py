@@ -33,7 +33,7 @@ from builders.errors import ConfigError, ForgeError, SmokeFailed, UsageError
 from builders.router.classes import ALL_CLASSES, RequestClass
 from builders.router.config import RouterConfig, config_from_mapping
 from builders.smoke.plan import ReplicaPlan, StackPlan, plan_stack
-from builders.smoke.profile import StackProfile, explain
+from builders.smoke.profile import StackProfile, check_cpus_available, explain
 from builders.smoke.runtimes import Launched, ReplicaRuntime, RouterRuntime
 from builders.smoke.tiny_model import write_tiny_model
 from builders.smoke.vllm_args import ArgProblem, ServeProbe, check_pools, raise_for_problems
@@ -120,7 +120,9 @@ def validate_profile(
     profile: StackProfile, source: str, *, run_id: str, base_port: int | None = None
 ) -> ValidatedProfile:
     """Plan the stack and validate the traffic plans and the router config the run would use."""
-    plan = plan_stack(profile, run_id=run_id, base_port=base_port, cpus=os.cpu_count() or 1)
+    available = sorted(os.sched_getaffinity(0))
+    check_cpus_available(profile, source=source, available=available)
+    plan = plan_stack(profile, run_id=run_id, base_port=base_port, cpus=len(available))
     traffic = traffic_plan(profile, source)
     kill = profile.checks.kill_replica
     kill_traffic = (
@@ -557,7 +559,8 @@ class SmokeRun:
         self.report["startup"] = {
             "warm_up_s": round(warm, 2),
             "replicas": {
-                r.label: {"port": r.port, "healthy_after_s": stack.startup_s.get(r.label)} for r in plan.replicas
+                r.label: {"port": r.port, "cpus": r.cpuset, "healthy_after_s": stack.startup_s.get(r.label)}
+                for r in plan.replicas
             },
             "router": {"port": plan.router_port, "healthy_after_s": stack.startup_s.get("router")},
         }
@@ -761,6 +764,7 @@ def _with_env(replica: ReplicaPlan, extra: dict[str, str]) -> ReplicaPlan:
         keys=replica.keys,
         env={**replica.env, **extra},
         name=replica.name,
+        cpuset=replica.cpuset,
     )
 
 

@@ -93,10 +93,22 @@ def _forge_image(target: str) -> str:
     return tag
 
 
+def _ephemeral_ports() -> range:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text(encoding="ascii").split()
+    except (OSError, ValueError):
+        return range(32768, 61000)
+    return range(int(low), int(high) + 1)
+
+
 def free_base_port(count: int) -> int:
-    """A base port with `count` free ports after it, away from the profiles' defaults."""
+    """A base port with `count` free ports after it, away from the profiles' defaults and below the kernel's
+    ephemeral range: a replica binds its port some 30 s after this check, and in between any outgoing
+    connection on the machine (vLLM's own ZMQ sockets included) may be handed a port from that range, which
+    made a replica die with 'Address already in use'."""
+    ephemeral = _ephemeral_ports()
     for _ in range(50):
-        base = random.randrange(30000, 60000)
+        base = random.randrange(20000, max(20001, min(ephemeral.start, 30000) - count - 1))
         try:
             for port in range(base, base + count + 1):
                 with socket.socket() as sock:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -37,9 +39,7 @@ def image_run(engine: Engine, image: str, options: SmokeOptions) -> SmokeRun:
     )
 
 
-# One rerun: on 2 shared cores the isolation checks race the scheduler (a kill can land between two
-# generations; a 150-350 ms stall can hit either run). A real regression fails both tries.
-@pytest.mark.flaky(reruns=1)
+# No rerun: the pools' replicas are confined to their own cores (profiles/ci.yaml pools.*.cpus).
 @pytest.mark.timeout(900)
 def test_ci_profile_passes_on_the_image_with_both_checks(engine: Engine, tmp_path: Path) -> None:
     image = smoke_image()
@@ -91,3 +91,26 @@ def test_ctrl_c_on_the_image_removes_every_container(engine: Engine, tmp_path: P
     assert engine.containers_with_label(RUN_LABEL, run_id) == []
     report = json.loads((tmp_path / f"smoke-ci-{run_id}.json").read_text(encoding="utf-8"))
     assert report["teardown"]["clean"] is True
+
+
+@pytest.mark.timeout(600)
+def test_a_replica_container_runs_only_on_its_cpu_set(engine: Engine) -> None:
+    """What `cpus` in a profile becomes for a container: the cpuset the kernel enforces inside it."""
+    image = smoke_image()
+    last = max(os.sched_getaffinity(0))
+    cid = engine.run_detached(
+        image=image,
+        entrypoint=["sh"],
+        command=["-c", "grep Cpus_allowed_list /proc/self/status; sleep 30"],
+        network_host=False,
+        shm_size="64m",
+        labels={RUN_LABEL: "cpuset-test"},
+        cpuset_cpus=str(last),
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while "Cpus_allowed_list" not in engine.logs(cid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert engine.logs(cid).split() == ["Cpus_allowed_list:", str(last)]
+    finally:
+        engine.stop_and_remove(cid, timeout=0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,13 @@ from builders.errors import ConfigError, UsageError
 from builders.router.classes import ALL_CLASSES, RequestClass
 from builders.router.config import RouterConfig
 from builders.smoke.plan import plan_stack
-from builders.smoke.profile import available_profiles, load_profile
+from builders.smoke.profile import (
+    available_profiles,
+    check_cpus_available,
+    format_cpuset,
+    load_profile,
+    parse_cpuset,
+)
 from builders.smoke.stack import merged, validate_profile
 from builders.smoke.vllm_args import check_pools, parse_serve_help
 
@@ -74,10 +81,68 @@ def test_split_and_shared_send_the_same_traffic_to_the_same_number_of_replicas()
     assert len(shared.pools) == 1 and len(split.pools) > 1
 
 
-def test_ci_fits_two_cores_with_one_replica_per_pool() -> None:
-    ci, _ = load_profile("ci", root=ROOT)
+def test_ci_fits_two_cores_with_one_replica_per_pool_each_on_its_own_core() -> None:
+    ci, path = load_profile("ci", root=ROOT)
     assert all(p.replicas == 1 for p in ci.pools.values())
-    assert ci.cpu_bind == "round_robin"
+    plan = validate_profile(ci, str(path), run_id="t").plan
+    cpusets = {r.pool: r.cpuset for r in plan.replicas}
+    assert cpusets == {"interactive": "0", "bulk": "1"}
+    # vLLM's OpenMP threads are bound to the same CPUs the replica is confined to.
+    assert {r.pool: r.env["VLLM_CPU_OMP_THREADS_BIND"] for r in plan.replicas} == cpusets
+
+
+def test_cpu_sets_are_parsed_and_written_in_cpuset_syntax() -> None:
+    assert parse_cpuset("0-2,5") == {0, 1, 2, 5}
+    assert parse_cpuset("3") == {3}
+    assert format_cpuset({5, 0, 1, 2}) == "0-2,5"
+    assert format_cpuset([7]) == "7"
+    for bad in ("", "a", "3-1", "1,,2", "-1"):
+        with pytest.raises(ValueError):
+            parse_cpuset(bad)
+
+
+def test_a_pool_gives_each_replica_its_own_cpu_set_or_one_shared_set(tmp_path: Path) -> None:
+    data = minimal()
+    data["pools"]["fast"].update(replicas=2, cpus=["0", "1"])
+    data["pools"]["bulk"].update(replicas=2, cpus=["0-1"])
+    write(tmp_path, data)
+    profile, _ = load_profile("p", root=tmp_path)
+    plan = plan_stack(profile, run_id="t", base_port=20000, cpus=2)
+    assert sorted((r.pool, r.index, r.cpuset, r.env["VLLM_CPU_OMP_THREADS_BIND"]) for r in plan.replicas) == [
+        ("bulk", 0, "0-1", "0-1"),
+        ("bulk", 1, "0-1", "0-1"),
+        ("fast", 0, "0", "0"),
+        ("fast", 1, "1", "1"),
+    ]
+
+
+def test_a_malformed_cpu_set_is_named_by_file_and_key(tmp_path: Path) -> None:
+    data = minimal()
+    data["pools"]["bulk"]["cpus"] = ["1-0"]
+    message = load_error(tmp_path, data)
+    assert f"{tmp_path / 'profiles' / 'p.yaml'}: pools.bulk.cpus: Value error, cpus[0]: '1-0'" in message
+    assert "runs backwards" in message
+
+
+def test_cpu_sets_must_match_the_replica_count(tmp_path: Path) -> None:
+    data = minimal()
+    data["pools"]["fast"].update(replicas=3, cpus=["0", "1"])
+    assert "pools.fast.cpus: 2 CPU sets for 3 replica(s)" in load_error(tmp_path, data)
+
+
+def test_a_cpu_the_host_lacks_is_named_with_the_hosts_cpus(tmp_path: Path) -> None:
+    data = minimal()
+    data["pools"]["bulk"]["cpus"] = ["1-3"]
+    path = write(tmp_path, data)
+    profile, _ = load_profile("p", root=tmp_path)
+    with pytest.raises(ConfigError) as caught:
+        check_cpus_available(profile, source=str(path), available=[0, 1])
+    assert caught.value.message == (
+        f"{path}: pools.bulk.cpus[0]: CPU(s) 2-3 of '1-3' are not available here (this host offers 0-1)"
+    )
+    # The real host's CPUs are what a run is checked against.
+    data["pools"]["bulk"]["cpus"] = [str(max(os.sched_getaffinity(0)) + 1)]
+    assert "are not available here" in load_error(tmp_path, data)
 
 
 def test_an_unknown_pool_key_names_file_path_and_the_intended_key(tmp_path: Path) -> None:
