@@ -102,3 +102,9 @@ def bench_diagnose(session: nox.Session) -> None:
 def bench_preflight(session: nox.Session) -> None:
     """Seconds until preflight blocks Debian 12 vs until a plain build reaches vLLM's gate, as a ratio."""
     session.run("python", str(ROOT / "benchmarks" / "bench_preflight.py"), *session.posargs, external=True)
+
+
+@nox.session(python=False, name="bench-router", default=False)
+def bench_router(session: nox.Session) -> None:
+    """CPU per request and added TTFT of Forge's router, vllm-router and sglang-router vs a direct connection."""
+    session.run("python", str(ROOT / "benchmarks" / "bench_router.py"), *session.posargs, external=True)
