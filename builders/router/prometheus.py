@@ -54,6 +54,30 @@ class _Metric:
         raise NotImplementedError
 
 
+class BoundValue:
+    """One labelled series of a counter or gauge, resolved once: updating it costs one dict store.
+
+    The router updates some series for every request and every streamed event; validating a label
+    dict each time cost more than the update itself.
+    """
+
+    __slots__ = ("_key", "_values")
+
+    def __init__(self, values: dict[Labels, float], key: Labels) -> None:
+        values.setdefault(key, 0.0)
+        self._values = values
+        self._key = key
+
+    def inc(self, amount: float = 1.0) -> None:
+        self._values[self._key] += amount
+
+    def dec(self, amount: float = 1.0) -> None:
+        self._values[self._key] -= amount
+
+    def value(self) -> float:
+        return self._values[self._key]
+
+
 class Counter(_Metric):
     kind = "counter"
 
@@ -71,6 +95,10 @@ class Counter(_Metric):
     def ensure(self, labels: Mapping[str, str] | None = None) -> None:
         """Create the series at zero so dashboards see it before the first event."""
         self._values.setdefault(self._key(labels), 0.0)
+
+    def bind(self, labels: Mapping[str, str] | None = None) -> BoundValue:
+        """The series for these labels, created at zero, for hot paths that update it often."""
+        return BoundValue(self._values, self._key(labels))
 
     def samples(self) -> list[str]:
         return [f"{self.name}{_labels(k)} {_number(v)}" for k, v in sorted(self._values.items())]
@@ -99,8 +127,31 @@ class Gauge(_Metric):
     def value(self, labels: Mapping[str, str] | None = None) -> float:
         return self._values.get(self._key(labels), 0.0)
 
+    def bind(self, labels: Mapping[str, str] | None = None) -> BoundValue:
+        return BoundValue(self._values, self._key(labels))
+
     def samples(self) -> list[str]:
         return [f"{self.name}{_labels(k)} {_number(v)}" for k, v in sorted(self._values.items())]
+
+
+class HistogramSeries:
+    """One labelled series of a histogram: per-bucket counts (not cumulative) and the sum."""
+
+    __slots__ = ("_buckets", "counts", "total")
+
+    def __init__(self, buckets: tuple[float, ...]) -> None:
+        self._buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self._buckets, value)] += 1
+        self.total += value
+
+    def observe_repeated(self, value: float, times: int) -> None:
+        """The same value observed `times` times (events that arrived together share a gap of 0)."""
+        self.counts[bisect.bisect_left(self._buckets, value)] += times
+        self.total += value * times
 
 
 class Histogram(_Metric):
@@ -109,31 +160,35 @@ class Histogram(_Metric):
     def __init__(self, name: str, help_text: str, label_names: Sequence[str], buckets: Sequence[float]) -> None:
         super().__init__(name, help_text, label_names)
         self.buckets = tuple(sorted(buckets))
-        self._counts: dict[Labels, list[int]] = {}
-        self._sums: dict[Labels, float] = {}
+        self._series: dict[Labels, HistogramSeries] = {}
+
+    def bind(self, labels: Mapping[str, str] | None = None) -> HistogramSeries:
+        """The series for these labels, created empty, for hot paths that observe often."""
+        key = self._key(labels)
+        series = self._series.get(key)
+        if series is None:
+            series = self._series[key] = HistogramSeries(self.buckets)
+        return series
 
     def observe(self, labels: Mapping[str, str] | None, value: float) -> None:
-        key = self._key(labels)
-        counts = self._counts.setdefault(key, [0] * (len(self.buckets) + 1))
-        counts[bisect.bisect_left(self.buckets, value)] += 1
-        self._sums[key] = self._sums.get(key, 0.0) + value
+        self.bind(labels).observe(value)
 
     def ensure(self, labels: Mapping[str, str] | None = None) -> None:
-        key = self._key(labels)
-        self._counts.setdefault(key, [0] * (len(self.buckets) + 1))
-        self._sums.setdefault(key, 0.0)
+        self.bind(labels)
 
     def count(self, labels: Mapping[str, str] | None = None) -> int:
-        return sum(self._counts.get(self._key(labels), []))
+        series = self._series.get(self._key(labels))
+        return 0 if series is None else sum(series.counts)
 
     def samples(self) -> list[str]:
         lines = []
-        for key in sorted(self._counts):
+        for key in sorted(self._series):
+            series = self._series[key]
             running = 0
-            for bound, n in zip((*self.buckets, math.inf), self._counts[key], strict=True):
+            for bound, n in zip((*self.buckets, math.inf), series.counts, strict=True):
                 running += n
                 lines.append(f"{self.name}_bucket{_labels(key, ('le', _number(bound)))} {running}")
-            lines.append(f"{self.name}_sum{_labels(key)} {_number(self._sums[key])}")
+            lines.append(f"{self.name}_sum{_labels(key)} {_number(series.total)}")
             lines.append(f"{self.name}_count{_labels(key)} {running}")
         return lines
 

@@ -2,11 +2,27 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from builders.router.classes import ALL_CLASSES
-from builders.router.prometheus import Registry
+from builders.router.prometheus import BoundValue, HistogramSeries, Registry
 
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClassSeries:
+    """The series one request class updates on every request and every streamed event, resolved once.
+
+    A class's pool is fixed by the config, so its (class, pool) labels are known before any request.
+    """
+
+    requests: BoundValue
+    in_flight: BoundValue
+    ttft: HistogramSeries
+    itl: HistogramSeries
+    e2e: HistogramSeries
 
 
 class RouterMetrics:
@@ -69,13 +85,17 @@ class RouterMetrics:
         self.replica_in_flight = r.gauge(
             "forge_router_replica_in_flight", "Requests in flight on the replica.", ("pool", "replica")
         )
-        for request_class in ALL_CLASSES:
-            name = request_class.value
-            pool = class_pools[name]
-            self.requests.ensure({"class": name, "pool": pool})
-            self.in_flight.ensure({"class": name})
-            for histogram in (self.ttft, self.itl, self.e2e):
-                histogram.ensure({"class": name})
+        # Binding creates every class's series at zero, so dashboards see them before the first request.
+        self.by_class = {
+            c.value: ClassSeries(
+                requests=self.requests.bind({"class": c.value, "pool": class_pools[c.value]}),
+                in_flight=self.in_flight.bind({"class": c.value}),
+                ttft=self.ttft.bind({"class": c.value}),
+                itl=self.itl.bind({"class": c.value}),
+                e2e=self.e2e.bind({"class": c.value}),
+            )
+            for c in ALL_CLASSES
+        }
         self.streams_active.ensure()
         self.stream_buffer_peak.ensure()
 

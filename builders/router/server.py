@@ -38,7 +38,7 @@ from builders.router.config import RouterConfig
 from builders.router.openai_request import BadRequest, Endpoint, ParsedRequest, parse_request
 from builders.router.prometheus import CONTENT_TYPE
 from builders.router.replicas import Pool, Replica
-from builders.router.router_metrics import RouterMetrics
+from builders.router.router_metrics import ClassSeries, RouterMetrics
 
 HEADER_POOL = "x-forge-pool"
 HEADER_REPLICA = "x-forge-replica"
@@ -81,6 +81,7 @@ class _Call:
     parsed: ParsedRequest
     decision: Decision
     pool: Pool
+    series: ClassSeries
     started: float
     client_id: str | None
     tried: list[str] = field(default_factory=list)
@@ -145,6 +146,8 @@ class Router:
         self.streams_active = 0
         self.calls: set[_Call] = set()
         self.shutting_down = False
+        self._write_low = config.stream_buffer_bytes // 8
+        """The client transport's low-water mark: writes that stay under it never wait (_send)."""
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -343,11 +346,12 @@ class Router:
             parsed=parsed,
             decision=decision,
             pool=pool,
+            series=self.metrics.by_class[decision.request_class.value],
             started=started,
             client_id=self.classifier.client_id(request.headers),
         )
-        self.metrics.requests.inc(call.labels)
-        self.metrics.in_flight.inc(call.class_label)
+        call.series.requests.inc()
+        call.series.in_flight.inc()
         self.calls.add(call)
         try:
             return await (self._stream(call) if parsed.stream else self._unary(call))
@@ -360,8 +364,8 @@ class Router:
             raise
         finally:
             self.calls.discard(call)
-            self.metrics.in_flight.dec(call.class_label)
-            self.metrics.e2e.observe(call.class_label, time.monotonic() - started)
+            call.series.in_flight.dec()
+            call.series.e2e.observe(time.monotonic() - started)
 
     def _reject(self, status: int, message: str, param: str) -> web.Response:
         self.metrics.rejected.inc({"reason": "bad_request"})
@@ -571,7 +575,7 @@ class Router:
                 return self._error(call, 502, "upstream_error", "replica opened a stream for a non-streamed request")
             if outcome.status == 200:
                 # The whole body is the first byte a non-streamed client gets.
-                self.metrics.ttft.observe(call.class_label, time.monotonic() - call.started)
+                call.series.ttft.observe(time.monotonic() - call.started)
             return outcome
         finally:
             if held is not None:
@@ -611,7 +615,7 @@ class Router:
         limit = self.config.stream_buffer_bytes
         # Pausing at half the limit and never accepting a chunk over the other half keeps the buffer
         # under the limit: each write starts from at most `high` bytes.
-        transport.set_write_buffer_limits(high=limit // 2, low=limit // 8)
+        transport.set_write_buffer_limits(high=limit // 2, low=self._write_low)
         sndbuf = self.config.client_sndbuf_bytes
         sock = transport.get_extra_info("socket")
         if sndbuf is not None and sock is not None:
@@ -631,8 +635,19 @@ class Router:
             chunk = data[start : start + piece]
             if transport.is_closing():
                 raise _ClientGone
-            if transport.get_write_buffer_size() + len(chunk) > cfg.stream_buffer_bytes:
+            buffered = transport.get_write_buffer_size()
+            if buffered + len(chunk) > cfg.stream_buffer_bytes:
                 raise _StreamCut("overflow")
+            if buffered + len(chunk) <= self._write_low:
+                # A client that keeps up: after this write the buffer is still at or under the low-water
+                # mark, so the transport is not paused, neither the write nor a drain can wait, and no
+                # timer is needed. Nearly every event of a healthy stream takes this path.
+                try:
+                    await resp.write(chunk)
+                except ConnectionError:
+                    raise _ClientGone from None
+                self.stream_buffer_peak = max(self.stream_buffer_peak, transport.get_write_buffer_size())
+                continue
             began = time.monotonic()
             try:
                 await asyncio.wait_for(resp.write(chunk), timeout=cfg.stream_cut_timeout_s)
@@ -659,7 +674,7 @@ class Router:
         try:
             transport = self._prepare_transport(request)
             await resp.prepare(request)
-            self.metrics.ttft.observe(call.class_label, time.monotonic() - call.started)
+            call.series.ttft.observe(time.monotonic() - call.started)
             chunk = first
             failure: tuple[str, int, str] | None = None
             while chunk:
@@ -674,11 +689,12 @@ class Router:
                     # From here a client that closes has its whole answer (SDK clients close on [DONE]).
                     call.delivered = events.done
                 for gap in gaps:
-                    self.metrics.itl.observe(call.class_label, gap)
+                    call.series.itl.observe(gap)
                 try:
-                    chunk = await asyncio.wait_for(
-                        upstream.content.readany(), timeout=self.config.upstream_idle_timeout_s
-                    )
+                    # asyncio.timeout, not wait_for: wait_for wraps every read in a new Task, which was
+                    # the largest single cost of a streamed event.
+                    async with asyncio.timeout(self.config.upstream_idle_timeout_s):
+                        chunk = await upstream.content.readany()
                 except TimeoutError:
                     failure = (
                         "upstream_died",
