@@ -885,6 +885,10 @@ async def serve(config: RouterConfig, stop: asyncio.Event | None = None, hurry: 
     """Run the router until stop is set (then drain) or until cancelled (then stop at once)."""
     running = await start_router(config)
     print(f"forge router listening on {running.url}", flush=True)
+    # Which loop runs is worth a line (after the listening line, which tools parse): CPU per streamed
+    # event differs by about a fifth between them.
+    loop = "uvloop" if type(asyncio.get_running_loop()).__module__.startswith("uvloop") else "asyncio"
+    print(f"forge router event loop: {loop}", flush=True)
     try:
         await (stop or asyncio.Event()).wait()
     except asyncio.CancelledError:
