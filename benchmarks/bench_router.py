@@ -260,23 +260,23 @@ def free_port() -> int:
     return port
 
 
-def tree_cpu_s(pid: int) -> float:
-    """utime + stime of pid and every descendant, in seconds (dead threads' time stays in their process)."""
+def tree_cpu_s(pid: int) -> tuple[float, float]:
+    """(utime, stime) of pid and every descendant, in seconds (dead threads' time stays in their process)."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             with contextlib.suppress(OSError, ValueError, IndexError):
                 ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
                 children.setdefault(ppid, []).append(int(entry.name))
-    total, todo = 0, [pid]
+    user, system, todo = 0, 0, [pid]
     while todo:
         current = todo.pop()
         with contextlib.suppress(OSError):
             fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
             # fields[0] is field 3 (state): utime and stime are fields 14 and 15.
-            total += int(fields[11]) + int(fields[12])
+            user, system = user + int(fields[11]), system + int(fields[12])
         todo.extend(children.get(current, []))
-    return total / CLK_TCK
+    return user / CLK_TCK, system / CLK_TCK
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -413,6 +413,8 @@ class Row:
     ttft_p50_ms: float = 0.0
     ttft_p99_ms: float = 0.0
     cpu_ms_per_req: float | None = None
+    sys_ms_per_req: float | None = None
+    """The kernel's share of cpu_ms_per_req: socket calls a router in any language makes."""
     completed: int = 0
     failed: int = 0
 
@@ -430,8 +432,8 @@ def render(rows: list[Row], args: argparse.Namespace) -> str:
         f"routers on cpu {args.router_cpu}, load and upstream on cpu {args.client_cpu}; policy {args.policy}",
         "",
         f"{'router':<14} {'req/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'+p50':>8} {'+p99':>8} "
-        f"{'CPU/req':>9} {'failed':>7}",
-        f"{'':<14} {'':>8} {'ms':>9} {'ms':>9} {'ms':>8} {'ms':>8} {'ms':>9} {'':>7}",
+        f"{'CPU/req':>9} {'of it sys':>9} {'failed':>7}",
+        f"{'':<14} {'':>8} {'ms':>9} {'ms':>9} {'ms':>8} {'ms':>8} {'ms':>9} {'ms':>9} {'':>7}",
     ]
     for r in rows:
         if not r.measured:
@@ -442,7 +444,11 @@ def render(rows: list[Row], args: argparse.Namespace) -> str:
             if direct is not None and r.name != "direct"
             else f"{'-':>8} {'-':>8}"
         )
-        cpu = f"{r.cpu_ms_per_req:>9.3f}" if r.cpu_ms_per_req is not None else f"{'-':>9}"
+        cpu = (
+            f"{r.cpu_ms_per_req:>9.3f} {r.sys_ms_per_req:>9.3f}"
+            if r.cpu_ms_per_req is not None and r.sys_ms_per_req is not None
+            else f"{'-':>9} {'-':>9}"
+        )
         lines.append(
             f"{r.name:<14} {r.req_s:>8.1f} {r.ttft_p50_ms:>9.2f} {r.ttft_p99_ms:>9.2f} {added} {cpu} {r.failed:>7}"
         )
@@ -473,10 +479,10 @@ async def measure(spec: RouterSpec, upstream: str, args: argparse.Namespace, log
             await _wait_ready(url, proc, args.chunks, args.start_timeout)
         except RuntimeError as exc:
             return Row(name=spec.name, measured=False, note=f"{exc}; see {logs / (spec.name + '.log')}")
-        marks: dict[bool, tuple[float, float]] = {}
+        marks: dict[bool, tuple[float, float, float]] = {}
 
         def on_window(opening: bool) -> None:
-            marks[opening] = (time.perf_counter(), tree_cpu_s(proc.pid) if proc is not None else 0.0)
+            marks[opening] = (time.perf_counter(), *(tree_cpu_s(proc.pid) if proc is not None else (0.0, 0.0)))
 
         result = await _drive(
             url,
@@ -488,8 +494,10 @@ async def measure(spec: RouterSpec, upstream: str, args: argparse.Namespace, log
         )
         if not result.ttft_s:
             return Row(name=spec.name, measured=False, note=f"no request completed: {result.errors}")
-        (t0, cpu0), (t1, cpu1) = marks[True], marks[False]
-        cpu = (cpu1 - cpu0) / result.completed * 1000 if proc is not None else None
+        (t0, user0, sys0), (t1, user1, sys1) = marks[True], marks[False]
+        per_request = 1000 / result.completed
+        cpu = (user1 - user0 + sys1 - sys0) * per_request if proc is not None else None
+        system = (sys1 - sys0) * per_request if proc is not None else None
         if result.errors:
             print(f"bench-router: {spec.name}: {result.failed} failed, e.g. {result.errors[0]}", file=sys.stderr)
         return Row(
@@ -499,6 +507,7 @@ async def measure(spec: RouterSpec, upstream: str, args: argparse.Namespace, log
             ttft_p50_ms=statistics.median(result.ttft_s) * 1000,
             ttft_p99_ms=percentile(result.ttft_s, 0.99) * 1000,
             cpu_ms_per_req=cpu,
+            sys_ms_per_req=system,
             completed=result.completed,
             failed=result.failed,
         )

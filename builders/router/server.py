@@ -671,6 +671,7 @@ class Router:
         headers.update({"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         resp = web.StreamResponse(status=200, headers=headers)
         events = _EventFramer(max_pending=self.config.stream_buffer_bytes // 2)
+        silence = _SilenceWatch(upstream.content, self.config.upstream_idle_timeout_s)
         try:
             transport = self._prepare_transport(request)
             await resp.prepare(request)
@@ -691,10 +692,9 @@ class Router:
                 for gap in gaps:
                     call.series.itl.observe(gap)
                 try:
-                    # asyncio.timeout, not wait_for: wait_for wraps every read in a new Task, which was
-                    # the largest single cost of a streamed event.
-                    async with asyncio.timeout(self.config.upstream_idle_timeout_s):
-                        chunk = await upstream.content.readany()
+                    silence.reading_since = silence.clock()
+                    chunk = await upstream.content.readany()
+                    silence.reading_since = None
                 except TimeoutError:
                     failure = (
                         "upstream_died",
@@ -748,6 +748,8 @@ class Router:
         except _ClientGone:
             self.metrics.errors.inc({**call.labels, "kind": "client_gone"})
             self._abort_upstream(call, upstream)
+        finally:
+            silence.close()
         return resp
 
     def _abort_upstream(self, call: _Call, upstream: aiohttp.ClientResponse) -> None:
@@ -777,6 +779,37 @@ def _is_sse(complete: bytes, events: int) -> bool:
     return all(_SSE_FIELD.match(line) for line in complete.splitlines())
 
 
+class _SilenceWatch:
+    """A stream's upstream idle timeout at one timer per idle period, not one per read.
+
+    A timeout around each read (wait_for, asyncio.timeout) cost a Task or a timer per streamed event.
+    Here the stream notes when its current read began; the timer, when it fires, fails that read with
+    TimeoutError if it has waited the whole period, and otherwise re-arms for when it could have.
+    """
+
+    def __init__(self, content: aiohttp.StreamReader, idle_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        self._content = content
+        self._idle_s = idle_s
+        self._loop = loop
+        self.clock = loop.time
+        self.reading_since: float | None = None
+        """When the pending read began; None while the stream is not waiting for upstream."""
+        self._timer = loop.call_at(loop.time() + idle_s, self._check)
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        since = self.reading_since
+        # The tolerance absorbs a timer that fires a clock tick early; it is not part of the limit.
+        if since is not None and now - since >= self._idle_s - 0.001:
+            self._content.set_exception(TimeoutError())
+            return
+        self._timer = self._loop.call_at((now if since is None else since) + self._idle_s, self._check)
+
+    def close(self) -> None:
+        self._timer.cancel()
+
+
 class _EventFramer:
     """Passes on whole SSE events only, and times them: each yields its gap since the previous one.
 
@@ -793,9 +826,13 @@ class _EventFramer:
         """The last whole event was data: [DONE]."""
 
     def feed(self, chunk: bytes, now: float) -> tuple[bytes, list[float]]:
-        data = self._pending + chunk
-        found = ((data.rfind(b"\n\n"), 2), (data.rfind(b"\r\n\r\n"), 4))
-        end = max((at + size for at, size in found if at >= 0), default=0)
+        data = self._pending + chunk if self._pending else chunk
+        if data.endswith(b"\n\n"):
+            # The usual chunk from vLLM: whole events and nothing after them.
+            end = len(data)
+        else:
+            found = ((data.rfind(b"\n\n"), 2), (data.rfind(b"\r\n\r\n"), 4))
+            end = max((at + size for at, size in found if at >= 0), default=0)
         if end == 0 and len(data) > self._max_pending:
             raise _InvalidStream(f"over {self._max_pending} bytes without an SSE event boundary")
         complete, self._pending = data[:end], data[end:]
