@@ -1,0 +1,101 @@
+"""bench-router's own parts: the fake upstream, the load generator's checks, /proc CPU time, the report."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import os
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load_bench() -> ModuleType:
+    # benchmarks/ is a folder of scripts, not a package: load the file itself.
+    spec = importlib.util.spec_from_file_location("bench_router", ROOT / "benchmarks" / "bench_router.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    # Its dataclasses resolve their annotations through sys.modules.
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_load_generator_counts_only_whole_streams() -> None:
+    bench = load_bench()
+
+    async def body() -> None:
+        events = [bench._chunk_event(i) for i in range(4)]
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(lambda: bench._UpstreamProtocol(events, 0.001), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        url = f"http://127.0.0.1:{port}"
+        try:
+            windows: list[bool] = []
+            good = await bench._drive(
+                url, concurrency=2, warmup_s=0.2, duration_s=0.5, chunks=4, on_window=windows.append
+            )
+            assert windows == [True, False]
+            assert good.completed > 0 and good.failed == 0, good.errors
+            assert all(0 < t < 0.5 for t in good.ttft_s)
+            # A router that loses an event must show up as failures, never as a measured request.
+            short = await bench._drive(
+                url, concurrency=1, warmup_s=0.0, duration_s=0.3, chunks=5, on_window=lambda _opening: None
+            )
+            assert short.completed == 0 and short.failed > 0
+            assert "got 5 SSE events, expected 6" in short.errors[0]
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(asyncio.wait_for(body(), 20))
+
+
+def test_tree_cpu_time_grows_with_work_done() -> None:
+    bench = load_bench()
+    user0, sys0 = bench.tree_cpu_s(os.getpid())
+    deadline = time.process_time() + 0.3
+    while time.process_time() < deadline:
+        pass
+    user1, sys1 = bench.tree_cpu_s(os.getpid())
+    assert (user1 + sys1) - (user0 + sys0) >= 0.2
+
+
+def test_report_names_what_was_not_measured_and_compares_in_one_run() -> None:
+    bench = load_bench()
+    args = argparse.Namespace(
+        concurrency=32, chunks=32, interval_ms=10.0, duration=10.0, warmup=3.0, router_cpu=0, client_cpu=1, policy="x"
+    )
+    rows = [
+        bench.Row(name="direct", measured=True, req_s=100.0, ttft_p50_ms=1.0, ttft_p99_ms=2.0),
+        bench.Row(
+            name="forge",
+            measured=True,
+            req_s=99.0,
+            ttft_p50_ms=1.5,
+            ttft_p99_ms=4.0,
+            cpu_ms_per_req=1.2,
+            sys_ms_per_req=0.4,
+        ),
+        bench.Row(
+            name="vllm-router",
+            measured=True,
+            req_s=100.0,
+            ttft_p50_ms=1.2,
+            ttft_p99_ms=2.5,
+            cpu_ms_per_req=0.6,
+            sys_ms_per_req=0.3,
+        ),
+        bench.Row(name="sglang-router", measured=False, note="`pip install` failed: no network"),
+    ]
+    text = bench.render(rows, args)
+    assert "sglang-router  NOT MEASURED: `pip install` failed: no network" in text
+    forge_line = next(line for line in text.splitlines() if line.startswith("forge "))
+    assert "+0.50" in forge_line and "+2.00" in forge_line and "1.200" in forge_line
+    assert "forge CPU/request ÷ vllm-router: 2.00x" in text
+    # Nothing is compared with a router that was not measured.
+    assert "÷ sglang-router" not in text
