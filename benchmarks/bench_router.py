@@ -452,6 +452,9 @@ def render(rows: list[Row], args: argparse.Namespace) -> str:
         lines.append(
             f"{r.name:<14} {r.req_s:>8.1f} {r.ttft_p50_ms:>9.2f} {r.ttft_p99_ms:>9.2f} {added} {cpu} {r.failed:>7}"
         )
+    notes = [f"{r.name}: {r.note}" for r in rows if r.measured and r.note]
+    if notes:
+        lines.extend(["", *notes])
     forge = next((r for r in rows if r.name == "forge" and r.measured), None)
     if forge is not None and forge.cpu_ms_per_req:
         lines.append("")
@@ -462,6 +465,16 @@ def render(rows: list[Row], args: argparse.Namespace) -> str:
                     f"req/s ratio: {forge.req_s / other.req_s:.2f}x"
                 )
     return "\n".join(lines)
+
+
+def _event_loop_of(log: Path) -> str:
+    """The event loop Forge's router says it runs on (CPU per request depends on it); '' for the others."""
+    prefix = "forge router event loop: "
+    with contextlib.suppress(OSError):
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith(prefix):
+                return "event loop " + line.removeprefix(prefix).strip()
+    return ""
 
 
 async def measure(spec: RouterSpec, upstream: str, args: argparse.Namespace, logs: Path) -> Row:
@@ -510,6 +523,7 @@ async def measure(spec: RouterSpec, upstream: str, args: argparse.Namespace, log
             sys_ms_per_req=system,
             completed=result.completed,
             failed=result.failed,
+            note=_event_loop_of(logs / f"{spec.name}.log"),
         )
 
 
