@@ -1,5 +1,7 @@
-"""What a router costs in front of a streaming OpenAI server: Forge's router, vllm-router and sglang-router
-against a direct connection, all in front of one fake upstream on loopback, measured in one run.
+"""What a router costs in front of a streaming OpenAI server, for four routers measured in one run.
+
+Forge's router, vllm-router and sglang-router against a direct connection, all in front of one fake
+streaming upstream on loopback.
 
 Each router runs pinned to one core; the load generator and the fake upstream share the other. For each it
 prints requests/s, the TTFT p50/p99 it adds over the direct connection, and its own CPU time per request,
