@@ -92,3 +92,42 @@ def test_every_rendered_file_lints_clean(project: Project, tmp_path: Path) -> No
         check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _stages(text: str) -> list[tuple[str, str, list[str]]]:
+    """(name, FROM reference, RUN lines) of each stage, in order."""
+    out = []
+    for match in re.finditer(r"^FROM (\S+) AS (\S+)$(.*?)(?=^FROM |\Z)", text, re.M | re.S):
+        runs = [line for line in match.group(3).splitlines() if line.startswith("RUN ")]
+        out.append((match.group(2), match.group(1), runs))
+    return out
+
+
+@pytest.mark.parametrize("mode", ["wheel", "source"])
+def test_every_stage_enables_its_distros_extra_repositories_before_it_installs(project: Project, mode: str) -> None:
+    """Issue 14: ubi-9 cpu-wheel and router installed gperftools-libs (EPEL) without enabling EPEL. Every pair,
+    every stage that installs distro packages: the repositories are set up first, in it or in the stage it is
+    built FROM."""
+    from builders.distros.family import family_for
+
+    checked = rendered_pairs = 0
+    for distro, recipe in project.pairs():
+        family = family_for(distro)
+        setup = family.repo_setup_command()
+        install = family.install_command(["PKG"]).split(" PKG")[0]  # "apt-get update ... --no-install-recommends"
+        extra = {"gpu_mode": mode} if recipe.device == "cuda" else {}
+        if mode == "source" and not extra:
+            continue
+        text = rendered(project, distro.name, recipe.target, **extra)
+        rendered_pairs += 1
+        enabled: dict[str, bool] = {}
+        for name, base, runs in _stages(text):
+            has = enabled.get(base, False)
+            for line in runs:
+                if setup and line == f"RUN {setup}":
+                    has = True
+                elif line.startswith(f"RUN {install} "):
+                    checked += 1
+                    assert has or setup is None, f"{distro.name} {recipe.target}: stage {name} installs before {setup}"
+            enabled[name] = has
+    assert rendered_pairs and checked >= rendered_pairs  # every pair installs something: the test saw each
