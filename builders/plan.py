@@ -11,7 +11,7 @@ from typing import Literal
 
 from builders.config.models import Distro, Recipe, WheelFile
 from builders.distros import family_for
-from builders.errors import ConfigError
+from builders.errors import ConfigError, UsageError
 
 TORCH_INDEXES = {
     "pytorch-cpu": "https://download.pytorch.org/whl/cpu",
@@ -122,8 +122,9 @@ def torch_spec(recipe: Recipe, options: PlanOptions) -> TorchSpec | None:
     index = options.torch_index or recipe.torch.index
     version = options.torch_version or recipe.torch.version
     if version is None:
-        raise ValueError(
-            f"recipes/{recipe.name}.yaml: torch.version is null (vLLM's pin) and no pin was read from the source"
+        raise UsageError(
+            f"recipes/{recipe.name}.yaml: torch.version is null (vLLM's pin) and no pin was read from the source",
+            hint="pass --torch-version, or `forge fetch` the vLLM source so its pin can be read",
         )
     if index != "pytorch-cpu" and index != "pytorch-cuda":
         version = version.split("+", 1)[0]  # local version labels exist only on PyTorch's own indexes
@@ -140,7 +141,12 @@ def torch_spec(recipe: Recipe, options: PlanOptions) -> TorchSpec | None:
 
 def make_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> BuildPlan:
     if not recipe.supports(distro.name):
-        raise ValueError(f"recipes/{recipe.name}.yaml does not support distro {distro.name}")
+        # A usage error, not a traceback: `forge plan debian-13 gpu` says which distros the recipe takes.
+        supported = ", ".join(recipe.distros) if recipe.distros != "all" else "all"
+        raise UsageError(
+            f"recipes/{recipe.name}.yaml does not support {distro.name}",
+            hint=f"its distros: {supported} (`forge list` shows every distro × target)",
+        )
     if recipe.device == "cuda":
         return make_cuda_plan(distro, recipe, options)
     family = family_for(distro)

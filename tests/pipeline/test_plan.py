@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from builders.config import Project
+from builders.errors import UsageError
 from builders.plan import PlanOptions, make_plan
 
 
@@ -57,7 +58,7 @@ def test_wheel_plan_takes_version_from_requirements(project: Project) -> None:
 
 
 def test_null_torch_pin_without_source_is_an_error(project: Project) -> None:
-    with pytest.raises(ValueError, match=r"torch\.version is null"):
+    with pytest.raises(UsageError, match=r"torch\.version is null"):
         make_plan(project.distro("debian-13"), project.recipe_for("cpu"), PlanOptions(max_jobs=2))
 
 
@@ -66,3 +67,13 @@ def test_ca_bundle_becomes_a_secret_only_with_buildkit(project: Project) -> None
     assert with_bk.secrets == ("ca_bundle",)
     none = make_plan(project.distro("debian-13"), project.recipe_for("cpu"), opts(ca_bundle=False))
     assert none.secrets == ()
+
+
+def test_plan_of_an_unsupported_pair_is_a_usage_error_not_a_traceback(capsys: pytest.CaptureFixture[str]) -> None:
+    from builders.cli import main
+
+    rc = main(["plan", "debian-13", "gpu"])
+    err = capsys.readouterr().err
+    assert rc == UsageError.exit_code == 2
+    assert "usage error: recipes/vllm-gpu.yaml does not support debian-13" in err and "Traceback" not in err
+    assert "its distros: " in err and "fedora-44" in err
