@@ -66,9 +66,20 @@ def test_an_empty_list_means_no_gpu(tmp_path: Path) -> None:
 
 
 def test_detection_here_agrees_with_the_path() -> None:
+    """Whatever this host is: no nvidia-smi on PATH means no GPU; one on PATH is asked here independently, and
+    detection must report exactly the GPUs it lists (or none when it fails or lists none)."""
     found = detect_gpus()
-    if not any(Path(d, "nvidia-smi").exists() for d in os.environ.get("PATH", "").split(os.pathsep) if d):
+    on_path = [Path(d, "nvidia-smi") for d in os.environ.get("PATH", "").split(os.pathsep) if d]
+    smi = next((p for p in on_path if p.exists()), None)
+    if smi is None:
         assert not found.present and found.detail == "nvidia-smi not found on the build host"
+        return
+    proc = subprocess.run([str(smi), "-L"], capture_output=True, text=True, timeout=30, check=False)
+    listed = [line.strip() for line in proc.stdout.splitlines() if line.startswith("GPU ")]
+    if proc.returncode == 0 and listed:
+        assert found.present and found.detail == "; ".join(listed)
+    else:
+        assert not found.present and str(smi) in found.detail
 
 
 def test_without_a_gpu_the_check_is_skipped_and_says_so() -> None:

@@ -91,5 +91,11 @@ def test_recipe_naming_unknown_template(project_copy: Path) -> None:
 
 def test_pairs_cover_every_distro_for_each_all_recipe(project: Project) -> None:
     pairs = {(d.name, r.target) for d, r in project.pairs()}
-    for distro in project.distros:
-        assert (distro, "cpu") in pairs
+    all_recipes = [r for r in project.recipes.values() if r.distros == "all"]
+    assert {"cpu", "cpu-wheel", "router"} <= {r.target for r in all_recipes}
+    for recipe in all_recipes:
+        for distro in project.distros:
+            assert (distro, recipe.target) in pairs, (distro, recipe.target)
+    listed = [r for r in project.recipes.values() if r.distros != "all"]
+    for recipe in listed:
+        assert {d for d, t in pairs if t == recipe.target} == set(recipe.distros), recipe.name
