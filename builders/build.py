@@ -10,7 +10,8 @@ import os
 import shlex
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from builders.engine import Builder, BuildRequest, Engine, choose_builder
 from builders.engine.image_builders import describe
 from builders.errors import BaseUnavailable, BuildFailed, ForgeError, PreflightBlocked, SourceUnavailable
 from builders.image_tests import run_checks, status_text
+from builders.log import Log, as_log
 from builders.plan import BuildPlan, GpuMode, PlanOptions, make_plan
 from builders.render import render
 from builders.report import BuildReport
@@ -106,6 +108,13 @@ def _link_or_copy(src: Path, dest: Path) -> None:
         shutil.copy2(src, dest)
 
 
+@contextmanager
+def _phase(report: BuildReport, log: Log, name: str) -> Iterator[None]:
+    """One build phase: the log announces, folds and times it; the report records its seconds."""
+    with log.step(name), report.phase(name):
+        yield
+
+
 def read_pins(sdist: Path, distro: Distro, device: str) -> tuple[str | None, str | None]:
     """vLLM's torch pin for this device, arch and Python, and vLLM's version, read from the source itself."""
     from builders.preflight.source_facts import read_source_facts
@@ -115,7 +124,8 @@ def read_pins(sdist: Path, distro: Distro, device: str) -> tuple[str | None, str
     return (pins[0] if pins else None), facts.vllm_version
 
 
-def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOptions, sink: Sink) -> BuildReport:
+def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOptions, sink: Log | Sink) -> BuildReport:
+    log = as_log(sink)
     report = BuildReport(distro=distro.name, target=recipe.target, recipe=recipe.name)
     reports_dir = options.reports_dir or project.root / "reports" / f"{distro.name}-{recipe.target}"
     reports_dir.mkdir(parents=True, exist_ok=True)
@@ -124,12 +134,12 @@ def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOption
     image_id: str | None = None
     ctx: Path | None = None
     try:
-        with report.phase("engine"):
+        with _phase(report, log, "engine"):
             engine = Engine.connect()
             builder = choose_builder(engine, options.builder)
             report.engine = {"kind": engine.kind, "version": engine.version, "root_dir": engine.root_dir}
             report.builder = describe(builder)
-            sink(f"forge: engine {engine.kind} {engine.version}; builder {builder.name}")
+            log.info(f"engine {engine.kind} {engine.version}; builder {builder.name}")
 
         max_jobs = options.max_jobs or recipe.max_jobs or derive_max_jobs(recipe)
         ca_bundle, ca_origin = find_ca_bundle(options.ca_bundle)
@@ -141,9 +151,9 @@ def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOption
 
         # Cheapest first (issue 9): a base that cannot be had, or a gate that blocks, stops the build before any
         # download; preflight fetches only the vLLM sdist its gates read, which the build needs anyway.
-        with report.phase("base"):
+        with _phase(report, log, "base"):
             if recipe.device == "cuda":
-                base = _ensure_gpu_bases(distro, recipe, options, engine, report, sink)
+                base = _ensure_gpu_bases(distro, recipe, options, engine, report, log)
             else:
                 base = ensure_base(distro, engine)
                 report.base = {
@@ -153,20 +163,20 @@ def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOption
                     "rootfs_sha256": base.rootfs_sha256,
                     "declared": distro.base.pinned_ref,
                 }
-                sink(f"forge: base {base.ref} ({base.how})")
+                log.info(f"base {base.ref} ({base.how})")
 
         cached_wheels = wheelhouse_dir(project.root, distro, recipe) if recipe.wheelhouse is not None else None
         wheelhouse = options.wheelhouse or cached_wheels
         if options.skip_preflight:
             report.preflight = {"verdict": "skipped", "complete": False, "why": "--skip-preflight: no gate evaluated"}
         else:
-            with report.phase("preflight"):
-                _preflight_phase(project, distro, recipe, engine, options, max_jobs, wheelhouse, report, sink)
+            with _phase(report, log, "preflight"):
+                _preflight_phase(project, distro, recipe, engine, options, max_jobs, wheelhouse, report, log)
 
         sources: dict[str, ResolvedSource] = {}
         torch_pin: str | None = None
         vllm_version: str | None = None
-        with report.phase("sources"):
+        with _phase(report, log, "sources"):
             if compiles:
                 sources["vllm"] = resolve_sdist(recipe, project.root, options.source_overrides)
                 report.source = {
@@ -175,7 +185,7 @@ def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOption
                     "path": str(sources["vllm"].path),
                 }
                 for fetched in recipe.fetched_sources:
-                    resolved = _fetched_source(project, distro, fetched, engine, options, sink)
+                    resolved = _fetched_source(project, distro, fetched, engine, options, log)
                     sources[fetched.name] = resolved
                     report.fetched_sources.append(
                         {
@@ -186,7 +196,7 @@ def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOption
                         }
                     )
                 torch_pin, vllm_version = read_pins(sources["vllm"].path, distro, recipe.device)
-            sink(f"forge: sources {', '.join(f'{k} ({v.origin})' for k, v in sources.items()) or 'none needed'}")
+            log.info(f"sources {', '.join(f'{k} ({v.origin})' for k, v in sources.items()) or 'none needed'}")
 
         if options.wheelhouse is None and cached_wheels is not None and not any(cached_wheels.glob("*.whl")):
             raise SourceUnavailable(
@@ -199,10 +209,10 @@ def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOption
                 "wheels": sorted(p.name for p in wheelhouse.glob("*.whl")),
             }
 
-        with report.phase("lock"):
+        with _phase(report, log, "lock"):
             from builders.repro.integration import lock_phase  # imported late: the repro package imports this one
 
-            epoch = lock_phase(project, distro, recipe, engine, report, options, wheelhouse, sink)
+            epoch = lock_phase(project, distro, recipe, engine, report, options, wheelhouse, log)
 
         plan = make_plan(
             distro,
@@ -232,7 +242,7 @@ def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOption
                 "cuda_build_on_cpu": plan.torch.cuda_build_on_cpu,
             }
 
-        with report.phase("context"):
+        with _phase(report, log, "context"):
             ctx = Path(tempfile.mkdtemp(prefix="forge-context-", dir=options.scratch_dir))
             text = render(plan, project.containers_dir)
             (ctx / plan.containerfile).write_text(text)
@@ -248,7 +258,7 @@ def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOption
                 builder.supports_secrets,
             )
 
-        with report.phase("build"):
+        with _phase(report, log, "build"):
             result = builder.build(
                 BuildRequest(
                     context_dir=ctx,
@@ -260,7 +270,7 @@ def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOption
                     no_cache=options.no_cache,
                     log_path=log_path,
                 ),
-                sink,
+                log,
             )
             report.log = str(log_path)
             report.stage_seconds = result.step_times
@@ -273,16 +283,16 @@ def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOption
         image_id = result.image_id
         assert image_id is not None
 
-        with report.phase("inspect-toolchain"):
+        with _phase(report, log, "inspect-toolchain"):
             if compiles:
                 report.versions.update(_toolchain_versions(engine, builder, ctx, plan, ca_bundle, log_path))
 
         if not options.skip_tests:
-            with report.phase("test"):
+            with _phase(report, log, "test"):
                 checks = run_checks(engine, image_id, plan)
                 report.tests = [c.as_report() for c in checks]
                 for entry in report.tests:
-                    sink(f"forge: test {entry['name']}: {status_text(entry)}")
+                    log.info(f"test {entry['name']}: {status_text(entry)}")
                 imported = next((c for c in checks if c.name == "import-vllm" and c.ok), None)
                 if imported:
                     vllm_v, torch_v = ([*imported.detail.split(), "", ""])[:2]
@@ -296,7 +306,7 @@ def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOption
                         else "see the report",
                     )
 
-        with report.phase("tag"):
+        with _phase(report, log, "tag"):
             engine.tag(image_id, plan.image_tag)
             # `:latest` names the newest proven image of this distro × target: smoke sessions start from it.
             engine.tag(image_id, plan.image_tag.rsplit(":", 1)[0] + ":latest")
@@ -304,10 +314,10 @@ def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOption
             report.image = {"id": info.id, "tags": list(info.tags), "size": info.size}
             report.versions.setdefault("python", _python_version(engine, plan.image_tag))
         if options.sbom:
-            with report.phase("sbom"):
+            with _phase(report, log, "sbom"):
                 from builders.repro.integration import sbom_phase
 
-                sbom_phase(engine, plan.image_tag, reports_dir, report, epoch, sink)
+                sbom_phase(engine, plan.image_tag, reports_dir, report, epoch, log)
         report.result = "succeeded"
         image_id = None  # tagged: keep it
         return report
@@ -337,7 +347,7 @@ def _preflight_phase(
     max_jobs: int,
     wheelhouse: Path | None,
     report: BuildReport,
-    sink: Sink,
+    log: Log,
 ) -> None:
     """Every gate against the real base, the source (fetched when missing) and the index this build uses. Blocked
     stops the build; incomplete is said loudly and recorded, and the build goes on to find out for itself."""
@@ -356,12 +366,12 @@ def _preflight_phase(
         torch_index=options.torch_index,
         torch_version=options.torch_version,
         fetch=True,
-        progress=lambda line: sink(f"forge: {line}"),
+        progress=log.info,
     )
     report.preflight = pre.model_dump(mode="json")
     for finding in pre.findings:
-        sink(f"forge: preflight {finding.gate}: {finding.found} vs {finding.required} ({finding.verdict})")
-    sink(f"forge: {pre.summary()}")
+        log.info(f"preflight {finding.gate}: {finding.found} vs {finding.required} ({finding.verdict})")
+    log.info(f"{pre.summary()}")
     if pre.blocked:
         blocking = pre.blocking
         raise PreflightBlocked(
@@ -370,8 +380,8 @@ def _preflight_phase(
             hint=blocking[0].remedy + " — or run with --skip-preflight to try anyway",
         )
     if not pre.complete:
-        sink(
-            f"forge: warning: preflight INCOMPLETE — not evaluated: {', '.join(pre.not_evaluated)}; "
+        log.warning(
+            f"preflight INCOMPLETE — not evaluated: {', '.join(pre.not_evaluated)}; "
             "the build goes on, and its report says so"
         )
 

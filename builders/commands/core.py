@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from builders.config import Project
 from builders.errors import UsageError
+from builders.log import Log, print_table
 from builders.plan import PlanOptions, make_plan
 from builders.render import render
 
@@ -59,14 +59,11 @@ def cmd_list(args: argparse.Namespace) -> int:
             )
         )
         return 0
-    table = Table(title="distro × target")
-    for col in ("session", "distro", "gcc", "python", "cmake", "target", "recipe"):
-        table.add_column(col)
-    for d, r in project.pairs():
-        table.add_row(
-            f"build-{d.name}-{r.target}", d.name, d.gcc, d.toolchain.python, d.toolchain.cmake, r.target, r.name
-        )
-    Console().print(table)
+    rows = [
+        (f"build-{d.name}-{r.target}", d.name, d.gcc, d.toolchain.python, d.toolchain.cmake, r.target, r.name)
+        for d, r in project.pairs()
+    ]
+    print_table("distro × target", ("session", "distro", "gcc", "python", "cmake", "target", "recipe"), rows)
     return 0
 
 
@@ -205,15 +202,15 @@ def cmd_build(args: argparse.Namespace) -> int:
         )
     gpu_args_apply(recipe, args)
     console = Console(stderr=True, highlight=False)
-    quiet = args.quiet
     status = console.status("forge: starting", spinner="dots")
     progress = BuildProgress()
 
-    def sink(line: str) -> None:
-        if not quiet or line.startswith("forge:"):
-            console.print(line, markup=False, soft_wrap=True)
+    def seen(line: str) -> None:
         if progress.feed(line):
             status.update(progress.text())
+
+    # --quiet hides the build's own output; Forge's steps, warnings and findings always show.
+    log = Log(lambda line: console.print(line, markup=False, soft_wrap=True), quiet=args.quiet, on_line=seen)
 
     options = BuildOptions(
         max_jobs=args.max_jobs,
@@ -235,7 +232,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         cuda_arch_list=args.cuda_arch_list,
     )
     with status:
-        report = build(project, distro, recipe, options, sink)
+        report = build(project, distro, recipe, options, log)
     print(report.summary())
     return 0
 

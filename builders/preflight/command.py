@@ -8,8 +8,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rich.console import Console
-
 from builders.commands.core import add_gpu_args, gpu_args_apply
 from builders.config import Project
 from builders.engine import Engine
@@ -78,7 +76,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report.to_json(), indent=2, ensure_ascii=False))
     else:
-        render_table(report, Console(), show_passed=not args.problems_only)
+        render_table(report, sys.stdout, show_passed=not args.problems_only)
     if report.blocked:
         if not args.json:
             first = report.blocking[0]

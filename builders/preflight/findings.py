@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, TextIO
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from rich.console import Console
-from rich.table import Table
 from rich.text import Text
+
+from builders.log import print_table
 
 Verdict = Literal["pass", "warn", "block", "skip"]
 # The answer for the whole report: never "clear" while any gate went unchecked (issue 9).
@@ -185,13 +185,11 @@ _STYLE = {"pass": "green", "warn": "yellow", "block": "bold red", "skip": "magen
 _LABEL = {"pass": "pass", "warn": "warn", "block": "block", "skip": "not evaluated"}
 
 
-def render_table(report: PreflightReport, console: Console | None = None, *, show_passed: bool = True) -> None:
-    console = console or Console()
-    table = Table(title=report.summary(), show_lines=True, title_justify="left")
-    for column in ("gate", "found", "required", "source", "verdict", "remedy"):
-        table.add_column(column, overflow="fold")
-    rows = [*report.findings, *(report.passed if show_passed else ())]
-    for f in rows:
-        remedy = f.remedy or f.message
-        table.add_row(f.gate, f.found, f.required, f.source, Text(_LABEL[f.verdict], style=_STYLE[f.verdict]), remedy)
-    console.print(table)
+def render_table(report: PreflightReport, stream: TextIO | None = None, *, show_passed: bool = True) -> None:
+    """The findings as a table: folded on a terminal, one full-width line per gate in a CI log or a pipe."""
+    rows = [
+        (f.gate, f.found, f.required, f.source, Text(_LABEL[f.verdict], style=_STYLE[f.verdict]), f.remedy or f.message)
+        for f in (*report.findings, *(report.passed if show_passed else ()))
+    ]
+    columns = ("gate", "found", "required", "source", "verdict", "remedy")
+    print_table(report.summary(), columns, rows, stream=stream, lines_between=True)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from rich.console import Console
 
 from builders.cli import main
 from builders.config import Project
@@ -153,10 +153,13 @@ def test_report_json_and_table(project: Project, tmp_path: Path) -> None:
     for item in data["findings"]:
         assert set(item) >= JSON_FINDING_KEYS
     json.dumps(data)
-    console = Console(record=True, width=200)
-    render_table(report, console)
-    text = console.export_text()
-    assert "cmake/cpu_extension.cmake:" in text and "block" in text and "BLOCKED" in text
+    out = io.StringIO()  # not a terminal: plain aligned text, one line per gate, never folded at 80 columns
+    render_table(report, out)
+    lines = out.getvalue().splitlines()
+    assert "BLOCKED" in lines[0] and lines[1].split() == ["gate", "found", "required", "source", "verdict", "remedy"]
+    gcc = next(line for line in lines if line.startswith("gcc ") and "block" in line)
+    assert "cmake/cpu_extension.cmake:" in gcc and "GCC 12.2" in gcc and "≥ 12.3" in gcc
+    assert len(lines) == 3 + len(report.findings) + len(report.passed)
 
 
 def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
