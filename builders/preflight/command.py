@@ -12,6 +12,7 @@ from builders.commands.core import add_gpu_args, gpu_args_apply
 from builders.config import Project
 from builders.engine import Engine
 from builders.errors import EngineError, PreflightBlocked, PreflightIncomplete, UsageError
+from builders.log import Log
 from builders.preflight.findings import render_table
 from builders.preflight.host import parse_cpu_flags
 from builders.preflight.runner import run_preflight
@@ -70,8 +71,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
         torch_index=args.torch_index,
         torch_version=args.torch_version,
         fetch=not args.no_fetch,
-        # stderr: --json keeps stdout to the report alone.
-        progress=lambda line: print(f"forge: {line}", file=sys.stderr, flush=True),
+        progress=Log().info,  # stderr: --json keeps stdout to the report alone
     )
     if args.json:
         print(json.dumps(report.to_json(), indent=2, ensure_ascii=False))
