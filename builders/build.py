@@ -18,14 +18,19 @@ from pathlib import Path
 from builders.bootstrap import BaseResult, ensure_base, ensure_image, registry_of
 from builders.config import Project
 from builders.config.models import Distro, FetchedSource, Recipe
+from builders.diagnose import diagnose_file
 from builders.engine import Builder, BuildRequest, Engine, choose_builder
 from builders.engine.image_builders import describe
 from builders.errors import BaseUnavailable, BuildFailed, ForgeError, PreflightBlocked, SourceUnavailable
 from builders.image_tests import run_checks, status_text
 from builders.log import Log, as_log
 from builders.plan import BuildPlan, GpuMode, PlanOptions, make_plan
+from builders.preflight.host import derive_max_jobs as derive_jobs
+from builders.preflight.runner import gpu_plan, run_preflight
+from builders.preflight.source_facts import read_pins
 from builders.render import render
 from builders.report import BuildReport
+from builders.repro.integration import lock_phase, sbom_phase
 from builders.repro.sbom import sbom_label
 from builders.sources import ResolvedSource, fetch_debian_source, resolve_fetched, resolve_sdist, wheelhouse_dir
 from builders.trust import find_ca_bundle
@@ -59,9 +64,8 @@ class BuildOptions:
 
 
 def derive_max_jobs(recipe: Recipe) -> int:
-    from builders.preflight.host import derive_max_jobs as derive  # the gate and the planner share one rule
-
-    return derive(per_job_gb=recipe.resources.ram_per_job_gb)
+    # The RAM gate and the planner share one rule.
+    return derive_jobs(per_job_gb=recipe.resources.ram_per_job_gb)
 
 
 def _stage_context(
@@ -113,15 +117,6 @@ def _phase(report: BuildReport, log: Log, name: str) -> Iterator[None]:
     """One build phase: the log announces, folds and times it; the report records its seconds."""
     with log.step(name), report.phase(name):
         yield
-
-
-def read_pins(sdist: Path, distro: Distro, device: str) -> tuple[str | None, str | None]:
-    """vLLM's torch pin for this device, arch and Python, and vLLM's version, read from the source itself."""
-    from builders.preflight.source_facts import read_source_facts
-
-    facts = read_source_facts(sdist)
-    pins = [p.version for p in facts.pins_for(device, arch=distro.arch, python=distro.build_python[0]) if p.version]
-    return (pins[0] if pins else None), facts.vllm_version
 
 
 def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOptions, sink: Log | Sink) -> BuildReport:
@@ -210,8 +205,6 @@ def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOption
             }
 
         with _phase(report, log, "lock"):
-            from builders.repro.integration import lock_phase  # imported late: the repro package imports this one
-
             epoch = lock_phase(project, distro, recipe, engine, report, options, wheelhouse, log)
 
         plan = make_plan(
@@ -315,8 +308,6 @@ def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOption
             report.versions.setdefault("python", _python_version(engine, plan.image_tag))
         if options.sbom:
             with _phase(report, log, "sbom"):
-                from builders.repro.integration import sbom_phase
-
                 sbom_phase(engine, plan.image_tag, reports_dir, report, epoch, log)
         report.result = "succeeded"
         image_id = None  # tagged: keep it
@@ -351,8 +342,6 @@ def _preflight_phase(
 ) -> None:
     """Every gate against the real base, the source (fetched when missing) and the index this build uses. Blocked
     stops the build; incomplete is said loudly and recorded, and the build goes on to find out for itself."""
-    from builders.preflight import run_preflight
-
     pre = run_preflight(
         project,
         distro,
@@ -403,8 +392,6 @@ def _fetched_source(
 
 
 def _diagnose_into(report: BuildReport, log_path: Path) -> None:
-    from builders.diagnose import diagnose_file
-
     report.diagnosis = diagnose_file(log_path).to_dict()
 
 
@@ -418,8 +405,6 @@ def _ensure_gpu_bases(
 ) -> BaseResult:
     """The plan's BASE_IMAGE and RUNTIME_IMAGE in the engine: the distro's own base as `forge bootstrap` makes it,
     a CUDA base local or pulled. Every missing one is named before the build stops; returns the runtime base."""
-    from builders.preflight.runner import gpu_plan
-
     cuda = gpu_plan(distro, recipe, options.gpu_mode)
     if cuda is None:  # no cuda section: the plan's own error names the fix
         make_plan(distro, recipe, PlanOptions(max_jobs=1, gpu_mode=options.gpu_mode))

@@ -94,7 +94,7 @@ def _placeholder_torch(project: Project, distro: Any, recipe: Any, args: argpars
     """Rendering without a build reads vLLM's torch pin from the cached sdist when there is one."""
     if args.torch_version or recipe.torch.version or recipe.device == "none":
         return None
-    from builders.build import read_pins
+    from builders.preflight.source_facts import read_pins
     from builders.sources import cache_dir
 
     if recipe.source and recipe.source.pypi:

@@ -18,6 +18,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 from pydantic import BaseModel, ConfigDict, Field
 
+from builders.config.models import Distro
 from builders.errors import SourceUnavailable
 from builders.preflight.cmake_script import Branch, Located, Term, locate, tokenize
 
@@ -587,3 +588,11 @@ def _pretty_spec(spec: str) -> str:
         return spec
     symbols = {">=": "≥", "<=": "≤", "==": "=", "!=": "≠"}
     return ", ".join(f"{symbols.get(s.operator, s.operator)} {s.version}" for s in parts)
+
+
+def read_pins(source: Path, distro: Distro, device: str) -> tuple[str | None, str | None]:
+    """vLLM's torch pin for this device, arch and Python, and vLLM's version, read from the source itself: the one
+    reading the build, the lock and rendering share."""
+    facts = read_source_facts(source)
+    pins = [p.version for p in facts.pins_for(device, arch=distro.arch, python=distro.build_python[0]) if p.version]
+    return (pins[0] if pins else None), facts.vllm_version

@@ -23,6 +23,7 @@ from builders.config.models import Distro, Recipe
 from builders.engine import Engine
 from builders.errors import SourceUnavailable
 from builders.plan import PlanOptions, torch_spec
+from builders.preflight.source_facts import read_pins
 from builders.repro.image_export import image_rootfs
 from builders.repro.lockfile import ArchiveLock, BaseLock, PairLock, RequirementsLock, TreeLock, WheelLock
 from builders.sources import cache_dir, resolve_fetched, sha256_file, wheelhouse_dir
@@ -171,8 +172,6 @@ def torch_requirements(
     sdist: Path, distro: Distro, recipe: Recipe, version: str | None, index: str | None
 ) -> RequirementsLock:
     """The torch the build installs first: vLLM's pin for this device (or the override), from the chosen index."""
-    from builders.build import read_pins  # the executor's own reading of the pin; imported late: it imports us
-
     pin = version or recipe.torch.version or read_pins(sdist, distro, recipe.device)[0]
     spec = torch_spec(recipe, PlanOptions(max_jobs=1, torch_version=pin, torch_index=index))
     if spec is None:
