@@ -1,4 +1,5 @@
-"""The executor: runs a BuildPlan on an engine. Phases: sources → base → lock → preflight → build → test → tag → sbom.
+"""The executor: a list of phases over one Context (PHASES: engine → base → preflight → sources → lock → plan →
+context → build → inspect-toolchain → test → tag → sbom), cheapest first, each `phase(ctx) -> None`.
 
 Only this module (through builders.engine) changes engine state. A failed or interrupted build leaves no
 container and no tag: the image is built untagged and tagged only after its test stage passed.
@@ -119,198 +120,92 @@ def _phase(report: BuildReport, log: Log, name: str) -> Iterator[None]:
         yield
 
 
-def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOptions, sink: Log | Sink) -> BuildReport:
-    log = as_log(sink)
-    report = BuildReport(distro=distro.name, target=recipe.target, recipe=recipe.name)
-    reports_dir = options.reports_dir or project.root / "reports" / f"{distro.name}-{recipe.target}"
-    reports_dir.mkdir(parents=True, exist_ok=True)
-    log_path = reports_dir / "build.log"
-    engine: Engine | None = None
-    image_id: str | None = None
-    ctx: Path | None = None
-    try:
-        with _phase(report, log, "engine"):
-            engine = Engine.connect()
-            builder = choose_builder(engine, options.builder)
-            report.engine = {"kind": engine.kind, "version": engine.version, "root_dir": engine.root_dir}
-            report.builder = describe(builder)
-            log.info(f"engine {engine.kind} {engine.version}; builder {builder.name}")
+@dataclass(kw_only=True)
+class Context:
+    """What the phases share: the inputs, the report they fill in, and what each phase leaves for the next."""
 
-        max_jobs = options.max_jobs or recipe.max_jobs or derive_max_jobs(recipe)
+    project: Project
+    distro: Distro
+    recipe: Recipe
+    options: BuildOptions
+    log: Log
+    report: BuildReport
+    reports_dir: Path
+    max_jobs: int
+    ca_bundle: Path | None
+    compiles: bool
+    engine_: Engine | None = None
+    builder_: Builder | None = None
+    base: BaseResult | None = None
+    wheelhouse: Path | None = None
+    sources: dict[str, ResolvedSource] = field(default_factory=dict)
+    torch_pin: str | None = None
+    vllm_version: str | None = None
+    epoch: int | None = None
+    plan_: BuildPlan | None = None
+    context_dir: Path | None = None
+    image_id: str | None = None  # built but not yet proven: removed unless the build gets to keep it
+
+    @classmethod
+    def start(cls, project: Project, distro: Distro, recipe: Recipe, options: BuildOptions, log: Log) -> Context:
+        report = BuildReport(distro=distro.name, target=recipe.target, recipe=recipe.name)
+        reports_dir = options.reports_dir or project.root / "reports" / f"{distro.name}-{recipe.target}"
+        reports_dir.mkdir(parents=True, exist_ok=True)
         ca_bundle, ca_origin = find_ca_bundle(options.ca_bundle)
         report.ca_bundle = f"{ca_bundle} ({ca_origin})" if ca_bundle else ca_origin
-
-        # A GPU build in wheel mode installs PyPI's CUDA wheel: no sdist to resolve, nothing compiled.
-        gpu_mode = (options.gpu_mode or recipe.cuda.mode) if recipe.device == "cuda" and recipe.cuda else None
-        compiles = recipe.kind == "source" and gpu_mode != "wheel"
-
-        # Cheapest first (issue 9): a base that cannot be had, or a gate that blocks, stops the build before any
-        # download; preflight fetches only the vLLM sdist its gates read, which the build needs anyway.
-        with _phase(report, log, "base"):
-            if recipe.device == "cuda":
-                base = _ensure_gpu_bases(distro, recipe, options, engine, report, log)
-            else:
-                base = ensure_base(distro, engine)
-                report.base = {
-                    "ref": base.ref,
-                    "image_id": base.image_id,
-                    "how": base.how,
-                    "rootfs_sha256": base.rootfs_sha256,
-                    "declared": distro.base.pinned_ref,
-                }
-                log.info(f"base {base.ref} ({base.how})")
-
-        cached_wheels = wheelhouse_dir(project.root, distro, recipe) if recipe.wheelhouse is not None else None
-        wheelhouse = options.wheelhouse or cached_wheels
         if options.skip_preflight:
             report.preflight = {"verdict": "skipped", "complete": False, "why": "--skip-preflight: no gate evaluated"}
-        else:
-            with _phase(report, log, "preflight"):
-                _preflight_phase(project, distro, recipe, engine, options, max_jobs, wheelhouse, report, log)
-
-        sources: dict[str, ResolvedSource] = {}
-        torch_pin: str | None = None
-        vllm_version: str | None = None
-        with _phase(report, log, "sources"):
-            if compiles:
-                sources["vllm"] = resolve_sdist(recipe, project.root, options.source_overrides)
-                report.source = {
-                    "origin": sources["vllm"].origin,
-                    "sha256": sources["vllm"].sha256,
-                    "path": str(sources["vllm"].path),
-                }
-                for fetched in recipe.fetched_sources:
-                    resolved = _fetched_source(project, distro, fetched, engine, options, log)
-                    sources[fetched.name] = resolved
-                    report.fetched_sources.append(
-                        {
-                            "name": fetched.name,
-                            "origin": resolved.origin,
-                            "path": str(resolved.path),
-                            "cmake_var": fetched.cmake_var,
-                        }
-                    )
-                torch_pin, vllm_version = read_pins(sources["vllm"].path, distro, recipe.device)
-            log.info(f"sources {', '.join(f'{k} ({v.origin})' for k, v in sources.items()) or 'none needed'}")
-
-        if options.wheelhouse is None and cached_wheels is not None and not any(cached_wheels.glob("*.whl")):
-            raise SourceUnavailable(
-                f"no wheelhouse for {distro.name} {recipe.target} in {cached_wheels}",
-                hint=f"run `forge fetch {distro.name} {recipe.target}` or pass --wheelhouse DIR",
-            )
-        if wheelhouse is not None:
-            report.source = {
-                "origin": f"wheelhouse {wheelhouse}",
-                "wheels": sorted(p.name for p in wheelhouse.glob("*.whl")),
-            }
-
-        with _phase(report, log, "lock"):
-            epoch = lock_phase(project, distro, recipe, engine, report, options, wheelhouse, log)
-
-        plan = make_plan(
-            distro,
-            recipe,
-            PlanOptions(
-                max_jobs=max_jobs,
-                buildkit=builder.supports_secrets,
-                ca_bundle=ca_bundle is not None,
-                torch_version=options.torch_version or torch_pin,
-                torch_index=options.torch_index,
-                cmake_from_pip=options.cmake_from_pip,
-                vllm_version=vllm_version,
-                base_digest=base.image_id,
-                source_date_epoch=epoch,
-                tag=options.tag,
-                gpu_mode=options.gpu_mode,
-                cuda_arch_list=options.cuda_arch_list,
-            ),
+        # A GPU build in wheel mode installs PyPI's CUDA wheel: no sdist to resolve, nothing compiled.
+        gpu_mode = (options.gpu_mode or recipe.cuda.mode) if recipe.device == "cuda" and recipe.cuda else None
+        return cls(
+            project=project,
+            distro=distro,
+            recipe=recipe,
+            options=options,
+            log=log,
+            report=report,
+            reports_dir=reports_dir,
+            max_jobs=options.max_jobs or recipe.max_jobs or derive_max_jobs(recipe),
+            ca_bundle=ca_bundle,
+            compiles=recipe.kind == "source" and gpu_mode != "wheel",
         )
-        report.build_args = dict(plan.build_args)
-        report.compile_env = dict(plan.compile_env)
-        if plan.torch:
-            report.torch = {
-                "requirement": plan.torch.requirement,
-                "index": plan.torch.index,
-                "index_url": plan.torch.index_url,
-                "cuda_build_on_cpu": plan.torch.cuda_build_on_cpu,
-            }
 
-        with _phase(report, log, "context"):
-            ctx = Path(tempfile.mkdtemp(prefix="forge-context-", dir=options.scratch_dir))
-            text = render(plan, project.containers_dir)
-            (ctx / plan.containerfile).write_text(text)
-            (reports_dir / "Containerfile").write_text(text)
-            report.containerfile = str(reports_dir / "Containerfile")
-            _stage_context(
-                ctx,
-                project,
-                [(i.name, i.kind) for i in plan.context],
-                sources,
-                wheelhouse,
-                ca_bundle,
-                builder.supports_secrets,
-            )
+    @property
+    def engine(self) -> Engine:
+        assert self.engine_ is not None, "the engine phase runs first"
+        return self.engine_
 
-        with _phase(report, log, "build"):
-            result = builder.build(
-                BuildRequest(
-                    context_dir=ctx,
-                    containerfile=ctx / plan.containerfile,
-                    target=plan.final_stage,
-                    build_args=plan.build_args,
-                    secrets={"ca_bundle": ca_bundle} if ca_bundle and builder.supports_secrets else {},
-                    labels={**plan.labels, **sbom_label(distro.name, recipe.target)},
-                    no_cache=options.no_cache,
-                    log_path=log_path,
-                ),
-                log,
-            )
-            report.log = str(log_path)
-            report.stage_seconds = result.step_times
-        if not result.ok:
-            _diagnose_into(report, log_path)
-            raise BuildFailed(
-                f"the {builder.name} build exited {result.returncode}; log: {log_path}",
-                hint=(report.diagnosis or {}).get("remedy") or "read the log's last error",
-            )
-        image_id = result.image_id
-        assert image_id is not None
+    @property
+    def builder(self) -> Builder:
+        assert self.builder_ is not None, "the engine phase runs first"
+        return self.builder_
 
-        with _phase(report, log, "inspect-toolchain"):
-            if compiles:
-                report.versions.update(_toolchain_versions(engine, builder, ctx, plan, ca_bundle, log_path))
+    @property
+    def plan(self) -> BuildPlan:
+        assert self.plan_ is not None, "the plan phase runs before the stages that read it"
+        return self.plan_
 
-        if not options.skip_tests:
-            with _phase(report, log, "test"):
-                checks = run_checks(engine, image_id, plan)
-                report.tests = [c.as_report() for c in checks]
-                for entry in report.tests:
-                    log.info(f"test {entry['name']}: {status_text(entry)}")
-                imported = next((c for c in checks if c.name == "import-vllm" and c.ok), None)
-                if imported:
-                    vllm_v, torch_v = ([*imported.detail.split(), "", ""])[:2]
-                    report.versions.update({"vllm": vllm_v, "torch": torch_v})
-                failed = [c for c in checks if not c.ok]
-                if failed:
-                    raise BuildFailed(
-                        f"test stage failed: {', '.join(c.name for c in failed)}",
-                        hint=failed[0].detail.strip().splitlines()[-1]
-                        if failed[0].detail.strip()
-                        else "see the report",
-                    )
+    @property
+    def log_path(self) -> Path:
+        return self.reports_dir / "build.log"
 
-        with _phase(report, log, "tag"):
-            engine.tag(image_id, plan.image_tag)
-            # `:latest` names the newest proven image of this distro × target: smoke sessions start from it.
-            engine.tag(image_id, plan.image_tag.rsplit(":", 1)[0] + ":latest")
-            info = engine.image_info(image_id)
-            report.image = {"id": info.id, "tags": list(info.tags), "size": info.size}
-            report.versions.setdefault("python", _python_version(engine, plan.image_tag))
-        if options.sbom:
-            with _phase(report, log, "sbom"):
-                sbom_phase(engine, plan.image_tag, reports_dir, report, epoch, log)
+
+Phase = Callable[[Context], None]
+
+
+def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOptions, sink: Log | Sink) -> BuildReport:
+    """Run the phases in order over one context. The loop owns timing (each phase is a log step and a report
+    phase), the outcome recorded on failure or interruption, and the cleanup: an image that was built but not
+    proven is removed, the staged context deleted, and the report written whatever happened."""
+    ctx = Context.start(project, distro, recipe, options, as_log(sink))
+    report = ctx.report
+    try:
+        for name, phase, runs in PHASES:
+            if runs(options):
+                with _phase(report, ctx.log, name):
+                    phase(ctx)
         report.result = "succeeded"
-        image_id = None  # tagged: keep it
+        ctx.image_id = None  # tagged: keep it
         return report
     except PreflightBlocked as exc:
         report.result, report.error = "blocked", exc.render()
@@ -322,11 +217,239 @@ def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOption
         report.result, report.error = "failed", exc.render()
         raise
     finally:
-        if image_id is not None and engine is not None:
-            engine.remove_image(image_id)  # built but not proven: no tag, no dangling image
-        if ctx is not None and not options.keep_context:
-            shutil.rmtree(ctx, ignore_errors=True)
-        report.write(reports_dir)
+        if ctx.image_id is not None and ctx.engine_ is not None:
+            ctx.engine_.remove_image(ctx.image_id)  # built but not proven: no tag, no dangling image
+        if ctx.context_dir is not None and not options.keep_context:
+            shutil.rmtree(ctx.context_dir, ignore_errors=True)
+        report.write(ctx.reports_dir)
+
+
+def _engine(ctx: Context) -> None:
+    ctx.engine_ = engine = Engine.connect()
+    ctx.builder_ = builder = choose_builder(engine, ctx.options.builder)
+    ctx.report.engine = {"kind": engine.kind, "version": engine.version, "root_dir": engine.root_dir}
+    ctx.report.builder = describe(builder)
+    ctx.log.info(f"engine {engine.kind} {engine.version}; builder {builder.name}")
+
+
+def _base(ctx: Context) -> None:
+    # Cheapest first (issue 9): a base that cannot be had, or a gate that blocks, stops the build before any
+    # download; preflight fetches only the vLLM sdist its gates read, which the build needs anyway.
+    distro = ctx.distro
+    if ctx.recipe.device == "cuda":
+        ctx.base = _ensure_gpu_bases(distro, ctx.recipe, ctx.options, ctx.engine, ctx.report, ctx.log)
+        return
+    ctx.base = base = ensure_base(distro, ctx.engine)
+    ctx.report.base = {
+        "ref": base.ref,
+        "image_id": base.image_id,
+        "how": base.how,
+        "rootfs_sha256": base.rootfs_sha256,
+        "declared": distro.base.pinned_ref,
+    }
+    ctx.log.info(f"base {base.ref} ({base.how})")
+
+
+def _wheelhouse_at_hand(ctx: Context) -> Path | None:
+    """--wheelhouse, else the cache folder `forge fetch` fills for wheel recipes (checked later, in sources)."""
+    if ctx.options.wheelhouse is not None or ctx.recipe.wheelhouse is None:
+        return ctx.options.wheelhouse
+    return wheelhouse_dir(ctx.project.root, ctx.distro, ctx.recipe)
+
+
+def _preflight(ctx: Context) -> None:
+    ctx.wheelhouse = _wheelhouse_at_hand(ctx)
+    _preflight_phase(
+        ctx.project,
+        ctx.distro,
+        ctx.recipe,
+        ctx.engine,
+        ctx.options,
+        ctx.max_jobs,
+        ctx.wheelhouse,
+        ctx.report,
+        ctx.log,
+    )
+
+
+def _sources(ctx: Context) -> None:
+    project, distro, recipe, report = ctx.project, ctx.distro, ctx.recipe, ctx.report
+    if ctx.compiles:
+        vllm = ctx.sources["vllm"] = resolve_sdist(recipe, project.root, ctx.options.source_overrides)
+        report.source = {"origin": vllm.origin, "sha256": vllm.sha256, "path": str(vllm.path)}
+        for fetched in recipe.fetched_sources:
+            resolved = _fetched_source(project, distro, fetched, ctx.engine, ctx.options, ctx.log)
+            ctx.sources[fetched.name] = resolved
+            report.fetched_sources.append(
+                {
+                    "name": fetched.name,
+                    "origin": resolved.origin,
+                    "path": str(resolved.path),
+                    "cmake_var": fetched.cmake_var,
+                }
+            )
+        ctx.torch_pin, ctx.vllm_version = read_pins(vllm.path, distro, recipe.device)
+    ctx.log.info(f"sources {', '.join(f'{k} ({v.origin})' for k, v in ctx.sources.items()) or 'none needed'}")
+    ctx.wheelhouse = wheelhouse = _wheelhouse_at_hand(ctx)
+    if ctx.options.wheelhouse is None and wheelhouse is not None and not any(wheelhouse.glob("*.whl")):
+        raise SourceUnavailable(
+            f"no wheelhouse for {distro.name} {recipe.target} in {wheelhouse}",
+            hint=f"run `forge fetch {distro.name} {recipe.target}` or pass --wheelhouse DIR",
+        )
+    if wheelhouse is not None:
+        report.source = {
+            "origin": f"wheelhouse {wheelhouse}",
+            "wheels": sorted(p.name for p in wheelhouse.glob("*.whl")),
+        }
+
+
+def _lock(ctx: Context) -> None:
+    ctx.epoch = lock_phase(
+        ctx.project, ctx.distro, ctx.recipe, ctx.engine, ctx.report, ctx.options, ctx.wheelhouse, ctx.log
+    )
+
+
+def _plan(ctx: Context) -> None:
+    options, base = ctx.options, ctx.base
+    assert base is not None
+    ctx.plan_ = plan = make_plan(
+        ctx.distro,
+        ctx.recipe,
+        PlanOptions(
+            max_jobs=ctx.max_jobs,
+            buildkit=ctx.builder.supports_secrets,
+            ca_bundle=ctx.ca_bundle is not None,
+            torch_version=options.torch_version or ctx.torch_pin,
+            torch_index=options.torch_index,
+            cmake_from_pip=options.cmake_from_pip,
+            vllm_version=ctx.vllm_version,
+            base_digest=base.image_id,
+            source_date_epoch=ctx.epoch,
+            tag=options.tag,
+            gpu_mode=options.gpu_mode,
+            cuda_arch_list=options.cuda_arch_list,
+        ),
+    )
+    ctx.report.build_args = dict(plan.build_args)
+    ctx.report.compile_env = dict(plan.compile_env)
+    if plan.torch:
+        ctx.report.torch = {
+            "requirement": plan.torch.requirement,
+            "index": plan.torch.index,
+            "index_url": plan.torch.index_url,
+            "cuda_build_on_cpu": plan.torch.cuda_build_on_cpu,
+        }
+
+
+def _context(ctx: Context) -> None:
+    plan = ctx.plan
+    ctx.context_dir = folder = Path(tempfile.mkdtemp(prefix="forge-context-", dir=ctx.options.scratch_dir))
+    text = render(plan, ctx.project.containers_dir)
+    (folder / plan.containerfile).write_text(text)
+    (ctx.reports_dir / "Containerfile").write_text(text)
+    ctx.report.containerfile = str(ctx.reports_dir / "Containerfile")
+    _stage_context(
+        folder,
+        ctx.project,
+        [(i.name, i.kind) for i in plan.context],
+        ctx.sources,
+        ctx.wheelhouse,
+        ctx.ca_bundle,
+        ctx.builder.supports_secrets,
+    )
+
+
+def _secrets(ctx: Context) -> dict[str, Path]:
+    return {"ca_bundle": ctx.ca_bundle} if ctx.ca_bundle and ctx.builder.supports_secrets else {}
+
+
+def _build(ctx: Context) -> None:
+    plan, builder, folder = ctx.plan, ctx.builder, ctx.context_dir
+    assert folder is not None
+    result = builder.build(
+        BuildRequest(
+            context_dir=folder,
+            containerfile=folder / plan.containerfile,
+            target=plan.final_stage,
+            build_args=plan.build_args,
+            secrets=_secrets(ctx),
+            labels={**plan.labels, **sbom_label(ctx.distro.name, ctx.recipe.target)},
+            no_cache=ctx.options.no_cache,
+            log_path=ctx.log_path,
+        ),
+        ctx.log,
+    )
+    ctx.report.log = str(ctx.log_path)
+    ctx.report.stage_seconds = result.step_times
+    if not result.ok:
+        _diagnose_into(ctx.report, ctx.log_path)
+        raise BuildFailed(
+            f"the {builder.name} build exited {result.returncode}; log: {ctx.log_path}",
+            hint=(ctx.report.diagnosis or {}).get("remedy") or "read the log's last error",
+        )
+    assert result.image_id is not None
+    ctx.image_id = result.image_id
+
+
+def _inspect_toolchain(ctx: Context) -> None:
+    if ctx.compiles and ctx.context_dir is not None:
+        versions = _toolchain_versions(ctx.engine, ctx.builder, ctx.context_dir, ctx.plan, ctx.ca_bundle, ctx.log_path)
+        ctx.report.versions.update(versions)
+
+
+def _test(ctx: Context) -> None:
+    assert ctx.image_id is not None
+    checks = run_checks(ctx.engine, ctx.image_id, ctx.plan)
+    ctx.report.tests = [c.as_report() for c in checks]
+    for entry in ctx.report.tests:
+        ctx.log.info(f"test {entry['name']}: {status_text(entry)}")
+    imported = next((c for c in checks if c.name == "import-vllm" and c.ok), None)
+    if imported:
+        vllm_v, torch_v = ([*imported.detail.split(), "", ""])[:2]
+        ctx.report.versions.update({"vllm": vllm_v, "torch": torch_v})
+    failed = [c for c in checks if not c.ok]
+    if failed:
+        detail = failed[0].detail.strip()
+        raise BuildFailed(
+            f"test stage failed: {', '.join(c.name for c in failed)}",
+            hint=detail.splitlines()[-1] if detail else "see the report",
+        )
+
+
+def _tag(ctx: Context) -> None:
+    engine, image_id, tag = ctx.engine, ctx.image_id, ctx.plan.image_tag
+    assert image_id is not None
+    engine.tag(image_id, tag)
+    # `:latest` names the newest proven image of this distro × target: smoke sessions start from it.
+    engine.tag(image_id, tag.rsplit(":", 1)[0] + ":latest")
+    info = engine.image_info(image_id)
+    ctx.report.image = {"id": info.id, "tags": list(info.tags), "size": info.size}
+    ctx.report.versions.setdefault("python", _python_version(engine, tag))
+
+
+def _sbom(ctx: Context) -> None:
+    sbom_phase(ctx.engine, ctx.plan.image_tag, ctx.reports_dir, ctx.report, ctx.epoch, ctx.log)
+
+
+def _always(_options: BuildOptions) -> bool:
+    return True
+
+
+# The build, in order: (report/log name, phase, whether the options ask for it).
+PHASES: tuple[tuple[str, Phase, Callable[[BuildOptions], bool]], ...] = (
+    ("engine", _engine, _always),
+    ("base", _base, _always),
+    ("preflight", _preflight, lambda o: not o.skip_preflight),
+    ("sources", _sources, _always),
+    ("lock", _lock, _always),
+    ("plan", _plan, _always),
+    ("context", _context, _always),
+    ("build", _build, _always),
+    ("inspect-toolchain", _inspect_toolchain, _always),
+    ("test", _test, lambda o: not o.skip_tests),
+    ("tag", _tag, _always),
+    ("sbom", _sbom, lambda o: o.sbom),
+)
 
 
 def _preflight_phase(
