@@ -34,6 +34,7 @@ from builders.report import BuildReport
 from builders.repro.integration import lock_phase, sbom_phase
 from builders.repro.sbom import sbom_label
 from builders.sources import ResolvedSource, fetch_debian_source, resolve_fetched, resolve_sdist, wheelhouse_dir
+from builders.target import Target
 from builders.trust import find_ca_bundle
 
 Sink = Callable[[str], None]
@@ -131,9 +132,9 @@ class Context:
     log: Log
     report: BuildReport
     reports_dir: Path
+    target: Target
     max_jobs: int
     ca_bundle: Path | None
-    compiles: bool
     engine_: Engine | None = None
     builder_: Builder | None = None
     base: BaseResult | None = None
@@ -155,8 +156,6 @@ class Context:
         report.ca_bundle = f"{ca_bundle} ({ca_origin})" if ca_bundle else ca_origin
         if options.skip_preflight:
             report.preflight = {"verdict": "skipped", "complete": False, "why": "--skip-preflight: no gate evaluated"}
-        # A GPU build in wheel mode installs PyPI's CUDA wheel: no sdist to resolve, nothing compiled.
-        gpu_mode = (options.gpu_mode or recipe.cuda.mode) if recipe.device == "cuda" and recipe.cuda else None
         return cls(
             project=project,
             distro=distro,
@@ -167,8 +166,13 @@ class Context:
             reports_dir=reports_dir,
             max_jobs=options.max_jobs or recipe.max_jobs or derive_max_jobs(recipe),
             ca_bundle=ca_bundle,
-            compiles=recipe.kind == "source" and gpu_mode != "wheel",
+            # A GPU build in wheel mode installs PyPI's CUDA wheel: no sdist to resolve, nothing compiled.
+            target=Target.resolve(distro, recipe, gpu_mode=options.gpu_mode),
         )
+
+    @property
+    def compiles(self) -> bool:
+        return self.target.compiles
 
     @property
     def engine(self) -> Engine:
@@ -236,7 +240,7 @@ def _base(ctx: Context) -> None:
     # Cheapest first (issue 9): a base that cannot be had, or a gate that blocks, stops the build before any
     # download; preflight fetches only the vLLM sdist its gates read, which the build needs anyway.
     distro = ctx.distro
-    if ctx.recipe.device == "cuda":
+    if ctx.target.cuda:
         ctx.base = _ensure_gpu_bases(distro, ctx.recipe, ctx.options, ctx.engine, ctx.report, ctx.log)
         return
     ctx.base = base = ensure_base(distro, ctx.engine)

@@ -36,6 +36,7 @@ from builders.preflight.probe import (
 from builders.preflight.source_facts import SourceFacts, read_source_facts
 from builders.preflight.torch_index import IndexListing, fetch_listing, local_listing, project_url
 from builders.sources import cache_dir, fetch_sdist
+from builders.target import Target
 
 Progress = Callable[[str], None]
 
@@ -111,10 +112,11 @@ class Toolchain:
     python: Fact
 
 
-def _toolchain(distro: Distro, device: str, probe: ProbeResult | None) -> tuple[Toolchain, list[Finding]]:
+def _toolchain(target: Target, probe: ProbeResult | None) -> tuple[Toolchain, list[Finding]]:
     """The compiler, CMake and Python the build would use: probed where possible, else declared."""
+    distro = target.distro
     yaml = f"distros/{distro.name}.yaml"
-    cuda_host = distro.cuda.host_compiler if device == "cuda" and distro.cuda else None
+    cuda_host = distro.cuda.host_compiler if target.cuda and distro.cuda else None
     if cuda_host:
         gcc_key, gcc_declared, gcc_pkgs = "cuda.host_compiler.gcc", cuda_host.gcc, list(cuda_host.packages)
     elif distro.compiler_enable:
@@ -145,15 +147,16 @@ def _toolchain(distro: Distro, device: str, probe: ProbeResult | None) -> tuple[
     return Toolchain(gcc=facts[gcc_key], gcc_key=gcc_key, cmake=facts["toolchain.cmake"], python=short_python), findings
 
 
-def _alternatives(project: Project, distro: Distro, device: str) -> list[tuple[str, str]]:
+def _alternatives(project: Project, target: Target) -> list[tuple[str, str]]:
     """Other distros' compilers, in the order a remedy should suggest them: the same family's default release (its
     stable one: Debian 14 is testing), the rest of the family (newest first), each other family's default, the rest."""
+    distro = target.distro
     others = [d for d in project.distros.values() if d.name != distro.name]
-    if device == "cuda":
+    if target.cuda:
         others = [d for d in others if d.cuda]
 
     def gcc_of(d: Distro) -> str:
-        if device == "cuda" and d.cuda and d.cuda.host_compiler:
+        if target.cuda and d.cuda and d.cuda.host_compiler:
             return d.cuda.host_compiler.gcc
         return d.gcc
 
@@ -172,14 +175,14 @@ def _alternatives(project: Project, distro: Distro, device: str) -> list[tuple[s
 
 def _torch_findings(
     facts: SourceFacts | None,
-    distro: Distro,
-    recipe: Recipe,
+    target: Target,
     python: str,
     wheelhouse: Sequence[Path],
     torch_index: str | None,
     torch_version: str | None,
 ) -> list[Finding]:
-    if recipe.device == "none":
+    distro, recipe = target.distro, target.recipe
+    if not target.runs_vllm:
         return []
     pin_version, pin_source = recipe.torch.version, f"recipes/{recipe.name}.yaml: torch.version"
     if torch_version:
@@ -204,7 +207,7 @@ def _torch_findings(
     # A GPU image installs the plan's torch: the build for the base's CUDA (2.14.0+cu130 from /whl/cu130).
     spec = (
         cuda_torch(recipe, options, distro.cuda.torch_tag)
-        if recipe.device == "cuda" and distro.cuda
+        if target.cuda and distro.cuda
         else torch_spec(recipe, options)
     )
     if spec is None:
@@ -401,7 +404,7 @@ COMPILE_GATES = ("gcc", "nvcc-host-gcc", "cuda-glibc-rsqrt", "cmake", "python-cm
 
 def gpu_plan(distro: Distro, recipe: Recipe, gpu_mode: GpuMode | None) -> CudaPlan | None:
     """The CUDA part of the plan the build would make (mode, bases); None where the distro has no cuda section."""
-    if recipe.device != "cuda" or distro.cuda is None:
+    if not Target.resolve(distro, recipe).cuda or distro.cuda is None:
         return None
     # Only the mode and the bases are read from this plan; the torch gate judges torch from the real pin.
     options = PlanOptions(max_jobs=1, gpu_mode=gpu_mode, torch_version=recipe.torch.version or "0")
@@ -438,13 +441,13 @@ def run_preflight(
     """
     start = time.monotonic()
     host = host or read_host_facts()
+    target = Target.resolve(distro, recipe, gpu_mode=gpu_mode)
     device, arch = recipe.device, distro.arch
     findings: list[Finding] = []
     cuda = gpu_plan(distro, recipe, gpu_mode)
-    if device == "cuda" and cuda is None:
+    if target.cuda and cuda is None:
         findings.append(gates.no_cuda_gate(distro.name))
-    gpu_wheel = cuda is not None and cuda.mode == "wheel"
-    compiles = recipe.kind == "source" and not gpu_wheel
+    gpu_wheel, compiles = target.gpu_wheel, target.compiles
     if cuda is not None:
         findings.append(_gpu_mode_finding(recipe, cuda, gpu_mode))
 
@@ -471,13 +474,13 @@ def run_preflight(
         )
 
     probe_result: ProbeResult | None = None
-    if device != "none":
+    if target.runs_vllm:
         # A GPU build starts from the CUDA devel base (source) or the CUDA runtime base (wheel), not the distro's.
         image = (cuda.devel_ref or cuda.runtime_ref) if cuda else None
         probe_result, notes = _probe_findings(distro, device, engine, probe, image)
         findings += notes
-    toolchain, agreement = _toolchain(distro, device, probe_result)
-    if device != "none":
+    toolchain, agreement = _toolchain(target, probe_result)
+    if target.runs_vllm:
         findings += agreement
 
     if compiles and facts is not None:
@@ -488,8 +491,8 @@ def run_preflight(
             device=device,
             arch=arch,
             distro_name=distro.name,
-            alternatives=_alternatives(project, distro, device),
-            compiler_key="cuda.host_compiler" if device == "cuda" else "compiler_enable",
+            alternatives=_alternatives(project, target),
+            compiler_key="cuda.host_compiler" if target.cuda else "compiler_enable",
         )
         cmake = gates.cmake_gate(
             facts,
@@ -505,11 +508,9 @@ def run_preflight(
             facts, python=toolchain.python.value, python_origin=toolchain.python.origin, distro_name=distro.name
         )
         findings += [f for f in python if compiles or f.gate not in COMPILE_GATES]
-    if recipe.kind in {"source", "wheel"}:
-        findings += _torch_findings(
-            facts, distro, recipe, toolchain.python.value, wheelhouse, torch_index, torch_version
-        )
-    if device != "none":
+    if target.installs_torch:
+        findings += _torch_findings(facts, target, toolchain.python.value, wheelhouse, torch_index, torch_version)
+    if target.runs_vllm:
         findings += _file_findings(distro, compiles, probe_result)
     if cuda is not None and compiles:
         findings.append(_nvcc_finding(distro, engine, toolchain, cuda))
@@ -531,7 +532,7 @@ def run_preflight(
                 reserved_why="the tmpfs scratch dir" if reserved else "",
             )
         )
-    if device == "cpu":
+    if target.cpu:
         findings.append(
             gates.isa_gate(
                 isa=recipe.isa,

@@ -17,6 +17,7 @@ import yaml
 
 from builders.config import Project
 from builders.config.models import Distro, Recipe
+from builders.target import Target
 
 GITHUB_PATH = ".github/workflows/forge.yml"
 GITLAB_PATH = ".gitlab-ci.yml"
@@ -56,7 +57,7 @@ def entry(distro: Distro, recipe: Recipe) -> MatrixEntry:
         kind=recipe.kind,
         device=recipe.device,
         job=job_id(distro.name, recipe.target),
-        smoke=recipe.device == "cpu",
+        smoke=Target.resolve(distro, recipe).cpu,
         timeout_minutes=TIMEOUT_MINUTES[recipe.kind],
         disk_gb=recipe.resources.disk_gb,
         base_image=distro.base.pinned_ref,

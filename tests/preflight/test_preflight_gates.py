@@ -26,8 +26,9 @@ def facts() -> SourceFacts:
 
 def _alternatives(project: Project) -> list[tuple[str, str]]:
     from builders.preflight.runner import _alternatives as order
+    from builders.target import Target
 
-    return order(project, project.distros["debian-12"], "cpu")
+    return order(project, Target.resolve(project.distros["debian-12"], project.recipe_for("cpu")))
 
 
 def test_debian_12_gcc_blocks_citing_the_x86_gate(project: Project, facts: SourceFacts) -> None:

@@ -1,0 +1,59 @@
+"""The target, resolved once: what building a recipe on a distro with the given options means.
+
+Plan, preflight, build and CI rendering ask this object — "does it compile?", "is it a CUDA image?" — instead of
+re-deciding from recipe.kind and recipe.device in each module (issue 14), so a new device or mode is decided
+here, once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from builders.config.models import Distro, Recipe
+from builders.plan import GpuMode
+
+
+@dataclass(frozen=True, kw_only=True)
+class Target:
+    distro: Distro
+    recipe: Recipe
+    gpu_mode: GpuMode | None  # CUDA targets on a distro with a cuda section: wheel or source; else None
+
+    @classmethod
+    def resolve(cls, distro: Distro, recipe: Recipe, *, gpu_mode: GpuMode | None = None) -> Target:
+        """gpu_mode: --gpu-mode, overriding the recipe's cuda.mode."""
+        mode = None
+        if recipe.device == "cuda" and recipe.cuda is not None and distro.cuda is not None:
+            mode = gpu_mode or recipe.cuda.mode
+        return cls(distro=distro, recipe=recipe, gpu_mode=mode)
+
+    @property
+    def device(self) -> str:
+        return self.recipe.device
+
+    @property
+    def cuda(self) -> bool:
+        return self.recipe.device == "cuda"
+
+    @property
+    def cpu(self) -> bool:
+        """vLLM's CPU backend: the ISA settings apply, and the image gets a smoke test."""
+        return self.recipe.device == "cpu"
+
+    @property
+    def runs_vllm(self) -> bool:
+        """The image carries vLLM (not the router alone): a toolchain, tcmalloc and the base probe matter."""
+        return self.recipe.device != "none"
+
+    @property
+    def compiles(self) -> bool:
+        """vLLM is compiled from its sdist here; a GPU build in wheel mode installs PyPI's CUDA wheel instead."""
+        return self.recipe.kind == "source" and self.gpu_mode != "wheel"
+
+    @property
+    def gpu_wheel(self) -> bool:
+        return self.gpu_mode == "wheel"
+
+    @property
+    def installs_torch(self) -> bool:
+        return self.recipe.kind in {"source", "wheel"}
