@@ -12,6 +12,8 @@ from typing import Literal
 from builders.config.models import Distro, Recipe, WheelFile
 from builders.distros import family_for
 from builders.errors import ConfigError, UsageError
+from builders.target import GpuMode as GpuMode  # re-exported: the CLI and the GPU tests name it from here
+from builders.target import Target
 
 TORCH_INDEXES = {
     "pytorch-cpu": "https://download.pytorch.org/whl/cpu",
@@ -22,7 +24,6 @@ TORCH_INDEXES = {
 # Where the build stages its work inside the container: /tmp may be a small tmpfs on some hosts and bases.
 BUILD_DIR = "/var/tmp/forge"
 
-GpuMode = Literal["wheel", "source"]
 PYTORCH_WHEEL_ROOT = "https://download.pytorch.org/whl"
 
 
@@ -147,7 +148,8 @@ def make_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> BuildPlan
             f"recipes/{recipe.name}.yaml does not support {distro.name}",
             hint=f"its distros: {supported} (`forge list` shows every distro × target)",
         )
-    if recipe.device == "cuda":
+    target = Target.resolve(distro, recipe, gpu_mode=options.gpu_mode)
+    if target.cuda:
         return make_cuda_plan(distro, recipe, options)
     family = family_for(distro)
     torch = torch_spec(recipe, options)
@@ -165,7 +167,7 @@ def make_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> BuildPlan
     context: list[ContextItem] = [ContextItem(name="scripts", kind="script", origin="containers/scripts")]
     build_roles: list[str] = []
     compile_env: dict[str, str] = {}
-    if recipe.kind == "source":
+    if target.compiles:
         assert recipe.source is not None
         if recipe.source.pypi:
             sdist = f"{recipe.source.pypi.name}-{recipe.source.pypi.version}.tar.gz"
@@ -204,14 +206,14 @@ def make_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> BuildPlan
         compile_env.update({k: v for k, v in family.compiler_env().items() if k != "PATH"})
         if torch and torch.cuda_build_on_cpu:
             compile_env["CMAKE_ARGS"] = "-DCMAKE_PROJECT_INCLUDE=/opt/forge/scripts/torch_cudart_stub.cmake"
-    if (torch and torch.index == "wheelhouse") or recipe.kind == "wheel":
+    if (torch and torch.index == "wheelhouse") or target.from_wheelhouse:
         context.append(ContextItem(name="wheelhouse", kind="wheelhouse", origin="local wheels (--wheelhouse)"))
-    if recipe.kind == "python-app":
+    if target.python_app:
         context.append(ContextItem(name="app", kind="package", origin="this checkout's builders/ package"))
         build_roles = ["python"]
 
     build_packages = tuple(family.packages(build_roles))  # type: ignore[arg-type]
-    if recipe.kind == "source":
+    if target.compiles:
         for fetched in recipe.fetched_sources:
             missing = [role for role in fetched.build_roles if role not in distro.packages]
             if missing:
@@ -245,7 +247,7 @@ def make_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> BuildPlan
         build_args["SOURCE_DATE_EPOCH"] = str(options.source_date_epoch)
 
     checks: tuple[str, ...] = ()
-    if recipe.device != "none":
+    if target.runs_vllm:
         checks = ("import-vllm", "vllm-version", "tcmalloc-mapped") + (("serve-models",) if recipe.serve_test else ())
     else:
         checks = ("entrypoint-help",)

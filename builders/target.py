@@ -8,9 +8,11 @@ here, once.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from builders.config.models import Distro, Recipe
-from builders.plan import GpuMode
+
+GpuMode = Literal["wheel", "source"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +55,16 @@ class Target:
     @property
     def gpu_wheel(self) -> bool:
         return self.gpu_mode == "wheel"
+
+    @property
+    def from_wheelhouse(self) -> bool:
+        """A runtime image assembled from existing wheels (the cpu-wheel recipe)."""
+        return self.recipe.kind == "wheel"
+
+    @property
+    def python_app(self) -> bool:
+        """Forge's own Python package as the image (the router)."""
+        return self.recipe.kind == "python-app"
 
     @property
     def installs_torch(self) -> bool:
