@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "builders.diagnose.command",
     "builders.smoke.command",
     "builders.repro.command",
+    "builders.sweep.command",
 )
 
 Handler = Callable[[argparse.Namespace], int]
