@@ -51,11 +51,28 @@ def _smoke_session(distro: str, target: str) -> None:
     nox.session(name=f"smoke-{distro}-{target}", python=False, default=False)(session_fn)
 
 
+def _sweep_session(distro: str, target: str) -> None:
+    def session_fn(session: nox.Session) -> None:
+        session.run(
+            "forge",
+            "sweep",
+            f"forge/{distro}-{target}:latest",
+            "--report",
+            str(ROOT / "reports" / f"sweep-{distro}-{target}"),
+            *session.posargs,
+            external=True,
+        )
+
+    session_fn.__doc__ = f"Run the serving sweep (profiles/sweep/) on the {distro} {target} image: one table, plots."
+    nox.session(name=f"sweep-{distro}-{target}", python=False, default=False)(session_fn)
+
+
 for _distro, _recipe in PROJECT.pairs():
     _aliases = [f"build-{_distro.family}-{_recipe.target}"] if _distro.default_for_family else []
     _build_session(_distro.name, _recipe.target, _aliases)
     if _recipe.device == "cpu":
         _smoke_session(_distro.name, _recipe.target)
+        _sweep_session(_distro.name, _recipe.target)
 
 
 @nox.session(python=False)

@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "builders.smoke.command",
     "builders.repro.command",
     "builders.commands.schema",
+    "builders.sweep.command",
 )
 
 Handler = Callable[[argparse.Namespace], int]

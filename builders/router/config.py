@@ -144,6 +144,16 @@ class RouterConfig(BaseModel):
     upstream_connection_limit: int = Field(
         default=1000, ge=1, description="Bound on open connections from the router to all replicas together."
     )
+    spill: dict[str, str] = Field(
+        default_factory=dict,
+        description="Work-conserving routing: pool -> pool whose idle replicas (nothing in flight) may take "
+        "this pool's requests while every replica of this pool is busy (builders/router/work_conserving.py).",
+    )
+    class_priority: dict[RequestClass, int] = Field(
+        default_factory=dict,
+        description="Priority written into each request body by class (lower is served first); the replicas "
+        "must run with --scheduling-policy priority, or vLLM refuses the field.",
+    )
     slow_client: SlowClientDetection = Field(
         default_factory=SlowClientDetection, description="Slow-client detection settings."
     )
@@ -193,6 +203,14 @@ class RouterConfig(BaseModel):
                 close = difflib.get_close_matches(pool, list(self.pools), n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise ValueError(f"class_pools.{request_class.value} names unknown pool {pool!r}{hint}")
+        for source, target in self.spill.items():
+            for name in (source, target):
+                if name not in self.pools:
+                    close = difflib.get_close_matches(name, list(self.pools), n=1)
+                    hint = f" (did you mean {close[0]!r}?)" if close else ""
+                    raise ValueError(f"spill.{source}: unknown pool {name!r}{hint}")
+            if source == target:
+                raise ValueError(f"spill.{source}: a pool cannot spill onto itself")
         missing = [c.value for c in ALL_CLASSES if c not in self.class_pools]
         if missing and self.default_pool is None:
             raise ValueError(f"classes {missing} have no pool: add them to class_pools or set default_pool")

@@ -39,6 +39,7 @@ from builders.router.openai_request import BadRequest, Endpoint, ParsedRequest, 
 from builders.router.prometheus import CONTENT_TYPE
 from builders.router.replicas import Pool, Replica
 from builders.router.router_metrics import ClassSeries, RouterMetrics
+from builders.router.work_conserving import spill_target, with_priority
 
 HEADER_POOL = "x-forge-pool"
 HEADER_REPLICA = "x-forge-replica"
@@ -339,10 +340,10 @@ class Router:
             await response.write_eof()
             request.protocol.force_close()
             return response
-        pool = self.pools[self.config.pool_for(decision.request_class)]
+        pool = spill_target(self.pools[self.config.pool_for(decision.request_class)], self.pools, self.config.spill)
         call = _Call(
             request=request,
-            raw=raw,
+            raw=with_priority(raw, decision.request_class, self.config.class_priority),
             parsed=parsed,
             decision=decision,
             pool=pool,

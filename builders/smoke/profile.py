@@ -53,6 +53,17 @@ class ModelSettings(_Strict):
         description="KV cache size per replica (vLLM's --kv-cache-memory-bytes, human-readable: 128M = 128 MiB).",
     )
     served_model_name: str = Field(default="forge-tiny", min_length=1, description="Model name clients send.")
+    hidden_size: int = Field(
+        default=128,
+        ge=64,
+        multiple_of=64,
+        description="Hidden size of the generated Llama (64 per attention head). The smoke default is tiny; "
+        "a sweep needs prefills that cost real time (1024 with 8 layers: ~1 s for 2,900 tokens on one core).",
+    )
+    num_hidden_layers: int = Field(default=2, ge=1, le=64, description="Layers of the generated Llama.")
+    intermediate_size: int | None = Field(
+        default=None, ge=64, description="MLP width of the generated Llama; default 2 × hidden_size."
+    )
     seed: int = Field(default=0, ge=0, description="Sampling seed of every replica.")
 
 

@@ -35,7 +35,7 @@ from builders.router.config import RouterConfig, config_from_mapping
 from builders.smoke.plan import ReplicaPlan, StackPlan, plan_stack
 from builders.smoke.profile import StackProfile, check_cpus_available, explain
 from builders.smoke.runtimes import Launched, ReplicaRuntime, RouterRuntime
-from builders.smoke.tiny_model import write_tiny_model
+from builders.smoke.tiny_model import ModelShape, write_tiny_model
 from builders.smoke.vllm_args import ArgProblem, ServeProbe, check_pools, raise_for_problems
 from builders.traffic.metrics import RequestRecord
 from builders.traffic.plan import TrafficPlan
@@ -441,6 +441,9 @@ class SmokeRun:
     console: Console = field(default_factory=Console)
     run_id: str = field(default_factory=lambda: secrets.token_hex(4))
     report: dict[str, Any] = field(default_factory=dict)
+    results: dict[str, TrafficResult] = field(default_factory=dict)
+    """Each traffic run's full result by label ('main', ...), every request included, for callers that
+    compare runs (forge sweep); kept even when a gate fails."""
 
     def say(self, text: str) -> None:
         self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {text}")
@@ -479,7 +482,15 @@ class SmokeRun:
         try:
             with sigterm_as_interrupt():
                 model_dir = workdir / "model"
-                write_tiny_model(model_dir, max_position_embeddings=profile.model.max_position_embeddings)
+                write_tiny_model(
+                    model_dir,
+                    max_position_embeddings=profile.model.max_position_embeddings,
+                    shape=ModelShape(
+                        hidden_size=profile.model.hidden_size,
+                        num_hidden_layers=profile.model.num_hidden_layers,
+                        intermediate_size=profile.model.intermediate_size,
+                    ),
+                )
                 # Replicas may run as another user (the images use uid 1000): everything they read is public.
                 for path in (workdir, model_dir, *model_dir.iterdir()):
                     path.chmod(0o755 if path.is_dir() else 0o644)
@@ -588,6 +599,7 @@ class SmokeRun:
         traffic: dict[str, Any] = {}
         self.report["traffic"] = traffic
         main = self._drive(stack, base, api_key, "main")
+        self.results["main"] = main
         traffic["main"] = self._result_json(main, stack.plan)
         failures = [f"{c.value}: {'; '.join(s.gate_failures)}" for c, s in main.summaries.items() if not s.gate_passed]
         checks: dict[str, Any] = {}

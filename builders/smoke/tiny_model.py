@@ -9,6 +9,7 @@ production model.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from builders.errors import SmokeFailed
 from builders.traffic.plan import DEFAULT_VOCABULARY
 
+HEAD_DIM = 64
 BOS = "<s>"
 EOS = "</s>"
 PAD = "<pad>"
@@ -114,16 +116,19 @@ def build_tokenizer() -> Tokenizer:
     return tokenizer
 
 
-def _model_config(vocab_size: int, bos_id: int, eos_id: int, pad_id: int, max_position: int) -> dict[str, Any]:
+def _model_config(
+    vocab_size: int, bos_id: int, eos_id: int, pad_id: int, max_position: int, shape: ModelShape
+) -> dict[str, Any]:
+    heads = shape.hidden_size // HEAD_DIM
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
-        "hidden_size": 128,
-        "intermediate_size": 256,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 2,
-        "head_dim": 64,
+        "hidden_size": shape.hidden_size,
+        "intermediate_size": shape.intermediate_size or 2 * shape.hidden_size,
+        "num_hidden_layers": shape.num_hidden_layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": heads,
+        "head_dim": HEAD_DIM,
         "hidden_act": "silu",
         "max_position_embeddings": max_position,
         "rms_norm_eps": 1e-5,
@@ -141,8 +146,18 @@ def _model_config(vocab_size: int, bos_id: int, eos_id: int, pad_id: int, max_po
     }
 
 
-def write_tiny_model(dest: Path, *, max_position_embeddings: int = 4096) -> Path:
-    """Write config, tokenizer and generation config of a 2-layer random Llama into `dest`; return `dest`.
+@dataclass(frozen=True, kw_only=True)
+class ModelShape:
+    """Size of the generated Llama: the smoke default is tiny; a sweep wants prefills that cost real time."""
+
+    hidden_size: int = 128
+    num_hidden_layers: int = 2
+    intermediate_size: int | None = None
+
+
+def write_tiny_model(dest: Path, *, max_position_embeddings: int = 4096, shape: ModelShape | None = None) -> Path:
+    """Write config, tokenizer and generation config of a random Llama (2 layers unless `shape` says
+    otherwise) into `dest`; return `dest`.
 
     Serve it with `vllm serve DEST --load-format dummy` and HF_HUB_OFFLINE=1; no weight files exist.
     """
@@ -157,7 +172,7 @@ def write_tiny_model(dest: Path, *, max_position_embeddings: int = 4096) -> Path
         ids[tok] = token_id
     tokenizer.save(str(dest / "tokenizer.json"))
 
-    config = _model_config(vocab_size, ids[BOS], ids[EOS], ids[PAD], max_position_embeddings)
+    config = _model_config(vocab_size, ids[BOS], ids[EOS], ids[PAD], max_position_embeddings, shape or ModelShape())
     added = {
         str(ids[tok]): {
             "content": tok,

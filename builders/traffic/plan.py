@@ -46,7 +46,16 @@ class ClassPlan(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     count: int = Field(default=0, ge=0, description="Requests of this class (for agent: conversations).")
-    concurrency: int = Field(default=1, ge=1, description="Requests (agent: conversations) in flight at once.")
+    concurrency: int = Field(
+        default=1, ge=1, description="Requests (agent: conversations) in flight at once; unused with rate_per_s."
+    )
+    rate_per_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="Open loop: requests (agent: conversations) start at Poisson arrival times of this mean "
+        "rate, drawn from the plan's seed, whether or not earlier ones have finished, so a slow server faces "
+        "the same offered load as a fast one. None: closed loop at `concurrency`.",
+    )
     send_class_header: bool = Field(
         default=False, description="Send x-request-class; off lets the router classify by content."
     )

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,8 +168,44 @@ class _Run:
             record.error = "stream carried no content"
 
 
+def arrival_times(seed: int, request_class: RequestClass, rate_per_s: float, count: int) -> list[float]:
+    """Seconds after the start at which an open-loop class sends its requests: a Poisson process, the same
+    for the same seed, class and rate, so every profile of a sweep faces identical arrivals."""
+    rng = random.Random(f"{seed}:{request_class.value}:arrivals")
+    times: list[float] = []
+    now = 0.0
+    for _ in range(count):
+        now += rng.expovariate(rate_per_s)
+        times.append(now)
+    return times
+
+
+async def _open_loop(run: _Run, request_class: RequestClass, start: Callable[[int], Coroutine[Any, Any, None]]) -> None:
+    """Start request (or conversation) i at its arrival time, however many are still running."""
+    plan = run.plan.for_class(request_class)
+    assert plan.rate_per_s is not None
+    running: list[asyncio.Task[None]] = []
+    for index, at in enumerate(arrival_times(run.plan.seed, request_class, plan.rate_per_s, plan.count)):
+        delay = run.started + at - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if time.monotonic() >= run.deadline:
+            run.deadline_hit = True
+            break
+        running.append(asyncio.create_task(start(index)))
+    await asyncio.gather(*running)
+
+
 async def _run_singles(run: _Run, request_class: RequestClass, builder: ShapeBuilder) -> None:
     plan = run.plan.for_class(request_class)
+    if plan.rate_per_s is not None:
+
+        async def one(index: int) -> None:
+            if run.take():
+                await run.send(builder.single(request_class, index))
+
+        await _open_loop(run, request_class, one)
+        return
     indices = iter(range(plan.count))
 
     async def worker() -> None:
@@ -196,6 +234,14 @@ async def _run_agents(run: _Run, builder: ShapeBuilder) -> None:
     async def worker() -> None:
         for index in indices:
             await converse(builder.agent(index))
+
+    if plan.rate_per_s is not None:
+
+        async def start(index: int) -> None:
+            await converse(builder.agent(index))
+
+        await _open_loop(run, RequestClass.AGENT, start)
+        return
 
     await asyncio.gather(*(worker() for _ in range(min(plan.concurrency, plan.count))))
 

@@ -10,7 +10,7 @@ import jinja2.sandbox
 import pytest
 from tokenizers import Tokenizer
 
-from builders.smoke.tiny_model import CHAT_TEMPLATE, SPECIAL_TOKENS, build_tokenizer, write_tiny_model
+from builders.smoke.tiny_model import CHAT_TEMPLATE, SPECIAL_TOKENS, ModelShape, build_tokenizer, write_tiny_model
 from builders.traffic.plan import DEFAULT_VOCABULARY
 
 
@@ -134,3 +134,10 @@ def test_tokenizer_config_names_the_template_and_special_tokens(model_dir: Path)
     decoder = {int(k): v["content"] for k, v in config["added_tokens_decoder"].items()}
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     assert decoder == {tokenizer.token_to_id(t): t for t in SPECIAL_TOKENS}
+
+
+def test_a_larger_model_is_written_with_heads_of_64(tmp_path: Path) -> None:
+    model = write_tiny_model(tmp_path / "big", shape=ModelShape(hidden_size=1024, num_hidden_layers=8))
+    config = json.loads((model / "config.json").read_text(encoding="utf-8"))
+    assert (config["hidden_size"], config["num_hidden_layers"], config["intermediate_size"]) == (1024, 8, 2048)
+    assert config["num_attention_heads"] == config["num_key_value_heads"] == 16 and config["head_dim"] == 64

@@ -10,6 +10,7 @@ from traffic_fakes import FakeOpenAI, run
 
 from builders.router.classes import RequestClass
 from builders.traffic import ClassSLO, TrafficPlan, run_traffic
+from builders.traffic.runner import arrival_times
 
 
 def plan_with(**classes: Any) -> TrafficPlan:
@@ -164,3 +165,24 @@ def test_gate_fails_for_a_class_the_server_refuses() -> None:
         assert not result.passed
 
     run(body())
+
+
+def test_open_loop_arrivals_are_seeded_and_do_not_wait_for_answers() -> None:
+    async def body() -> None:
+        # Every answer takes 1 s: a closed loop at concurrency 1 would send 2 requests in 2 s, an open loop
+        # at 10/s sends them all at their arrival times.
+        server = await FakeOpenAI(first_delay_s=1.0, max_tokens_cap=2).start()
+        try:
+            plan = plan_with(interactive={"count": 8, "concurrency": 1, "rate_per_s": 10.0}, seed=3)
+            result = await run_traffic(server.url, plan)
+        finally:
+            await server.stop()
+        expected = arrival_times(3, RequestClass.INTERACTIVE, 10.0, 8)
+        sent = sorted(r.sent_at_s for r in result.records)
+        assert len(sent) == 8 and all(r.ok for r in result.records)
+        assert all(abs(s - e) < 0.25 for s, e in zip(sent, expected, strict=True)), (sent, expected)
+        assert sent[-1] < 1.0 + 0.25 * 8  # all sent before the first answers were back, not one by one
+
+    run(body())
+    assert arrival_times(3, RequestClass.INTERACTIVE, 10.0, 8) == arrival_times(3, RequestClass.INTERACTIVE, 10.0, 8)
+    assert arrival_times(3, RequestClass.RAG, 10.0, 8) != arrival_times(3, RequestClass.INTERACTIVE, 10.0, 8)

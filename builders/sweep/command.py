@@ -1,0 +1,93 @@
+"""`forge sweep IMAGE --profiles …`: the serving profiles side by side on the same traffic."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from builders.config.project import find_root
+from builders.errors import UsageError
+from builders.smoke.runtimes import (
+    ContainerReplicas,
+    ContainerRouter,
+    LocalReplicas,
+    LocalRouter,
+    ReplicaRuntime,
+    RouterRuntime,
+)
+from builders.sweep.definition import available_sweep_profiles, load_sweep
+from builders.sweep.report import render_table
+from builders.sweep.run import SweepOptions, run_sweep
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "sweep",
+        help="drive the same seeded open-loop traffic against several stack profiles and compare them",
+        description="Start each profile of profiles/sweep/ in turn on IMAGE (or --local-vllm), drive the traffic "
+        "of profiles/sweep/common.yaml through the router, and write one report: a profile × class table "
+        "(TTFT/ITL p50/p99, goodput, gate, useful throughput), sweep.json, sweep.md and PNG plots.",
+    )
+    parser.add_argument("image", nargs="?", help="image with vLLM (omit with --local-vllm)")
+    parser.add_argument(
+        "--profiles",
+        default="all",
+        help="comma-separated profiles of profiles/sweep/ (or YAML paths); 'all' (default) runs every one",
+    )
+    parser.add_argument("--report", type=Path, default=Path("reports/sweep"), metavar="DIR", help="output folder")
+    parser.add_argument("--local-vllm", type=Path, default=None, metavar="PATH", help="run replicas on this host")
+    parser.add_argument("--router-image", default=None, metavar="IMAGE", help="run the router from this image")
+    parser.add_argument("--base-port", type=int, default=None, help="router port; replicas use the ports after it")
+    parser.add_argument(
+        "--duration-s", type=float, default=None, help="override the traffic's duration (traffic.deadline_s)"
+    )
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    console = Console(stderr=True)
+    root = Path(args.root).resolve() if getattr(args, "root", None) else find_root()
+    if (args.image is None) == (args.local_vllm is None):
+        raise UsageError("give an IMAGE to test or --local-vllm PATH, exactly one of them")
+    names = available_sweep_profiles(root) if args.profiles == "all" else [n for n in args.profiles.split(",") if n]
+    changes: dict[str, Any] = {}
+    if args.duration_s is not None:
+        if args.duration_s <= 0:
+            raise UsageError(f"--duration-s {args.duration_s}: give a positive number of seconds")
+        changes["traffic"] = {"deadline_s": args.duration_s}
+    profiles = load_sweep(names, root=root, changes=changes)
+    engine = None
+    if args.image is not None or args.router_image is not None:
+        from builders.engine import Engine
+
+        engine = Engine.connect()
+
+    def replicas(model_dir: Path, logs_dir: Path) -> ReplicaRuntime:
+        if args.local_vllm is not None:
+            return LocalReplicas(args.local_vllm, model_dir=model_dir, log_dir=logs_dir)
+        assert engine is not None
+        return ContainerReplicas(engine, args.image, model_dir=model_dir)
+
+    def router(logs_dir: Path) -> RouterRuntime:
+        if args.router_image is not None:
+            assert engine is not None
+            return ContainerRouter(engine, args.router_image)
+        return LocalRouter(log_dir=logs_dir)
+
+    report = run_sweep(
+        SweepOptions(profiles=profiles, report_dir=args.report, base_port=args.base_port, plots=not args.no_plots),
+        replicas=replicas,
+        router=router,
+        console=console,
+    )
+    console.print(render_table(report))
+    for name, why in report["failed_profiles"].items():
+        console.print(f"[red]profile {name} did not run:[/red] {why}")
+    if report["goal"] is not None:
+        console.print(f"work-conserving vs shared: {report['goal']}")
+    console.print(f"report: {args.report / 'sweep.json'}")
+    return 1 if report["failed_profiles"] else 0

@@ -1,0 +1,110 @@
+"""Which profiles a sweep compares, and the guarantee that they are compared fairly.
+
+Sweep profiles live in profiles/sweep/: `common.yaml` holds what every profile must share (model, traffic,
+SLOs, timeouts), each other file the pools, class map and router settings of one profile. A profile is its
+file merged over common.yaml, so the traffic is the same by construction; the CPU budget (the cores all
+replicas are confined to, counted per replica) is checked to be equal before anything starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from builders.config.loading import load_yaml
+from builders.errors import ConfigError, UsageError
+from builders.smoke.profile import StackProfile, _suggest, parse_cpuset, profile_from_mapping
+from builders.smoke.stack import merged
+
+COMMON = "common.yaml"
+# Keys a sweep profile may not set itself: they are what makes the comparison fair.
+SHARED_KEYS = ("model", "traffic")
+
+
+def sweep_dir(root: Path) -> Path:
+    return root / "profiles" / "sweep"
+
+
+# The field's comparison, reference first, then the work-conserving profile; others follow by name.
+ORDER = ("shared", "throughput", "latency", "prefix-affinity", "slow-isolation", "class-aware", "work-conserving")
+
+
+def available_sweep_profiles(root: Path) -> list[str]:
+    """The profiles of profiles/sweep/, in the order a report lists them."""
+    names = {p.stem for p in sweep_dir(root).glob("*.yaml") if p.name != COMMON}
+    return [n for n in ORDER if n in names] + sorted(names - set(ORDER))
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepProfile:
+    profile: StackProfile
+    path: Path
+
+    @property
+    def cpu_budget(self) -> int:
+        """CPUs summed over replicas: what the profile's replicas may use together."""
+        return sum(
+            len(parse_cpuset(pool.cpuset_of(i) or "")) if pool.cpus else 0
+            for pool in self.profile.pools.values()
+            for i in range(pool.replicas)
+        )
+
+
+def _load_common(directory: Path) -> dict[str, Any]:
+    path = directory / COMMON
+    if not path.is_file():
+        raise UsageError(f"no {path}", hint="a sweep needs the shared model and traffic in profiles/sweep/common.yaml")
+    data = load_yaml(path)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: must be a mapping, found {type(data).__name__}")
+    return data
+
+
+def load_sweep(names: list[str], *, root: Path, changes: dict[str, Any] | None = None) -> list[SweepProfile]:
+    """The named profiles of profiles/sweep/ (or YAML paths), each merged over common.yaml and `changes`
+    (a shortened run's overrides), checked to share one CPU budget with every replica confined."""
+    if not names:
+        raise UsageError("name at least one profile to sweep", hint="e.g. --profiles shared,class-aware")
+    directory = sweep_dir(root)
+    common = merged(_load_common(directory), changes or {})
+    known = available_sweep_profiles(root)
+    loaded: list[SweepProfile] = []
+    for name in names:
+        candidate = Path(name)
+        path = candidate if candidate.suffix in (".yaml", ".yml") else directory / f"{name}.yaml"
+        if not path.is_file():
+            raise UsageError(
+                f"no sweep profile {name!r} (looked for {path}){_suggest(name, known)}",
+                hint=f"known sweep profiles: {', '.join(known) or 'none'}",
+            )
+        own = load_yaml(path)
+        if not isinstance(own, dict):
+            raise ConfigError(f"{path}: a profile must be a mapping, found {type(own).__name__}")
+        for key in SHARED_KEYS:
+            if key in own:
+                raise ConfigError(
+                    f"{path}: {key}: a sweep profile may not set its own {key}",
+                    hint=f"every profile of a sweep shares {directory / COMMON}'s {key}; change it there",
+                )
+        profile = profile_from_mapping(merged(common, own), source=str(path), name=path.stem)
+        loaded.append(SweepProfile(profile=profile, path=path))
+    _check_budget(loaded)
+    return loaded
+
+
+def _check_budget(profiles: list[SweepProfile]) -> None:
+    for sweep_profile in profiles:
+        for name, pool in sweep_profile.profile.pools.items():
+            if not pool.cpus:
+                raise ConfigError(
+                    f"{sweep_profile.path}: pools.{name}.cpus: every replica of a sweep needs a CPU set",
+                    hint="without one, replicas share whatever cores are free and profiles are not comparable",
+                )
+    budgets = {p.path.stem: p.cpu_budget for p in profiles}
+    if len(set(budgets.values())) > 1:
+        listing = ", ".join(f"{name} {cpus}" for name, cpus in budgets.items())
+        raise ConfigError(
+            f"the profiles' CPU budgets differ (CPUs summed over replicas: {listing})",
+            hint="give every profile the same replicas × cores, or the sweep compares hardware, not policy",
+        )

@@ -1,0 +1,198 @@
+"""The sweep's report: profile × class rows, its JSON, a table for the terminal and Markdown, and the plots."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from builders.router.classes import ALL_CLASSES, RequestClass
+from builders.traffic.results import TrafficResult
+
+ROW_KEYS = (
+    "requests",
+    "errors",
+    "ttft_ms",
+    "itl_ms",
+    "goodput",
+    "good",
+    "gate_passed",
+    "useful_tokens_per_s",
+    "ttft_samples_ms",
+)
+
+
+def class_rows(result: TrafficResult) -> dict[str, dict[str, Any]]:
+    """Per planned class: the summary's numbers plus what a sweep compares profiles by.
+
+    `good` counts requests that met every SLO of their class; `useful_tokens_per_s` is their output tokens
+    over the run's wall time. Every request sends ignore_eos, so a good request produced exactly its
+    max_tokens. `ttft_samples_ms` (successful requests, sorted) feed the CDF plot.
+    """
+    rows: dict[str, dict[str, Any]] = {}
+    for request_class, summary in result.summaries.items():
+        slo = result.plan.for_class(request_class).slo
+        records = [r for r in result.records if r.request_class is request_class]
+        good = [r for r in records if r.meets(slo)]
+        ttfts = sorted(round(t * 1000, 3) for r in records if (t := r.ttft_s) is not None)
+        rows[request_class.value] = {
+            "requests": summary.requests,
+            "errors": summary.errors,
+            "ttft_ms": summary.ttft_ms.as_json(),
+            "itl_ms": summary.itl_ms.as_json(),
+            "goodput": round(summary.goodput, 4),
+            "good": len(good),
+            "gate_passed": summary.gate_passed,
+            "useful_tokens_per_s": round(sum(r.max_tokens for r in good) / result.wall_s, 2) if result.wall_s else 0.0,
+            "ttft_samples_ms": ttfts,
+        }
+    return rows
+
+
+def compare_to(
+    profiles: Mapping[str, Mapping[str, Any]], *, reference: str, candidate: str
+) -> dict[str, float | None] | None:
+    """The work-conserving goal's two ratios against the reference (shared) pool: interactive TTFT p99 and
+    long_prefill goodput (good requests; the same arrivals were sent to both)."""
+    if reference not in profiles or candidate not in profiles:
+        return None
+    ref = profiles[reference]["classes"]
+    cand = profiles[candidate]["classes"]
+
+    def ratio(ours: float | None, theirs: float | None) -> float | None:
+        if ours is None or theirs in (None, 0):
+            return None
+        return round(ours / theirs, 3)
+
+    interactive = RequestClass.INTERACTIVE.value
+    long_prefill = RequestClass.LONG_PREFILL.value
+    return {
+        "interactive_ttft_p99_ratio": ratio(
+            cand.get(interactive, {}).get("ttft_ms", {}).get("p99"),
+            ref.get(interactive, {}).get("ttft_ms", {}).get("p99"),
+        )
+        if interactive in cand and interactive in ref
+        else None,
+        "long_prefill_good_ratio": ratio(cand.get(long_prefill, {}).get("good"), ref.get(long_prefill, {}).get("good"))
+        if long_prefill in cand and long_prefill in ref
+        else None,
+    }
+
+
+def _pair(values: Mapping[str, float | None] | None) -> str:
+    values = values or {}
+    return " / ".join("-" if values.get(q) is None else f"{values[q]:.0f}" for q in ("p50", "p99"))
+
+
+COLUMNS = (
+    "profile",
+    "class",
+    "req",
+    "err",
+    "TTFT p50 / p99 ms",
+    "ITL p50 / p99 ms",
+    "goodput",
+    "gate",
+    "useful tok/s",
+)
+
+
+def table_rows(report: Mapping[str, Any]) -> list[list[str]]:
+    out = []
+    for name, profile in report["profiles"].items():
+        for class_name in [c.value for c in ALL_CLASSES]:
+            row = profile["classes"].get(class_name)
+            if row is None:
+                continue
+            out.append(
+                [
+                    name,
+                    class_name,
+                    str(row["requests"]),
+                    str(row["errors"]),
+                    _pair(row["ttft_ms"]),
+                    _pair(row["itl_ms"]),
+                    f"{row['goodput']:.2f} ({row['good']})",
+                    "pass" if row["gate_passed"] else "FAIL",
+                    f"{row['useful_tokens_per_s']:.1f}",
+                ]
+            )
+    return out
+
+
+def render_table(report: Mapping[str, Any]) -> Table:
+    table = Table(title=f"forge sweep ({report['load']})")
+    for column in COLUMNS:
+        table.add_column(column, justify="left" if column in ("profile", "class", "gate") else "right")
+    for row in table_rows(report):
+        table.add_row(*row)
+    return table
+
+
+def render_markdown(report: Mapping[str, Any]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + " --- |" * len(COLUMNS)]
+    lines += ["| " + " | ".join(row) + " |" for row in table_rows(report)]
+    return "\n".join(lines) + "\n"
+
+
+def write_plots(report: Mapping[str, Any], directory: Path) -> list[Path]:
+    """ttft-cdf.png (one panel per class, one line per profile) and goodput.png (good requests per class,
+    one bar group per profile). Drawn off-screen, so it works on a CI runner without a display."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    profiles = report["profiles"]
+    classes = [c.value for c in ALL_CLASSES if any(c.value in p["classes"] for p in profiles.values())]
+    paths = []
+
+    columns = 3
+    rows = max(1, (len(classes) + columns - 1) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.6 * rows), squeeze=False)
+    for panel, class_name in zip(axes.flat, classes, strict=False):
+        for name, profile in profiles.items():
+            samples = profile["classes"].get(class_name, {}).get("ttft_samples_ms") or []
+            sent = profile["classes"].get(class_name, {}).get("requests") or 0
+            if not samples or not sent:
+                continue
+            # The CDF is over requests *sent*: failed ones never reach 1.0, so a curve that stops short shows
+            # the errors as well as the latency.
+            ys = [(i + 1) / sent for i in range(len(samples))]
+            panel.step(samples, ys, where="post", label=name)
+        panel.set_title(class_name)
+        panel.set_xscale("log")
+        panel.set_xlabel("TTFT (ms, log)")
+        panel.set_ylabel("fraction of requests sent")
+        panel.set_ylim(0, 1.02)
+        panel.grid(True, alpha=0.3)
+    for panel in list(axes.flat)[len(classes) :]:
+        panel.axis("off")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 4) or 1)
+    fig.suptitle(f"TTFT CDF per class ({report['load']})")
+    fig.tight_layout(rect=(0, 0.08, 1, 0.95))
+    path = directory / "ttft-cdf.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    paths.append(path)
+
+    fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(profiles) + 4), 4.5))
+    width = 0.8 / max(1, len(classes))
+    for offset, class_name in enumerate(classes):
+        xs = [i + offset * width for i in range(len(profiles))]
+        ys = [p["classes"].get(class_name, {}).get("goodput", 0.0) for p in profiles.values()]
+        ax.bar(xs, ys, width=width, label=class_name)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(profiles))], list(profiles), rotation=15)
+    ax.set_ylabel("goodput (requests meeting their SLOs / sent)")
+    ax.set_ylim(0, 1.05)
+    ax.legend(ncol=3, fontsize="small")
+    ax.set_title(f"Goodput per profile ({report['load']})")
+    fig.tight_layout()
+    path = directory / "goodput.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    paths.append(path)
+    return paths

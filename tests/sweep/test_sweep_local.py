@@ -1,0 +1,75 @@
+"""A shortened sweep against real vLLM on this host: two profiles, seconds each; the report's structure only."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from builders.router.classes import ALL_CLASSES
+from builders.smoke.runtimes import LocalReplicas, LocalRouter, ReplicaRuntime, RouterRuntime
+from builders.sweep.definition import load_sweep
+from builders.sweep.report import ROW_KEYS
+from builders.sweep.run import SweepOptions, run_sweep
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "smoke"))
+from smoke_helpers import ROOT, free_base_port, local_vllm
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
+# The smoke model and context instead of the sweep's large ones, and 4 s of traffic: this proves the sweep
+# runs end to end and writes its report, not which profile wins (timing is not asserted).
+SHORT = {
+    "model": {
+        "max_model_len": 1024,
+        "max_position_embeddings": 2048,
+        "hidden_size": 128,
+        "num_hidden_layers": 2,
+        "kv_cache_memory": "64M",
+    },
+    "router": {"long_prefill_tokens": 600},
+    # Every class arrives at least a few times within the 4 s.
+    "traffic": {
+        "deadline_s": 4,
+        "request_timeout_s": 10,
+        **{c.value: {"rate_per_s": 2.0} for c in ALL_CLASSES},
+        "batch": {"rate_per_s": 2.0, "max_tokens": 32},
+    },
+    "timeouts": {"traffic_s": 60},
+}
+
+
+@pytest.mark.timeout(600)
+def test_a_short_sweep_writes_table_json_and_plots_for_each_profile(tmp_path: Path) -> None:
+    binary = local_vllm()
+    profiles = load_sweep(["shared", "work-conserving"], root=ROOT, changes=SHORT)
+
+    def replicas(model_dir: Path, logs_dir: Path) -> ReplicaRuntime:
+        return LocalReplicas(binary, model_dir=model_dir, log_dir=logs_dir)
+
+    def router(logs_dir: Path) -> RouterRuntime:
+        return LocalRouter(log_dir=logs_dir)
+
+    report = run_sweep(
+        SweepOptions(profiles=profiles, report_dir=tmp_path, base_port=free_base_port(3)),
+        replicas=replicas,
+        router=router,
+        console=Console(stderr=True, width=160),
+    )
+    assert report["failed_profiles"] == {}
+    written = json.loads((tmp_path / "sweep.json").read_text(encoding="utf-8"))
+    assert list(written["profiles"]) == ["shared", "work-conserving"]
+    assert written["cpu_budget"] == 2 and "4 s" in written["load"]
+    for profile in written["profiles"].values():
+        assert set(profile["classes"]) == {c.value for c in ALL_CLASSES}
+        for row in profile["classes"].values():
+            assert set(row) == set(ROW_KEYS)
+            assert row["requests"] >= 1
+    assert set(written["goal"]) == {"interactive_ttft_p99_ratio", "long_prefill_good_ratio"}
+    table = (tmp_path / "sweep.md").read_text(encoding="utf-8").splitlines()
+    assert len(table) == 2 + 2 * len(ALL_CLASSES)
+    for name in ("ttft-cdf.png", "goodput.png"):
+        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"

@@ -1,0 +1,95 @@
+"""The sweep report from real traffic records: rows, the goal's ratios, Markdown and the PNG plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from builders.router.classes import RequestClass
+from builders.sweep.report import class_rows, compare_to, render_markdown, write_plots
+from builders.traffic.metrics import RequestRecord
+from builders.traffic.plan import TrafficPlan
+from builders.traffic.results import TrafficResult
+
+PLAN = TrafficPlan.model_validate(
+    {
+        "model": "m",
+        "max_model_len": 1024,
+        "interactive": {"count": 3, "rate_per_s": 1.0, "max_tokens": 4, "slo": {"ttft_p99_ms": 500}},
+        "long_prefill": {"count": 2, "rate_per_s": 1.0, "max_tokens": 8, "slo": {"ttft_p99_ms": 5000}},
+    }
+)
+
+
+def record(request_class: RequestClass, index: int, ttft_s: float | None, *, max_tokens: int) -> RequestRecord:
+    r = RequestRecord(
+        request_class=request_class,
+        index=index,
+        endpoint="chat",
+        stream=True,
+        sent_class_header=False,
+        prompt_chars=10,
+        max_tokens=max_tokens,
+    )
+    if ttft_s is None:
+        r.error = "HTTP 503"
+        r.e2e_s = 0.01
+    else:
+        r.content_times_s = [ttft_s + 0.01 * i for i in range(max_tokens)]
+        r.e2e_s = r.content_times_s[-1]
+    return r
+
+
+def result(interactive_ttfts: list[float | None], long_ttfts: list[float | None]) -> TrafficResult:
+    records = [record(RequestClass.INTERACTIVE, i, t, max_tokens=4) for i, t in enumerate(interactive_ttfts)]
+    records += [record(RequestClass.LONG_PREFILL, i, t, max_tokens=8) for i, t in enumerate(long_ttfts)]
+    return TrafficResult.build(PLAN, records, wall_s=10.0, stopped_by="completed")
+
+
+def sweep_report() -> dict[str, Any]:
+    shared = result([0.1, 0.9, 2.0], [1.0, 2.0])
+    wc = result([0.05, 0.1, None], [1.0, 9.0])
+    return {
+        "load": "test load",
+        "profiles": {
+            "shared": {"classes": class_rows(shared)},
+            "work-conserving": {"classes": class_rows(wc)},
+        },
+    }
+
+
+def test_rows_count_good_requests_and_their_tokens_per_second() -> None:
+    rows = sweep_report()["profiles"]["shared"]["classes"]
+    interactive = rows["interactive"]
+    # 0.1 s meets the 500 ms SLO; 0.9 s and 2.0 s do not.
+    assert interactive["good"] == 1 and interactive["goodput"] == round(1 / 3, 4)
+    assert interactive["useful_tokens_per_s"] == 4 / 10.0
+    assert interactive["ttft_samples_ms"] == [100.0, 900.0, 2000.0]
+    assert rows["long_prefill"]["good"] == 2 and rows["long_prefill"]["useful_tokens_per_s"] == 16 / 10.0
+    assert not interactive["gate_passed"]
+
+
+def test_the_goal_compares_interactive_p99_and_long_prefill_good_requests_with_the_shared_pool() -> None:
+    report = sweep_report()
+    goal = compare_to(report["profiles"], reference="shared", candidate="work-conserving")
+    assert goal is not None
+    shared_p99 = report["profiles"]["shared"]["classes"]["interactive"]["ttft_ms"]["p99"]
+    wc_p99 = report["profiles"]["work-conserving"]["classes"]["interactive"]["ttft_ms"]["p99"]
+    assert goal["interactive_ttft_p99_ratio"] == round(wc_p99 / shared_p99, 3)
+    assert goal["long_prefill_good_ratio"] == 0.5
+    assert compare_to(report["profiles"], reference="shared", candidate="missing") is None
+
+
+def test_markdown_has_a_row_per_profile_and_class(tmp_path: Path) -> None:
+    text = render_markdown(sweep_report())
+    lines = text.splitlines()
+    assert lines[0].startswith("| profile | class |")
+    assert len(lines) == 2 + 4
+    assert "| work-conserving | interactive | 3 | 1 |" in text
+
+
+def test_plots_are_png_files(tmp_path: Path) -> None:
+    paths = write_plots(sweep_report(), tmp_path)
+    assert [p.name for p in paths] == ["ttft-cdf.png", "goodput.png"]
+    for path in paths:
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
