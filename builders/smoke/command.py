@@ -10,14 +10,7 @@ from rich.console import Console
 from builders.config.project import find_root
 from builders.errors import UsageError
 from builders.smoke.profile import load_profile
-from builders.smoke.runtimes import (
-    ContainerReplicas,
-    ContainerRouter,
-    LocalReplicas,
-    LocalRouter,
-    ReplicaRuntime,
-    RouterRuntime,
-)
+from builders.smoke.runtimes import Runtimes
 from builders.smoke.stack import SmokeOptions, SmokeRun, summary_table, validate_profile
 from builders.smoke.vllm_args import check_pools, raise_for_problems
 
@@ -70,35 +63,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     root = Path(args.root).resolve() if getattr(args, "root", None) else find_root()
-    if args.image is None and args.local_vllm is None:
-        raise UsageError("give an IMAGE to test, or --local-vllm PATH to run vLLM on this host")
-    if args.image is not None and args.local_vllm is not None:
-        raise UsageError("give either IMAGE or --local-vllm, not both")
+    runtimes = Runtimes.choose(image=args.image, local_vllm=args.local_vllm, router_image=args.router_image)
     if args.base_port is not None and not 1024 <= args.base_port <= 65000:
         raise UsageError(f"--base-port {args.base_port}: use a port between 1024 and 65000")
     profile, path = load_profile(args.profile, root=root)
-    engine = None
-    if args.image is not None or args.router_image is not None:
-        from builders.engine import Engine
-
-        engine = Engine.connect()
-
-    def replicas(model_dir: Path, logs_dir: Path) -> ReplicaRuntime:
-        if args.local_vllm is not None:
-            return LocalReplicas(args.local_vllm, model_dir=model_dir, log_dir=logs_dir)
-        assert engine is not None
-        return ContainerReplicas(engine, args.image, model_dir=model_dir)
-
-    def router(logs_dir: Path) -> RouterRuntime:
-        if args.router_image is not None:
-            assert engine is not None
-            return ContainerRouter(engine, args.router_image)
-        return LocalRouter(log_dir=logs_dir)
 
     if args.validate_only:
         # The traffic plans and router config are checked first: they need no vLLM.
         valid = validate_profile(profile, str(path), run_id="validate", base_port=args.base_port)
-        runtime = replicas(Path("/nonexistent"), Path("/nonexistent"))
+        runtime = runtimes.replicas(Path("/nonexistent"), Path("/nonexistent"))
         probe = runtime.probe(timeout_s=profile.timeouts.probe_s)
         problems = check_pools(valid.plan.pool_argvs(), probe.spec)
         for problem in problems:
@@ -118,7 +91,12 @@ def run(args: argparse.Namespace) -> int:
         check_slow_clients=args.check_slow_clients,
         check_kill_replica=args.check_kill_replica,
     )
-    smoke = SmokeRun(options=options, replicas_runtime_factory=replicas, router_runtime_factory=router, console=console)
+    smoke = SmokeRun(
+        options=options,
+        replicas_runtime_factory=runtimes.replicas,
+        router_runtime_factory=runtimes.router,
+        console=console,
+    )
     report = smoke.execute()
     console.print(summary_table(report))
     console.print(f"[green]smoke passed[/green]: profile {profile.name}, report {report.get('report_file', '(none)')}")

@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import IO, Protocol
 
@@ -367,3 +368,36 @@ class ContainerRouter:
     def sweep(self, run_id: str) -> None:
         for cid in self.engine.containers_with_label(RUN_LABEL, run_id):
             self.engine.stop_and_remove(cid, timeout=2)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Runtimes:
+    """Where a stack's replicas and router run, chosen once from the command line: `forge smoke` and `forge
+    sweep` start the same stacks."""
+
+    image: str | None
+    local_vllm: Path | None
+    router_image: str | None
+
+    @classmethod
+    def choose(cls, *, image: str | None, local_vllm: Path | None, router_image: str | None) -> Runtimes:
+        if image is None and local_vllm is None:
+            raise UsageError("give an IMAGE to test, or --local-vllm PATH to run vLLM on this host")
+        if image is not None and local_vllm is not None:
+            raise UsageError("give either IMAGE or --local-vllm, not both")
+        return cls(image=image, local_vllm=local_vllm, router_image=router_image)
+
+    @cached_property
+    def engine(self) -> Engine:
+        return Engine.connect()
+
+    def replicas(self, model_dir: Path, logs_dir: Path) -> ReplicaRuntime:
+        if self.local_vllm is not None:
+            return LocalReplicas(self.local_vllm, model_dir=model_dir, log_dir=logs_dir)
+        assert self.image is not None
+        return ContainerReplicas(self.engine, self.image, model_dir=model_dir)
+
+    def router(self, logs_dir: Path) -> RouterRuntime:
+        if self.router_image is not None:
+            return ContainerRouter(self.engine, self.router_image)
+        return LocalRouter(log_dir=logs_dir)

@@ -10,14 +10,7 @@ from rich.console import Console
 
 from builders.config.project import find_root
 from builders.errors import UsageError
-from builders.smoke.runtimes import (
-    ContainerReplicas,
-    ContainerRouter,
-    LocalReplicas,
-    LocalRouter,
-    ReplicaRuntime,
-    RouterRuntime,
-)
+from builders.smoke.runtimes import Runtimes
 from builders.sweep.definition import available_sweep_profiles, load_sweep
 from builders.sweep.report import render_table
 from builders.sweep.run import SweepOptions, run_sweep
@@ -51,8 +44,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     root = Path(args.root).resolve() if getattr(args, "root", None) else find_root()
-    if (args.image is None) == (args.local_vllm is None):
-        raise UsageError("give an IMAGE to test or --local-vllm PATH, exactly one of them")
+    runtimes = Runtimes.choose(image=args.image, local_vllm=args.local_vllm, router_image=args.router_image)
+    if args.base_port is not None and not 1024 <= args.base_port <= 65000:
+        raise UsageError(f"--base-port {args.base_port}: use a port between 1024 and 65000")
     names = available_sweep_profiles(root) if args.profiles == "all" else [n for n in args.profiles.split(",") if n]
     changes: dict[str, Any] = {}
     if args.duration_s is not None:
@@ -60,28 +54,10 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--duration-s {args.duration_s}: give a positive number of seconds")
         changes["traffic"] = {"deadline_s": args.duration_s}
     profiles = load_sweep(names, root=root, changes=changes)
-    engine = None
-    if args.image is not None or args.router_image is not None:
-        from builders.engine import Engine
-
-        engine = Engine.connect()
-
-    def replicas(model_dir: Path, logs_dir: Path) -> ReplicaRuntime:
-        if args.local_vllm is not None:
-            return LocalReplicas(args.local_vllm, model_dir=model_dir, log_dir=logs_dir)
-        assert engine is not None
-        return ContainerReplicas(engine, args.image, model_dir=model_dir)
-
-    def router(logs_dir: Path) -> RouterRuntime:
-        if args.router_image is not None:
-            assert engine is not None
-            return ContainerRouter(engine, args.router_image)
-        return LocalRouter(log_dir=logs_dir)
-
     report = run_sweep(
         SweepOptions(profiles=profiles, report_dir=args.report, base_port=args.base_port, plots=not args.no_plots),
-        replicas=replicas,
-        router=router,
+        replicas=runtimes.replicas,
+        router=runtimes.router,
         console=console,
     )
     console.print(render_table(report))

@@ -1,4 +1,4 @@
-"""`forge smoke` refuses bad invocations with a usage error before touching an engine or a vLLM."""
+"""`forge smoke` (and `forge sweep`, which starts the same stacks) refuses bad invocations with a usage error before touching an engine or a vLLM."""
 
 from __future__ import annotations
 
@@ -14,14 +14,16 @@ def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
     return code, capsys.readouterr().err
 
 
-def test_an_image_or_a_local_vllm_is_required(capsys: pytest.CaptureFixture[str]) -> None:
-    code, err = run(["smoke"], capsys)
+@pytest.mark.parametrize("command", ["smoke", "sweep"])
+def test_an_image_or_a_local_vllm_is_required(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = run([command], capsys)
     assert code == 2
     assert "give an IMAGE to test, or --local-vllm PATH" in err
 
 
-def test_image_and_local_vllm_exclude_each_other(capsys: pytest.CaptureFixture[str]) -> None:
-    code, err = run(["smoke", "some/image:tag", "--local-vllm", "/usr/bin/true"], capsys)
+@pytest.mark.parametrize("command", ["smoke", "sweep"])
+def test_image_and_local_vllm_exclude_each_other(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = run([command, "some/image:tag", "--local-vllm", "/usr/bin/true"], capsys)
     assert code == 2
     assert "not both" in err
 
