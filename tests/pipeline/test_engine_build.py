@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -79,14 +80,15 @@ def test_router_image_builds_tests_and_tags(project: Project, engine: Engine, tm
 
 def test_failed_build_leaves_no_container_and_no_tag(project_copy: Path, engine: Engine, tmp_path: Path) -> None:
     recipe = project_copy / "recipes" / "router.yaml"
-    recipe.write_text(
-        recipe.read_text().replace(
-            "app_requirements: [aiohttp, pydantic, pyyaml]", "app_requirements: [forge-no-such-package-xyz==0.0.0]"
-        )
-    )
+    text = recipe.read_text()
+    failing = re.sub(r"(?m)^app_requirements: \[.*\]$", "app_requirements: [forge-no-such-package-xyz==0.0.0]", text)
+    assert failing != text, "recipes/router.yaml has no one-line app_requirements to replace"
+    recipe.write_text(failing)
     shutil.copytree(Path(__file__).resolve().parents[2] / "builders", project_copy / "builders")
     project = Project.load(project_copy)
     tag = "forge/test-router:must-not-exist"
+    if engine.image_exists(tag):  # left by an earlier run whose build did not fail: this run must not inherit it
+        engine.remove_image(tag)
     before = set(_forge_containers(engine))
     every_before = {c.id for c in engine.client.containers.list(all=True)}
     with pytest.raises(BuildFailed):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,7 +59,10 @@ def test_forge_lock_writes_the_same_bytes_twice_and_check_finds_drift(
     assert entry.base.ref == debian_12_base and entry.base.rootfs
     assert main(["--root", str(frozen_project), "lock", "--check", "debian-12", "router"]) == 0
     recipe = frozen_project / "recipes" / "router.yaml"
-    recipe.write_text(recipe.read_text().replace("[aiohttp, pydantic, pyyaml]", "[aiohttp, pydantic, pyyaml, rich]"))
+    text = recipe.read_text()
+    drifted = re.sub(r"(?m)^(app_requirements: \[.*)\]$", r"\1, rich]", text)
+    assert drifted != text, "recipes/router.yaml has no one-line app_requirements to extend"
+    recipe.write_text(drifted)
     capsys.readouterr()
     assert main(["--root", str(frozen_project), "lock", "--check", "debian-12", "router"]) == LockDrift.exit_code
     assert "requirements.app[rich]: locked (absent), now rich" in capsys.readouterr().err
