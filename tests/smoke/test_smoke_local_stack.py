@@ -63,38 +63,6 @@ def test_ci_profile_passes_with_both_isolation_checks_and_leaves_nothing(tmp_pat
     assert processes_mentioning(f"forge-smoke-{run.run_id}") == []
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(400)
-def test_the_slow_client_check_fails_when_slow_readers_can_starve_the_other_pools(tmp_path: Path) -> None:
-    """Isolation broken on purpose, in the router: one upstream connection pool of 2 for all pools. A slow
-    reader keeps its upstream connection for as long as it reads (the router reads upstream only as fast as
-    the client drains), so two slow readers hold every connection and the interactive pool's requests wait
-    for them. With fast readers the same requests release their connections at once: the check must see
-    the difference and fail, naming the classes."""
-    binary = local_vllm()
-    ci, path = load_profile("ci", root=ROOT)
-    data = ci.model_dump(mode="json", exclude={"name"})
-    data["router"]["upstream_connection_limit"] = 2
-    profile = profile_from_mapping(data, source="test: ci with 2 upstream connections", name="ci-starved")
-    options = SmokeOptions(
-        profile=profile,
-        profile_path=path,
-        report_dir=tmp_path,
-        base_port=free_base_port(profile.replica_count),
-        check_slow_clients=True,
-    )
-    run = local_run(options, binary)
-    with pytest.raises(SmokeFailed):
-        run.execute()
-    check = run.report["checks"]["slow_clients"]
-    assert not check["passed"]
-    failed = {line.split()[0] for line in check["failures"]}
-    assert "interactive" in failed, check["failures"]
-    row = check["classes"]["interactive"]["ttft_p99_ms"]
-    assert row["with_slow"] > row["bound"] >= row["fast_readers"]
-    assert run.report["teardown"]["clean"] is True
-
-
 @pytest.mark.timeout(300)
 def test_a_replica_that_dies_at_startup_fails_the_run_with_its_log(tmp_path: Path) -> None:
     binary = local_vllm()
