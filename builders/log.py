@@ -103,6 +103,18 @@ class Log:
             self._write(f"{PREFIX}{name}: {outcome} {seconds:.1f} s")
 
 
+# Wide enough for every table Forge prints on one line per row; rich would otherwise assume 80 columns
+# whenever the stream is not a terminal and fold each cell until a CI log cannot be read.
+CI_LOG_WIDTH = 240
+
+
+def console(stream: TextIO | None = None, *, highlight: bool = True) -> Console:
+    """A rich console for commands that print rich tables (smoke, sweep, repro): a terminal's own width on a
+    terminal, CI_LOG_WIDTH anywhere else, so rows stay whole in CI logs and files."""
+    stream = stream or sys.stderr
+    return Console(file=stream, highlight=highlight, width=None if stream.isatty() else CI_LOG_WIDTH)
+
+
 def as_log(sink: Log | Callable[[str], None]) -> Log:
     return sink if isinstance(sink, Log) else Log(sink, ci=None)
 

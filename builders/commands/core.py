@@ -11,11 +11,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
 from builders.config import Project
 from builders.errors import UsageError
 from builders.log import Log, print_table
+from builders.log import console as wide_console
 from builders.plan import PlanOptions, make_plan
 from builders.render import render
 
@@ -201,7 +200,7 @@ def cmd_build(args: argparse.Namespace) -> int:
             hint=f"its distros: {', '.join(recipe.distros)}",
         )
     gpu_args_apply(recipe, args)
-    console = Console(stderr=True, highlight=False)
+    console = wide_console(highlight=False)
     status = console.status("forge: starting", spinner="dots")
     progress = BuildProgress()
 

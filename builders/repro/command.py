@@ -7,8 +7,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from rich.console import Console
-
+from builders import log
 from builders.commands.core import parse_sources
 from builders.config import Project
 from builders.config.models import Distro, Recipe
@@ -50,7 +49,7 @@ def cmd_lock(args: argparse.Namespace) -> int:
     path = Path(args.lock_file) if args.lock_file else project.root / LOCK_NAME
     existing = read_lock(path) if path.exists() else LockFile()
     engine = Engine.connect()
-    console = Console(stderr=True, highlight=False)
+    console = log.console(highlight=False)
     resolved: list[PairLock] = []
     skipped: list[str] = []
     overrides = parse_sources(args.source)
@@ -103,7 +102,7 @@ def cmd_verify_repro(args: argparse.Namespace) -> int:
 
     project = _project(args)
     distro, recipe = _pair(project, args.distro, args.target)
-    console = Console(stderr=True, highlight=False)
+    console = log.console(highlight=False)
     quiet = args.quiet
 
     def sink(line: str) -> None:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rich.console import Console
-
+from builders import log
 from builders.config.project import find_root
 from builders.errors import UsageError
 from builders.smoke.profile import load_profile
@@ -61,7 +60,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    console = Console(stderr=True)
+    console = log.console()
     root = Path(args.root).resolve() if getattr(args, "root", None) else find_root()
     runtimes = Runtimes.choose(image=args.image, local_vllm=args.local_vllm, router_image=args.router_image)
     if args.base_port is not None and not 1024 <= args.base_port <= 65000:

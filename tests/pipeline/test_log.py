@@ -5,10 +5,12 @@ from __future__ import annotations
 import io
 
 import pytest
+from rich.table import Table
 
 from builders.cli import main
 from builders.config import Project
 from builders.log import Log, ci_system, print_table
+from builders.log import console as wide_console
 
 
 def _log(ci: str | None, quiet: bool = False) -> tuple[Log, list[str]]:
@@ -70,3 +72,15 @@ def test_forge_list_in_a_ci_log_shows_whole_session_names(project: Project, caps
     assert "…" not in out
     for distro, recipe in project.pairs():
         assert f"build-{distro.name}-{recipe.target} " in out
+
+
+def test_a_rich_table_outside_a_terminal_keeps_each_row_on_one_line() -> None:
+    """smoke, sweep and repro print rich tables: in a CI log (no terminal) rows must not fold at 80 columns."""
+    stream = io.StringIO()
+    table = Table(title="forge smoke ci")
+    for column in ("class", "pool", "req", "err", "TTFT p50/p99 ms", "ITL p50/p99 ms", "goodput", "gate"):
+        table.add_column(column)
+    table.add_row("interactive", "interactive", "20", "0", "16.7 / 37.2", "3.4 / 14.2", "1.00", "pass")
+    wide_console(stream).print(table)
+    rows = [line for line in stream.getvalue().splitlines() if "interactive" in line]
+    assert len(rows) == 1 and "16.7 / 37.2" in rows[0] and "pass" in rows[0]
