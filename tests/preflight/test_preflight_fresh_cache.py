@@ -22,6 +22,8 @@ from builders.repro.ci import render_github, render_gitlab
 from builders.sources import sha256_file
 
 FIXTURE = Path(__file__).parent / "fixtures" / "vllm-0.33.0"
+pytestmark = pytest.mark.usefixtures("ample_disk")
+
 SOURCE_GATES = {"gcc", "cmake", "python", "python-cmake", "fetched-source"}
 
 

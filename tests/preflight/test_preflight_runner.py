@@ -162,6 +162,7 @@ def test_report_json_and_table(project: Project, tmp_path: Path) -> None:
     assert len(lines) == 3 + len(report.findings) + len(report.passed)
 
 
+@pytest.mark.usefixtures("ample_disk")
 def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc = main(
         [
