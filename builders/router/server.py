@@ -142,6 +142,7 @@ class Router:
         }
         self.metrics = RouterMetrics({c.value: config.pool_for(c) for c in ALL_CLASSES})
         self._session: aiohttp.ClientSession | None = None
+        self._health_session: aiohttp.ClientSession | None = None
         self._health_task: asyncio.Task[None] | None = None
         self.stream_buffer_peak = 0
         self.streams_active = 0
@@ -170,6 +171,10 @@ class Router:
     async def _lifespan(self, _app: web.Application) -> AsyncIterator[None]:
         connector = aiohttp.TCPConnector(limit=self.config.upstream_connection_limit, limit_per_host=0)
         self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        # Health checks get connections of their own: queued behind busy streams for a pooled connection,
+        # a check would time out and mark a healthy replica down exactly when it is serving most.
+        replicas = sum(len(pool.replicas) for pool in self.pools.values())
+        self._health_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=replicas, limit_per_host=1))
         self._health_task = asyncio.create_task(self._health_loop())
         try:
             yield
@@ -177,6 +182,7 @@ class Router:
             self._health_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._health_task
+            await self._health_session.close()
             await self._session.close()
 
     @property
@@ -189,8 +195,10 @@ class Router:
 
     async def check_replica(self, replica: Replica) -> None:
         timeout = aiohttp.ClientTimeout(total=self.config.health_timeout_s)
+        if self._health_session is None:
+            raise RuntimeError("the router's health session exists only while the app runs")
         try:
-            async with self.session.get(f"{replica.url}/health", timeout=timeout) as resp:
+            async with self._health_session.get(f"{replica.url}/health", timeout=timeout) as resp:
                 ok = resp.status == 200
                 error = None if ok else f"GET /health answered {resp.status}"
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:

@@ -347,6 +347,36 @@ def test_client_closing_after_done_is_not_an_error(tmp_path: Path) -> None:
 # --- 5. hung replicas -------------------------------------------------------------------------------
 
 
+def test_health_checks_do_not_queue_behind_streams_for_a_pooled_connection(tmp_path: Path) -> None:
+    """With every pooled upstream connection held by a long stream, the replica is still checked, and found
+    healthy: a check that waited for a connection would time out and mark it down while it serves."""
+
+    async def body() -> None:
+        replica = await FakeReplica(Behavior(tokens=40, delay_s=0.05)).start()
+        router = await start_router_process(
+            tmp_path,
+            process_config(
+                {"p": [replica.url]}, upstream_connection_limit=1, health_interval_s=0.2, health_timeout_s=0.3
+            ),
+        )
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as s,
+                s.post(f"{router.url}/v1/chat/completions", json=chat_body("x", stream=True)) as resp,
+            ):
+                raw = await resp.read()
+            # Two seconds of streaming on the only connection: ten health rounds ran meanwhile.
+            events = sse_data(raw)
+            assert resp.status == 200 and len(events) == 41 and not any('"error"' in e for e in events)
+            health = await get_json(f"{router.url}/health")
+            assert [r["healthy"] for r in health["pools"]["p"]] == [True]
+        finally:
+            await router.stop()
+            await replica.stop()
+
+    run(body(), timeout=30)
+
+
 def test_requests_on_a_replica_marked_down_are_released_at_once(tmp_path: Path) -> None:
     async def body() -> None:
         # Each replica is healthy until a request reaches it; then it, and its /health, stop answering.
