@@ -322,6 +322,14 @@ def compare_slow_clients(
             ("ttft_p99_ms", summary.ttft_ms.p99, base.ttft_ms.p99),
             ("itl_p99_ms", summary.itl_ms.p99, base.itl_ms.p99),
         ):
+            if ours is None and theirs is not None and metric == "ttft_p99_ms":
+                # Slow readers that starve a class leave it with nothing to measure: that is the worst case,
+                # never a pass by omission.
+                failures.append(
+                    f"{request_class.value} {metric}: no request succeeded with slow clients "
+                    f"({theirs:.1f} ms with fast readers)"
+                )
+                continue
             if ours is None or theirs is None:
                 continue
             bound = theirs * max_ratio + allowance_ms
@@ -331,6 +339,12 @@ def compare_slow_clients(
                     f"{request_class.value} {metric} {ours:.1f} ms with slow clients > {bound:.1f} ms "
                     f"({max_ratio}× {theirs:.1f} ms with fast readers + {allowance_ms:.0f} ms)"
                 )
+        if summary.errors > base.errors:
+            row["errors"] = {"with_slow": summary.errors, "fast_readers": base.errors}
+            failures.append(
+                f"{request_class.value}: {summary.errors} of {summary.requests} requests failed with slow clients, "
+                f"{base.errors} of {base.requests} with fast readers"
+            )
         if row:
             rows[request_class.value] = row
     if not rows:

@@ -132,6 +132,20 @@ class SlowStreamPlan(ClassPlan):
     prompt_words: int = Field(default=16, ge=1, description="Prompt length in words.")
     read_bytes: int = Field(default=64, ge=1, description="Bytes read from the body per read.")
     read_delay_s: float = Field(default=0.05, ge=0, description="Sleep between reads of the body.")
+    receive_buffer_bytes: int | None = Field(
+        default=None,
+        ge=1024,
+        description="Push back as a real slow client does: SO_RCVBUF of the client's socket and the HTTP "
+        "client's read buffer, so the server, not the client library, holds what is not read yet. Null "
+        "lets the client library and the kernel absorb the answer (up to ~128 KiB + autotuned window).",
+    )
+    top_logprobs: int | None = Field(
+        default=None,
+        ge=0,
+        le=20,
+        description="Ask for this many top logprobs per token (as evaluation clients do): each streamed event "
+        "grows ~20x, so a short generation produces an answer larger than every buffer on its way.",
+    )
     send_slow_header: bool = Field(default=True, description="Send x-client-slow: 1 (a client's own hint).")
     endpoint: Endpoint = Field(default="chat", description="OpenAI endpoint used.")
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
+import socket
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -71,6 +73,8 @@ class _Run:
     auth: dict[str, str]
     started: float
     deadline: float
+    pushing_back: aiohttp.ClientSession | None = None
+    """Session of the clients that push back (receive_buffer_bytes): its sockets have a small receive window."""
     records: list[RequestRecord] = field(default_factory=list)
     sent: int = 0
     budget_hit: bool = False
@@ -114,7 +118,13 @@ class _Run:
 
     async def _exchange(self, spec: RequestSpec, record: RequestRecord, sent: float) -> None:
         headers = {**spec.headers, **self.auth}
-        async with self.session.post(f"{self.base_url}{spec.path}", json=spec.body, headers=headers) as resp:
+        session, read_bufsize = self.session, None
+        if spec.receive_buffer_bytes is not None and self.pushing_back is not None:
+            # aiohttp stops reading its socket above twice read_bufsize: with half the window here the
+            # library holds about as much as the kernel does, and the rest waits in the server.
+            session, read_bufsize = self.pushing_back, max(1, spec.receive_buffer_bytes // 2)
+        url = f"{self.base_url}{spec.path}"
+        async with session.post(url, json=spec.body, headers=headers, read_bufsize=read_bufsize) as resp:
             record.status = resp.status
             record.routed_class = resp.headers.get("x-forge-class")
             record.pool = resp.headers.get("x-forge-pool")
@@ -166,6 +176,19 @@ class _Run:
             record.error = "stream ended without data: [DONE]"
         elif record.error is None and not record.content_times_s:
             record.error = "stream carried no content"
+
+
+def _receive_window(size: int) -> Callable[[Any], socket.socket]:
+    """A socket factory for aiohttp whose sockets advertise a small receive window. SO_RCVBUF is set before
+    connect, because the window scale is agreed in the handshake and a later change would not shrink it."""
+
+    def make(addr_info: Any) -> socket.socket:
+        family, kind, proto, _canonical, _address = addr_info
+        sock = socket.socket(family=family, type=kind, proto=proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, size)
+        return sock
+
+    return make
 
 
 def arrival_times(seed: int, request_class: RequestClass, rate_per_s: float, count: int) -> list[float]:
@@ -258,7 +281,13 @@ async def run_traffic(base_url: str, plan: TrafficPlan, *, api_key: str | None =
     # One connection per concurrent request: a shared pool limit would queue requests in the client
     # and count that wait as server latency.
     connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector, auto_decompress=True) as session:
+    window = plan.slow_stream.receive_buffer_bytes
+    async with contextlib.AsyncExitStack() as stack:
+        session = await stack.enter_async_context(aiohttp.ClientSession(connector=connector, auto_decompress=True))
+        pushing_back = None
+        if window is not None:
+            narrow = aiohttp.TCPConnector(limit=0, socket_factory=_receive_window(window))
+            pushing_back = await stack.enter_async_context(aiohttp.ClientSession(connector=narrow))
         run = _Run(
             plan=plan,
             base_url=base_url.rstrip("/"),
@@ -266,6 +295,7 @@ async def run_traffic(base_url: str, plan: TrafficPlan, *, api_key: str | None =
             auth=auth,
             started=started,
             deadline=started + plan.deadline_s,
+            pushing_back=pushing_back,
         )
         tasks = []
         for request_class in RequestClass:

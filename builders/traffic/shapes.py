@@ -25,6 +25,7 @@ class RequestSpec:
     headers: dict[str, str]
     read_bytes: int | None = None
     read_delay_s: float = 0.0
+    receive_buffer_bytes: int | None = None
 
     @property
     def path(self) -> str:
@@ -131,14 +132,23 @@ class ShapeBuilder:
         if plan.send_slow_header:
             headers["x-client-slow"] = "1"
         text = self.words(self._rng("slow_stream", index), plan.prompt_words)
+        body = self._body(plan.endpoint, text, plan, stream=True)
+        if plan.top_logprobs is not None:
+            # The chat API takes a flag and a count; the completions API takes the count as `logprobs`.
+            body.update(
+                {"logprobs": True, "top_logprobs": plan.top_logprobs}
+                if plan.endpoint == "chat"
+                else {"logprobs": plan.top_logprobs}
+            )
         return RequestSpec(
             request_class=RequestClass.SLOW_STREAM,
             index=index,
             endpoint=plan.endpoint,
-            body=self._body(plan.endpoint, text, plan, stream=True),
+            body=body,
             headers=headers,
             read_bytes=plan.read_bytes,
             read_delay_s=plan.read_delay_s,
+            receive_buffer_bytes=plan.receive_buffer_bytes,
         )
 
     def agent(self, index: int) -> AgentConversation:

@@ -73,6 +73,27 @@ def test_slow_clients_within_the_margin_pass_and_beyond_it_fail() -> None:
     ]
 
 
+def test_a_class_starved_or_failing_with_slow_clients_fails_the_check() -> None:
+    """A class with no success at all with slow readers has no p99 to compare: that must fail, not be skipped;
+    and requests that fail only with slow readers are isolation's failure too."""
+    _, traffic = ci()
+    quiet = result(traffic, [record(INTER, k, sent=k, e2e=0.2, ttft=0.100) for k in range(5)])
+    starved = result(traffic, [record(INTER, k, sent=k, e2e=30.0, error="timed out") for k in range(5)])
+    verdict = compare_slow_clients(starved, quiet, judged={INTER}, max_ratio=1.5, allowance_ms=50.0)
+    assert not verdict["passed"]
+    assert verdict["failures"] == [
+        "interactive ttft_p99_ms: no request succeeded with slow clients (100.0 ms with fast readers)",
+        "interactive: 5 of 5 requests failed with slow clients, 0 of 5 with fast readers",
+    ]
+    some = result(
+        traffic,
+        [record(INTER, k, sent=k, e2e=0.2, ttft=0.100, error="HTTP 504: t" if k == 0 else None) for k in range(5)],
+    )
+    verdict = compare_slow_clients(some, quiet, judged={INTER}, max_ratio=1.5, allowance_ms=50.0)
+    assert verdict["failures"] == ["interactive: 1 of 5 requests failed with slow clients, 0 of 5 with fast readers"]
+    assert verdict["classes"]["interactive"]["errors"] == {"with_slow": 1, "fast_readers": 0}
+
+
 def test_slow_client_check_with_nothing_to_compare_fails() -> None:
     _, traffic = ci()
     empty = result(traffic, [])

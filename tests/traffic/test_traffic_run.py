@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import socket
 import time
 from collections import Counter
 from typing import Any
 
+from aiohttp import web
 from traffic_fakes import FakeOpenAI, run
 
 from builders.router.classes import RequestClass
@@ -186,3 +189,51 @@ def test_open_loop_arrivals_are_seeded_and_do_not_wait_for_answers() -> None:
     run(body())
     assert arrival_times(3, RequestClass.INTERACTIVE, 10.0, 8) == arrival_times(3, RequestClass.INTERACTIVE, 10.0, 8)
     assert arrival_times(3, RequestClass.RAG, 10.0, 8) != arrival_times(3, RequestClass.INTERACTIVE, 10.0, 8)
+
+
+def _written_before_the_deadline(receive_buffer_bytes: int | None) -> int:
+    """Bytes a server streaming a 4 MiB answer got written while one slow client read it for a second
+    (about 50 KB read in that second, at 512 bytes every 10 ms)."""
+    written = 0
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        nonlocal written
+        # A small send buffer, as Forge's router sets for streaming clients (client_sndbuf_bytes): with the
+        # autotuned default (up to 4 MiB) the server's own kernel would take in the whole answer.
+        assert request.transport is not None
+        request.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        event = b"data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": "w" * 4000}}]}).encode()
+        for _ in range(1024):
+            await resp.write(event + b"\n\n")
+            written += len(event) + 2
+        return resp
+
+    async def body() -> None:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", answer)
+        runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=0.5)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        slow = {"count": 1, "read_bytes": 512, "read_delay_s": 0.01, "receive_buffer_bytes": receive_buffer_bytes}
+        plan = plan_with(interactive={"count": 0}, slow_stream=slow).model_copy(update={"deadline_s": 1.0})
+        try:
+            result = await run_traffic(f"http://127.0.0.1:{port}", plan)
+        finally:
+            await runner.cleanup()
+        (record,) = result.records
+        assert record.error is not None and "deadline" in record.error
+
+    run(body())
+    return written
+
+
+def test_a_client_with_a_receive_window_makes_the_server_hold_its_answer() -> None:
+    """receive_buffer_bytes is what makes a slow reader push back: without it aiohttp's buffer and the kernel's
+    autotuned window take in much of the answer at once, and the server never notices the client is slow."""
+    absorbing = _written_before_the_deadline(None)
+    pushing_back = _written_before_the_deadline(4096)
+    assert pushing_back < 256 * 1024 < absorbing
