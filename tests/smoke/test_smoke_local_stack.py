@@ -63,6 +63,56 @@ def test_ci_profile_passes_with_both_isolation_checks_and_leaves_nothing(tmp_pat
     assert processes_mentioning(f"forge-smoke-{run.run_id}") == []
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_slow_client_check_fails_when_slow_readers_hold_the_router_s_shared_connections(tmp_path: Path) -> None:
+    """Isolation broken on purpose, in the router: 2 upstream connections for all pools together, and a
+    router that holds only 4 KiB per stream. The slow readers push back (a 4 KiB receive window) and ask for
+    top-20 logprobs, so each 32-token answer (~60 KB) is far larger than every buffer between the replica and
+    the reader: a slow reader keeps its upstream connection for as long as it reads (~10 s at 5 KB/s), and two
+    of them hold both, so interactive requests wait for a connection. With fast readers the same requests
+    hold a connection only while the replica generates (a fraction of a second). Only interactive and
+    slow_stream traffic runs, so nothing else competes for the two connections in either run."""
+    binary = local_vllm()
+    ci, path = load_profile("ci", root=ROOT)
+    data = ci.model_dump(mode="json", exclude={"name"})
+    data["router"].update(
+        upstream_connection_limit=2, stream_buffer_bytes=4096, client_sndbuf_bytes=4096, connect_timeout_s=60
+    )
+    for idle in ("rag", "agent", "long_prefill", "batch"):
+        data["traffic"][idle]["count"] = 0
+    # Open-loop interactive arrivals over ~20 s: a closed loop would send its 20 requests back to back in the
+    # first second and win the connections before the slow readers have them.
+    data["traffic"]["interactive"]["rate_per_s"] = 1.0
+    data["traffic"]["slow_stream"].update(
+        count=4,
+        concurrency=2,
+        max_tokens=32,
+        top_logprobs=20,
+        read_bytes=256,
+        read_delay_s=0.05,
+        receive_buffer_bytes=4096,
+    )
+    profile = profile_from_mapping(data, source="test: ci with 2 shared upstream connections", name="ci-starved")
+    options = SmokeOptions(
+        profile=profile,
+        profile_path=path,
+        report_dir=tmp_path,
+        base_port=free_base_port(profile.replica_count),
+        check_slow_clients=True,
+    )
+    run = local_run(options, binary)
+    with pytest.raises(SmokeFailed):
+        run.execute()
+    check = run.report["checks"]["slow_clients"]
+    assert not check["passed"]
+    row = check["classes"]["interactive"]["ttft_p99_ms"]
+    # Waiting for a connection a slow reader holds (1.8 and 2.4 s in two runs here), against ~20-35 ms.
+    assert row["with_slow"] > row["bound"], check
+    assert any(line.startswith("interactive ttft_p99_ms") for line in check["failures"]), check["failures"]
+    assert run.report["teardown"]["clean"] is True
+
+
 @pytest.mark.timeout(300)
 def test_a_replica_that_dies_at_startup_fails_the_run_with_its_log(tmp_path: Path) -> None:
     binary = local_vllm()
