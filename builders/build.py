@@ -292,7 +292,7 @@ def _sources(ctx: Context) -> None:
                     "cmake_var": fetched.cmake_var,
                 }
             )
-        ctx.torch_pin, ctx.vllm_version = read_pins(vllm.path, distro, recipe.device)
+        ctx.torch_pin, ctx.vllm_version = read_pins(vllm.path, distro, ctx.target.device)
     ctx.log.info(f"sources {', '.join(f'{k} ({v.origin})' for k, v in ctx.sources.items()) or 'none needed'}")
     ctx.wheelhouse = wheelhouse = _wheelhouse_at_hand(ctx)
     if ctx.options.wheelhouse is None and wheelhouse is not None and not any(wheelhouse.glob("*.whl")):

@@ -117,9 +117,10 @@ class BuildPlan:
         return f"{self.distro.name}-{self.target}"
 
 
-def torch_spec(recipe: Recipe, options: PlanOptions) -> TorchSpec | None:
-    if recipe.device == "none":
+def torch_spec(target: Target, options: PlanOptions) -> TorchSpec | None:
+    if not target.runs_vllm:
         return None
+    recipe = target.recipe
     index = options.torch_index or recipe.torch.index
     version = options.torch_version or recipe.torch.version
     if version is None:
@@ -136,7 +137,7 @@ def torch_spec(recipe: Recipe, options: PlanOptions) -> TorchSpec | None:
         version=version,
         index=index,
         index_url=url,
-        cuda_build_on_cpu=recipe.device == "cpu" and index == "pypi",
+        cuda_build_on_cpu=target.cpu and index == "pypi",
     )
 
 
@@ -152,7 +153,7 @@ def make_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> BuildPlan
     if target.cuda:
         return make_cuda_plan(distro, recipe, options)
     family = family_for(distro)
-    torch = torch_spec(recipe, options)
+    torch = torch_spec(target, options)
     cmake_from_pip = recipe.cmake_from_pip if options.cmake_from_pip is None else options.cmake_from_pip
 
     base_ref = distro.base.local_tag
@@ -290,9 +291,10 @@ def _cuda_ref(distro: Distro, image: str, digest: str | None) -> str:
     return f"{image}@{digest}" if digest else image
 
 
-def cuda_torch(recipe: Recipe, options: PlanOptions, torch_tag: str) -> TorchSpec:
+def cuda_torch(target: Target, options: PlanOptions, torch_tag: str) -> TorchSpec:
     """torch for a CUDA image: on PyTorch's CUDA index, the build for the base's CUDA (torch==2.14.0+cu130)."""
-    spec = torch_spec(recipe, options)
+    recipe = target.recipe
+    spec = torch_spec(target, options)
     assert spec is not None  # device=cuda is never device=none
     if spec.index != "pytorch-cuda":
         return spec
@@ -337,7 +339,7 @@ def make_cuda_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> Buil
     cuda, gpu = distro.cuda, recipe.cuda
     family = family_for(distro)
     mode: GpuMode = options.gpu_mode or gpu.mode
-    torch = cuda_torch(recipe, options, cuda.torch_tag)
+    torch = cuda_torch(Target.resolve(distro, recipe, gpu_mode=options.gpu_mode), options, cuda.torch_tag)
     if torch.index not in {"pytorch-cuda", "pypi"}:
         raise ConfigError(
             f"recipes/{recipe.name}.yaml: torch index {torch.index!r} has no CUDA builds of torch",

@@ -17,6 +17,7 @@ from builders.log import Log, print_table
 from builders.log import console as wide_console
 from builders.plan import PlanOptions, make_plan
 from builders.render import render
+from builders.target import Target
 
 
 def _project(args: argparse.Namespace) -> Project:
@@ -79,19 +80,20 @@ def _plan_options(args: argparse.Namespace) -> PlanOptions:
     )
 
 
-def gpu_args_apply(recipe: Any, args: argparse.Namespace) -> None:
+def gpu_args_apply(target: Target, args: argparse.Namespace) -> None:
     """--gpu-mode and --cuda-arch-list shape GPU builds only: given for another target, they are a mistake."""
     given = [f for f, v in (("--gpu-mode", args.gpu_mode), ("--cuda-arch-list", args.cuda_arch_list)) if v]
-    if given and recipe.device != "cuda":
+    if given and not target.cuda:
         raise UsageError(
-            f"{' and '.join(given)} given for target {recipe.target}, which is not a GPU target",
+            f"{' and '.join(given)} given for target {target.recipe.target}, which is not a GPU target",
             hint="drop them, or build the gpu target",
         )
 
 
-def _placeholder_torch(project: Project, distro: Any, recipe: Any, args: argparse.Namespace) -> str | None:
+def _placeholder_torch(project: Project, target: Target, args: argparse.Namespace) -> str | None:
     """Rendering without a build reads vLLM's torch pin from the cached sdist when there is one."""
-    if args.torch_version or recipe.torch.version or recipe.device == "none":
+    recipe = target.recipe
+    if args.torch_version or recipe.torch.version or not target.runs_vllm:
         return None
     from builders.preflight.source_facts import read_pins
     from builders.sources import cache_dir
@@ -99,7 +101,7 @@ def _placeholder_torch(project: Project, distro: Any, recipe: Any, args: argpars
     if recipe.source and recipe.source.pypi:
         sdist = cache_dir(project.root) / f"{recipe.source.pypi.name}-{recipe.source.pypi.version}.tar.gz"
         if sdist.exists():
-            return read_pins(sdist, distro, recipe.device)[0]
+            return read_pins(sdist, target.distro, target.device)[0]
     return "PINNED-BY-VLLM"
 
 
@@ -109,7 +111,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     written = []
     for distro, recipe in _selection(project, args.distro, args.target):
         options = _plan_options(args)
-        pin = _placeholder_torch(project, distro, recipe, args)
+        pin = _placeholder_torch(project, Target.resolve(distro, recipe), args)
         if pin:
             options = PlanOptions(**{**asdict(options), "torch_version": pin})
         plan = make_plan(distro, recipe, options)
@@ -125,9 +127,10 @@ def cmd_render(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     project = _project(args)
     distro, recipe = project.distro(args.distro), project.recipe_for(args.target)
-    gpu_args_apply(recipe, args)
+    target = Target.resolve(distro, recipe)
+    gpu_args_apply(target, args)
     options = _plan_options(args)
-    pin = _placeholder_torch(project, distro, recipe, args)
+    pin = _placeholder_torch(project, target, args)
     if pin:
         options = PlanOptions(**{**asdict(options), "torch_version": pin})
     plan = make_plan(distro, recipe, options)
@@ -199,7 +202,7 @@ def cmd_build(args: argparse.Namespace) -> int:
             f"recipes/{recipe.name}.yaml does not support {distro.name}",
             hint=f"its distros: {', '.join(recipe.distros)}",
         )
-    gpu_args_apply(recipe, args)
+    gpu_args_apply(Target.resolve(distro, recipe), args)
     console = wide_console(highlight=False)
     status = console.status("forge: starting", spinner="dots")
     progress = BuildProgress()

@@ -16,6 +16,7 @@ from builders.log import Log
 from builders.preflight.findings import render_table
 from builders.preflight.host import parse_cpu_flags
 from builders.preflight.runner import run_preflight
+from builders.target import Target
 
 
 def read_flags_file(path: Path) -> frozenset[str]:
@@ -47,7 +48,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
             f"recipes/{recipe.name}.yaml does not support {distro.name}",
             hint=f"it supports: {', '.join(recipe.distros) if recipe.distros != 'all' else 'all'}",
         )
-    gpu_args_apply(recipe, args)
+    gpu_args_apply(Target.resolve(distro, recipe), args)
     engine: Engine | None
     try:
         engine = Engine.connect()

@@ -49,16 +49,17 @@ def job_id(distro: str, target: str) -> str:
 
 
 def entry(distro: Distro, recipe: Recipe) -> MatrixEntry:
+    target = Target.resolve(distro, recipe)
     return MatrixEntry(
         distro=distro.name,
         target=recipe.target,
         recipe=recipe.name,
         family=distro.family,
-        kind=recipe.kind,
-        device=recipe.device,
+        kind=target.kind,
+        device=target.device,
         job=job_id(distro.name, recipe.target),
-        smoke=Target.resolve(distro, recipe).cpu,
-        timeout_minutes=TIMEOUT_MINUTES[recipe.kind],
+        smoke=target.cpu,
+        timeout_minutes=TIMEOUT_MINUTES[target.kind],
         disk_gb=recipe.resources.disk_gb,
         base_image=distro.base.pinned_ref,
         base_tag=distro.base.local_tag,
