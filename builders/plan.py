@@ -9,10 +9,9 @@ import shlex
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from builders.config.models import Distro, Recipe, WheelFile
+from builders.config.models import Distro, GpuMode, Recipe, TorchIndex, WheelFile
 from builders.distros import family_for
 from builders.errors import ConfigError, UsageError
-from builders.target import GpuMode as GpuMode  # re-exported: the CLI and the GPU tests name it from here
 from builders.target import Target
 
 TORCH_INDEXES = {
@@ -52,11 +51,13 @@ class ContextItem:
 
 @dataclass(frozen=True, kw_only=True)
 class PlanOptions:
+    """What the planner is told; builders/options.plan_options derives it from BuildOptions."""
+
     max_jobs: int
     buildkit: bool = True
-    ca_bundle: bool = False
+    trust_ca_bundle: bool = False  # a CA bundle was found: the build stages trust it (never the runtime)
     torch_version: str | None = None
-    torch_index: str | None = None
+    torch_index: TorchIndex | None = None
     cmake_from_pip: bool | None = None
     vllm_version: str | None = None
     base_digest: str | None = None
@@ -98,7 +99,7 @@ class BuildPlan:
     final_stage: str
     max_jobs: int
     buildkit: bool
-    ca_bundle: bool
+    trust_ca_bundle: bool
     cmake_from_pip: bool
     torch: TorchSpec | None
     compile_env: dict[str, str]
@@ -264,14 +265,14 @@ def make_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> BuildPlan
         final_stage="runtime",
         max_jobs=options.max_jobs,
         buildkit=options.buildkit,
-        ca_bundle=options.ca_bundle,
+        trust_ca_bundle=options.trust_ca_bundle,
         cmake_from_pip=cmake_from_pip,
         torch=torch,
         compile_env=compile_env,
         build_args=build_args,
         context=tuple(context),
         labels=labels,
-        secrets=("ca_bundle",) if options.ca_bundle else (),
+        secrets=("ca_bundle",) if options.trust_ca_bundle else (),
         runtime_packages=tuple(
             family.packages(["runtime", "c_compiler", "python_headers"] if recipe.runtime_jit_compiler else ["runtime"])
         ),
@@ -472,14 +473,14 @@ def make_cuda_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> Buil
         final_stage="runtime",
         max_jobs=options.max_jobs,
         buildkit=options.buildkit,
-        ca_bundle=options.ca_bundle,
+        trust_ca_bundle=options.trust_ca_bundle,
         cmake_from_pip=recipe.cmake_from_pip,
         torch=torch,
         compile_env=compile_env,
         build_args=build_args,
         context=tuple(context),
         labels=labels,
-        secrets=("ca_bundle",) if options.ca_bundle else (),
+        secrets=("ca_bundle",) if options.trust_ca_bundle else (),
         runtime_packages=runtime_packages,
         build_packages=build_packages,
         vllm_version=vllm_version,

@@ -10,9 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from builders.config.models import Distro, Recipe
-
-GpuMode = Literal["wheel", "source"]
+from builders.config.models import Distro, GpuMode, Recipe
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -7,9 +7,11 @@ import json
 import sys
 import tempfile
 from pathlib import Path
+from typing import get_args
 
 from builders.commands.core import add_gpu_args, gpu_args_apply
 from builders.config import Project
+from builders.config.models import TorchIndex
 from builders.engine import Engine
 from builders.errors import EngineError, PreflightBlocked, PreflightIncomplete, UsageError
 from builders.log import Log
@@ -140,7 +142,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--torch-version", default=None, help="the torch the build will install (default: vLLM's pin)")
     p.add_argument(
         "--torch-index",
-        choices=("pytorch-cpu", "pytorch-cuda", "pypi", "wheelhouse"),
+        choices=get_args(TorchIndex),
         default=None,
         help="the index the build will take torch from, as given to `forge build` (default: the recipe's)",
     )
@@ -158,5 +160,5 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="folder of wheels, for targets whose torch comes from a wheelhouse",
     )
     p.add_argument("--problems-only", action="store_true", help="list only blocking and warning findings")
-    add_gpu_args(p, arch_list=False)
+    add_gpu_args(p)
     p.set_defaults(func=cmd_preflight)

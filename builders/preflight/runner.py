@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builders.config import Project
-from builders.config.models import Distro, Recipe, Role
+from builders.config.models import Distro, GpuMode, Recipe, Role, TorchIndex
 from builders.engine import Engine
 from builders.errors import SourceUnavailable
-from builders.plan import CudaPlan, GpuMode, PlanOptions, cuda_torch, make_plan, torch_spec
+from builders.plan import CudaPlan, PlanOptions, cuda_torch, make_plan, torch_spec
 from builders.preflight import gates
 from builders.preflight.findings import Finding, PreflightReport, passed, unchecked, warning
 from builders.preflight.host import (
@@ -178,7 +178,7 @@ def _torch_findings(
     target: Target,
     python: str,
     wheelhouse: Sequence[Path],
-    torch_index: str | None,
+    torch_index: TorchIndex | None,
     torch_version: str | None,
 ) -> list[Finding]:
     distro, recipe = target.distro, target.recipe
@@ -426,7 +426,7 @@ def run_preflight(
     wheelhouse: Sequence[Path] = (),
     host: HostFacts | None = None,
     gpu_mode: GpuMode | None = None,
-    torch_index: str | None = None,
+    torch_index: TorchIndex | None = None,
     torch_version: str | None = None,
     fetch: bool = False,
     progress: Progress = lambda _line: None,

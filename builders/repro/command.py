@@ -6,12 +6,13 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import get_args
 
 from builders import log
-from builders.commands.core import parse_sources
 from builders.config import Project
 from builders.config.models import Distro, Recipe
 from builders.errors import UsageError
+from builders.options import BuilderChoice, parse_sources
 from builders.repro.errors import LockDrift, NotReproducible, StaleRender
 
 Handler = Callable[[argparse.Namespace], int]
@@ -222,7 +223,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("distro")
     p.add_argument("target")
     p.add_argument("--strict-mtimes", action="store_true", help="count files that differ only in mtime")
-    p.add_argument("--builder", choices=("auto", "buildkit", "legacy"), default="auto")
+    p.add_argument("--builder", choices=get_args(BuilderChoice), default="auto")
     p.add_argument("--max-jobs", type=int, default=None)
     p.add_argument("--source", action="append", metavar="NAME=PATH", help="use a local copy of a source")
     p.add_argument("--wheelhouse", default=None, help="folder of wheels for wheel targets")

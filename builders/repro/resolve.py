@@ -19,7 +19,7 @@ from pathlib import Path
 
 from builders.bootstrap import DEFAULT_EPOCH
 from builders.config import Project
-from builders.config.models import Distro, Recipe
+from builders.config.models import Distro, Recipe, TorchIndex
 from builders.engine import Engine
 from builders.errors import SourceUnavailable
 from builders.plan import PlanOptions, torch_spec
@@ -169,7 +169,7 @@ def filtered_requirements(project: Project, sdist: Path, target: Target) -> tupl
     )
 
 
-def torch_requirements(sdist: Path, target: Target, version: str | None, index: str | None) -> RequirementsLock:
+def torch_requirements(sdist: Path, target: Target, version: str | None, index: TorchIndex | None) -> RequirementsLock:
     """The torch the build installs first: vLLM's pin for this device (or the override), from the chosen index."""
     pin = version or target.recipe.torch.version or read_pins(sdist, target.distro, target.device)[0]
     spec = torch_spec(target, PlanOptions(max_jobs=1, torch_version=pin, torch_index=index))
@@ -192,7 +192,7 @@ def resolve_pair(
     source_overrides: dict[str, Path] | None = None,
     wheelhouse: Path | None = None,
     torch_version: str | None = None,
-    torch_index: str | None = None,
+    torch_index: TorchIndex | None = None,
 ) -> PairLock:
     """Resolve every input of this pair from local state; stop naming every missing one at once."""
     overrides = source_overrides or {}

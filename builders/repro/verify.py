@@ -21,6 +21,7 @@ from builders.build import BuildOptions, build
 from builders.config import Project
 from builders.config.models import Distro, Recipe
 from builders.engine import Engine
+from builders.options import BuilderChoice
 from builders.repro.compare import ReproComparison, compare_images
 from builders.repro.errors import InsufficientSpace
 from builders.repro.image_export import export_image, extract_paths, image_rootfs
@@ -32,7 +33,7 @@ SPACE_FACTOR = 2.2
 @dataclass(frozen=True, kw_only=True)
 class VerifyOptions:
     strict_mtimes: bool = False
-    builder: str = "auto"
+    builder: BuilderChoice = "auto"
     max_jobs: int | None = None
     reports_dir: Path | None = None
     scratch_dir: Path | None = None
