@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import re
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_type_hints
@@ -142,9 +142,7 @@ class CliOption:
     @property
     def choices(self) -> tuple[str, ...] | None:
         """The Literal's values, for a field typed by a Literal (or a Literal | None)."""
-        literal = self.type
-        if _is_union(literal):
-            literal = next(a for a in get_args(literal) if a is not type(None))
+        literal = _bare(self.type)
         return tuple(get_args(literal)) if get_origin(literal) is Literal else None
 
 
@@ -167,9 +165,16 @@ def flag(field_name: str) -> str:
     return next(o.name for o in cli_options() if o.field == field_name)
 
 
-def add_flags(parser: argparse.ArgumentParser, options: Iterator[CliOption] | list[CliOption]) -> None:
+def add_flags(
+    parser: argparse.ArgumentParser,
+    options: Iterable[CliOption],
+    *,
+    helps: Mapping[str, str] | None = None,
+) -> None:
+    """The options' flags on a parser; `helps` rewords a flag's help where the command gives it a default of its
+    own (verify-repro's report folder)."""
     for o in options:
-        kwargs: dict[str, Any] = {"dest": o.field, "help": o.flag.help}
+        kwargs: dict[str, Any] = {"dest": o.field, "help": (helps or {}).get(o.field, o.flag.help)}
         if o.type is bool:
             kwargs["action"] = "store_true"
         elif _is_union(o.type) and bool in get_args(o.type):
@@ -190,6 +195,7 @@ def add_flags(parser: argparse.ArgumentParser, options: Iterator[CliOption] | li
 
 
 def _bare(tp: Any) -> Any:
+    """X for X | None."""
     return next((a for a in get_args(tp) if a is not type(None)), tp) if _is_union(tp) else tp
 
 

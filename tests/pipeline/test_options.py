@@ -110,3 +110,12 @@ def test_plan_options_are_derived_not_copied() -> None:
         cuda_arch_list="9.0",
         source_date_epoch=1700000000,
     )
+
+
+def test_verify_repro_takes_the_build_flags_it_passes_on_from_the_same_table(tmp_path: Path) -> None:
+    args = build_parser().parse_args(
+        ["verify-repro", "debian-12", "router", "--builder", "legacy", "--report-dir", "rel", "--keep-images"]
+    )
+    assert BuildOptions.from_args(args) == BuildOptions(builder="legacy", reports_dir=Path("rel").resolve())
+    text = _help("verify-repro")
+    assert "default: reports/DISTRO-TARGET/repro" in text and "--tag" not in text and "--skip-tests" not in text
