@@ -13,7 +13,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from builders.bootstrap import BaseResult, ensure_base, ensure_image, registry_of
@@ -25,7 +25,9 @@ from builders.engine.image_builders import describe
 from builders.errors import BaseUnavailable, BuildFailed, ForgeError, PreflightBlocked, SourceUnavailable
 from builders.image_tests import run_checks, status_text
 from builders.log import Log, as_log
-from builders.plan import BuildPlan, GpuMode, PlanOptions, make_plan
+from builders.options import BuildOptions as BuildOptions  # re-exported: callers build with it from here
+from builders.options import plan_options
+from builders.plan import BuildPlan, PlanOptions, make_plan
 from builders.preflight.host import derive_max_jobs as derive_jobs
 from builders.preflight.runner import gpu_plan, run_preflight
 from builders.preflight.source_facts import read_pins
@@ -38,31 +40,6 @@ from builders.target import Target
 from builders.trust import find_ca_bundle
 
 Sink = Callable[[str], None]
-
-
-@dataclass(frozen=True, kw_only=True)
-class BuildOptions:
-    max_jobs: int | None = None
-    skip_preflight: bool = False
-    builder: str = "auto"
-    ca_bundle: str | None = None
-    source_overrides: dict[str, Path] = field(default_factory=dict)
-    wheelhouse: Path | None = None
-    torch_version: str | None = None
-    torch_index: str | None = None
-    cmake_from_pip: bool | None = None
-    tag: str | None = None
-    no_cache: bool = False
-    skip_tests: bool = False
-    reports_dir: Path | None = None
-    scratch_dir: Path | None = None
-    source_date_epoch: int | None = None
-    keep_context: bool = False
-    locked: bool = False  # refuse to build when an input differs from forge.lock (builders/repro)
-    lock_file: Path | None = None  # default: forge.lock at the project root
-    sbom: bool = True  # write a CycloneDX SBOM of the tagged image beside the report
-    gpu_mode: GpuMode | None = None  # device=cuda recipes: wheel or source, overriding the recipe's cuda.mode
-    cuda_arch_list: str | None = None  # device=cuda recipes: TORCH_CUDA_ARCH_LIST, overriding the recipe's
 
 
 def derive_max_jobs(recipe: Recipe) -> int:
@@ -292,7 +269,7 @@ def _sources(ctx: Context) -> None:
                     "cmake_var": fetched.cmake_var,
                 }
             )
-        ctx.torch_pin, ctx.vllm_version = read_pins(vllm.path, distro, recipe.device)
+        ctx.torch_pin, ctx.vllm_version = read_pins(vllm.path, distro, ctx.target.device)
     ctx.log.info(f"sources {', '.join(f'{k} ({v.origin})' for k, v in ctx.sources.items()) or 'none needed'}")
     ctx.wheelhouse = wheelhouse = _wheelhouse_at_hand(ctx)
     if ctx.options.wheelhouse is None and wheelhouse is not None and not any(wheelhouse.glob("*.whl")):
@@ -319,19 +296,14 @@ def _plan(ctx: Context) -> None:
     ctx.plan_ = plan = make_plan(
         ctx.distro,
         ctx.recipe,
-        PlanOptions(
-            max_jobs=ctx.max_jobs,
+        replace(
+            plan_options(options, ctx.max_jobs),
             buildkit=ctx.builder.supports_secrets,
-            ca_bundle=ctx.ca_bundle is not None,
+            trust_ca_bundle=ctx.ca_bundle is not None,
             torch_version=options.torch_version or ctx.torch_pin,
-            torch_index=options.torch_index,
-            cmake_from_pip=options.cmake_from_pip,
             vllm_version=ctx.vllm_version,
             base_digest=base.image_id,
             source_date_epoch=ctx.epoch,
-            tag=options.tag,
-            gpu_mode=options.gpu_mode,
-            cuda_arch_list=options.cuda_arch_list,
         ),
     )
     ctx.report.build_args = dict(plan.build_args)

@@ -9,10 +9,9 @@ import shlex
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from builders.config.models import Distro, Recipe, WheelFile
+from builders.config.models import Distro, GpuMode, Recipe, TorchIndex, WheelFile
 from builders.distros import family_for
 from builders.errors import ConfigError, UsageError
-from builders.target import GpuMode as GpuMode  # re-exported: the CLI and the GPU tests name it from here
 from builders.target import Target
 
 TORCH_INDEXES = {
@@ -52,11 +51,13 @@ class ContextItem:
 
 @dataclass(frozen=True, kw_only=True)
 class PlanOptions:
+    """What the planner is told; builders/options.plan_options derives it from BuildOptions."""
+
     max_jobs: int
     buildkit: bool = True
-    ca_bundle: bool = False
+    trust_ca_bundle: bool = False  # a CA bundle was found: the build stages trust it (never the runtime)
     torch_version: str | None = None
-    torch_index: str | None = None
+    torch_index: TorchIndex | None = None
     cmake_from_pip: bool | None = None
     vllm_version: str | None = None
     base_digest: str | None = None
@@ -98,7 +99,7 @@ class BuildPlan:
     final_stage: str
     max_jobs: int
     buildkit: bool
-    ca_bundle: bool
+    trust_ca_bundle: bool
     cmake_from_pip: bool
     torch: TorchSpec | None
     compile_env: dict[str, str]
@@ -117,9 +118,10 @@ class BuildPlan:
         return f"{self.distro.name}-{self.target}"
 
 
-def torch_spec(recipe: Recipe, options: PlanOptions) -> TorchSpec | None:
-    if recipe.device == "none":
+def torch_spec(target: Target, options: PlanOptions) -> TorchSpec | None:
+    if not target.runs_vllm:
         return None
+    recipe = target.recipe
     index = options.torch_index or recipe.torch.index
     version = options.torch_version or recipe.torch.version
     if version is None:
@@ -136,7 +138,7 @@ def torch_spec(recipe: Recipe, options: PlanOptions) -> TorchSpec | None:
         version=version,
         index=index,
         index_url=url,
-        cuda_build_on_cpu=recipe.device == "cpu" and index == "pypi",
+        cuda_build_on_cpu=target.cpu and index == "pypi",
     )
 
 
@@ -152,7 +154,7 @@ def make_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> BuildPlan
     if target.cuda:
         return make_cuda_plan(distro, recipe, options)
     family = family_for(distro)
-    torch = torch_spec(recipe, options)
+    torch = torch_spec(target, options)
     cmake_from_pip = recipe.cmake_from_pip if options.cmake_from_pip is None else options.cmake_from_pip
 
     base_ref = distro.base.local_tag
@@ -263,14 +265,14 @@ def make_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> BuildPlan
         final_stage="runtime",
         max_jobs=options.max_jobs,
         buildkit=options.buildkit,
-        ca_bundle=options.ca_bundle,
+        trust_ca_bundle=options.trust_ca_bundle,
         cmake_from_pip=cmake_from_pip,
         torch=torch,
         compile_env=compile_env,
         build_args=build_args,
         context=tuple(context),
         labels=labels,
-        secrets=("ca_bundle",) if options.ca_bundle else (),
+        secrets=("ca_bundle",) if options.trust_ca_bundle else (),
         runtime_packages=tuple(
             family.packages(["runtime", "c_compiler", "python_headers"] if recipe.runtime_jit_compiler else ["runtime"])
         ),
@@ -290,9 +292,10 @@ def _cuda_ref(distro: Distro, image: str, digest: str | None) -> str:
     return f"{image}@{digest}" if digest else image
 
 
-def cuda_torch(recipe: Recipe, options: PlanOptions, torch_tag: str) -> TorchSpec:
+def cuda_torch(target: Target, options: PlanOptions, torch_tag: str) -> TorchSpec:
     """torch for a CUDA image: on PyTorch's CUDA index, the build for the base's CUDA (torch==2.14.0+cu130)."""
-    spec = torch_spec(recipe, options)
+    recipe = target.recipe
+    spec = torch_spec(target, options)
     assert spec is not None  # device=cuda is never device=none
     if spec.index != "pytorch-cuda":
         return spec
@@ -337,7 +340,7 @@ def make_cuda_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> Buil
     cuda, gpu = distro.cuda, recipe.cuda
     family = family_for(distro)
     mode: GpuMode = options.gpu_mode or gpu.mode
-    torch = cuda_torch(recipe, options, cuda.torch_tag)
+    torch = cuda_torch(Target.resolve(distro, recipe, gpu_mode=options.gpu_mode), options, cuda.torch_tag)
     if torch.index not in {"pytorch-cuda", "pypi"}:
         raise ConfigError(
             f"recipes/{recipe.name}.yaml: torch index {torch.index!r} has no CUDA builds of torch",
@@ -470,14 +473,14 @@ def make_cuda_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> Buil
         final_stage="runtime",
         max_jobs=options.max_jobs,
         buildkit=options.buildkit,
-        ca_bundle=options.ca_bundle,
+        trust_ca_bundle=options.trust_ca_bundle,
         cmake_from_pip=recipe.cmake_from_pip,
         torch=torch,
         compile_env=compile_env,
         build_args=build_args,
         context=tuple(context),
         labels=labels,
-        secrets=("ca_bundle",) if options.ca_bundle else (),
+        secrets=("ca_bundle",) if options.trust_ca_bundle else (),
         runtime_packages=runtime_packages,
         build_packages=build_packages,
         vllm_version=vllm_version,

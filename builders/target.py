@@ -10,9 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from builders.config.models import Distro, Recipe
-
-GpuMode = Literal["wheel", "source"]
+from builders.config.models import Distro, GpuMode, Recipe
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,8 +28,14 @@ class Target:
         return cls(distro=distro, recipe=recipe, gpu_mode=mode)
 
     @property
-    def device(self) -> str:
+    def device(self) -> Literal["cpu", "cuda", "none"]:
+        """VLLM_TARGET_DEVICE: which of vLLM's requirement files and torch pins apply."""
         return self.recipe.device
+
+    @property
+    def kind(self) -> Literal["source", "wheel", "python-app"]:
+        """How the recipe gets its software, as CI's matrix reports it and sizes its timeout."""
+        return self.recipe.kind
 
     @property
     def cuda(self) -> bool:
@@ -51,6 +55,12 @@ class Target:
     def compiles(self) -> bool:
         """vLLM is compiled from its sdist here; a GPU build in wheel mode installs PyPI's CUDA wheel instead."""
         return self.recipe.kind == "source" and self.gpu_mode != "wheel"
+
+    @property
+    def from_sdist(self) -> bool:
+        """vLLM's sdist and the sources it pins are this recipe's inputs: locked even when a GPU build in wheel
+        mode will not compile them, so one forge.lock serves both modes."""
+        return self.recipe.kind == "source"
 
     @property
     def gpu_wheel(self) -> bool:

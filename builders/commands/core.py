@@ -7,7 +7,7 @@ import json
 import re
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +15,10 @@ from builders.config import Project
 from builders.errors import UsageError
 from builders.log import Log, print_table
 from builders.log import console as wide_console
+from builders.options import BuildOptions, add_flags, cli_options, plan_options
 from builders.plan import PlanOptions, make_plan
 from builders.render import render
+from builders.target import Target
 
 
 def _project(args: argparse.Namespace) -> Project:
@@ -67,31 +69,27 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def _plan_options(args: argparse.Namespace) -> PlanOptions:
-    return PlanOptions(
-        max_jobs=args.max_jobs or 2,
-        buildkit=args.builder != "legacy",
-        ca_bundle=True,
-        torch_version=args.torch_version,
-        torch_index=args.torch_index,
-        cmake_from_pip=args.cmake_from_pip,
-        gpu_mode=args.gpu_mode,
-        cuda_arch_list=args.cuda_arch_list,
+    # Rendering without a build: two jobs, and the CA-bundle lines a build that finds one would get.
+    options = BuildOptions.from_args(args)
+    return replace(
+        plan_options(options, options.max_jobs or 2), buildkit=options.builder != "legacy", trust_ca_bundle=True
     )
 
 
-def gpu_args_apply(recipe: Any, args: argparse.Namespace) -> None:
+def gpu_args_apply(target: Target, args: argparse.Namespace) -> None:
     """--gpu-mode and --cuda-arch-list shape GPU builds only: given for another target, they are a mistake."""
     given = [f for f, v in (("--gpu-mode", args.gpu_mode), ("--cuda-arch-list", args.cuda_arch_list)) if v]
-    if given and recipe.device != "cuda":
+    if given and not target.cuda:
         raise UsageError(
-            f"{' and '.join(given)} given for target {recipe.target}, which is not a GPU target",
+            f"{' and '.join(given)} given for target {target.recipe.target}, which is not a GPU target",
             hint="drop them, or build the gpu target",
         )
 
 
-def _placeholder_torch(project: Project, distro: Any, recipe: Any, args: argparse.Namespace) -> str | None:
+def _placeholder_torch(project: Project, target: Target, args: argparse.Namespace) -> str | None:
     """Rendering without a build reads vLLM's torch pin from the cached sdist when there is one."""
-    if args.torch_version or recipe.torch.version or recipe.device == "none":
+    recipe = target.recipe
+    if args.torch_version or recipe.torch.version or not target.runs_vllm:
         return None
     from builders.preflight.source_facts import read_pins
     from builders.sources import cache_dir
@@ -99,7 +97,7 @@ def _placeholder_torch(project: Project, distro: Any, recipe: Any, args: argpars
     if recipe.source and recipe.source.pypi:
         sdist = cache_dir(project.root) / f"{recipe.source.pypi.name}-{recipe.source.pypi.version}.tar.gz"
         if sdist.exists():
-            return read_pins(sdist, distro, recipe.device)[0]
+            return read_pins(sdist, target.distro, target.device)[0]
     return "PINNED-BY-VLLM"
 
 
@@ -109,9 +107,9 @@ def cmd_render(args: argparse.Namespace) -> int:
     written = []
     for distro, recipe in _selection(project, args.distro, args.target):
         options = _plan_options(args)
-        pin = _placeholder_torch(project, distro, recipe, args)
+        pin = _placeholder_torch(project, Target.resolve(distro, recipe), args)
         if pin:
-            options = PlanOptions(**{**asdict(options), "torch_version": pin})
+            options = replace(options, torch_version=pin)
         plan = make_plan(distro, recipe, options)
         path = out / f"{distro.name}-{recipe.target}.Containerfile"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -125,11 +123,12 @@ def cmd_render(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     project = _project(args)
     distro, recipe = project.distro(args.distro), project.recipe_for(args.target)
-    gpu_args_apply(recipe, args)
+    target = Target.resolve(distro, recipe)
+    gpu_args_apply(target, args)
     options = _plan_options(args)
-    pin = _placeholder_torch(project, distro, recipe, args)
+    pin = _placeholder_torch(project, target, args)
     if pin:
-        options = PlanOptions(**{**asdict(options), "torch_version": pin})
+        options = replace(options, torch_version=pin)
     plan = make_plan(distro, recipe, options)
     data = asdict(plan)
     data["distro"], data["recipe"] = distro.name, recipe.name
@@ -179,18 +178,8 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
     return 0
 
 
-def parse_sources(values: list[str] | None) -> dict[str, Path]:
-    out = {}
-    for value in values or []:
-        name, sep, path = value.partition("=")
-        if not sep or not name or not path:
-            raise UsageError(f"--source {value!r}: expected NAME=PATH", hint="for example --source onednn=/src/oneDNN")
-        out[name] = Path(path).resolve()
-    return out
-
-
 def cmd_build(args: argparse.Namespace) -> int:
-    from builders.build import BuildOptions, build
+    from builders.build import build
 
     project = _project(args)
     distro, recipe = project.distro(args.distro), project.recipe_for(args.target)
@@ -199,7 +188,7 @@ def cmd_build(args: argparse.Namespace) -> int:
             f"recipes/{recipe.name}.yaml does not support {distro.name}",
             hint=f"its distros: {', '.join(recipe.distros)}",
         )
-    gpu_args_apply(recipe, args)
+    gpu_args_apply(Target.resolve(distro, recipe), args)
     console = wide_console(highlight=False)
     status = console.status("forge: starting", spinner="dots")
     progress = BuildProgress()
@@ -211,27 +200,8 @@ def cmd_build(args: argparse.Namespace) -> int:
     # --quiet hides the build's own output; Forge's steps, warnings and findings always show.
     log = Log(lambda line: console.print(line, markup=False, soft_wrap=True), quiet=args.quiet, on_line=seen)
 
-    options = BuildOptions(
-        max_jobs=args.max_jobs,
-        skip_preflight=args.skip_preflight,
-        builder=args.builder,
-        ca_bundle=args.ca_bundle,
-        source_overrides=parse_sources(args.source),
-        wheelhouse=Path(args.wheelhouse).resolve() if args.wheelhouse else None,
-        torch_version=args.torch_version,
-        torch_index=args.torch_index,
-        cmake_from_pip=args.cmake_from_pip,
-        tag=args.tag,
-        no_cache=args.no_cache,
-        skip_tests=args.skip_tests,
-        locked=args.locked,
-        reports_dir=Path(args.report_dir).resolve() if args.report_dir else None,
-        scratch_dir=Path(args.scratch_dir).resolve() if args.scratch_dir else None,
-        gpu_mode=args.gpu_mode,
-        cuda_arch_list=args.cuda_arch_list,
-    )
     with status:
-        report = build(project, distro, recipe, options, log)
+        report = build(project, distro, recipe, BuildOptions.from_args(args), log)
     print(report.summary())
     return 0
 
@@ -263,59 +233,13 @@ class BuildProgress:
 
 
 def _common_plan_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-jobs", type=int, default=None, help="parallel compile jobs (default: derived from RAM)")
-    p.add_argument("--builder", choices=("auto", "buildkit", "legacy"), default="auto")
-    p.add_argument("--torch-version", default=None, help="override vLLM's torch pin")
-    p.add_argument(
-        "--torch-index",
-        choices=("pytorch-cpu", "pytorch-cuda", "pypi", "wheelhouse"),
-        default=None,
-        help="where torch comes from (PyPI's Linux torch is a CUDA build)",
-    )
-    p.add_argument(
-        "--cmake-from-pip",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="use PyPI's cmake instead of the distro's",
-    )
-    add_gpu_args(p)
+    add_flags(p, cli_options("plan"))
 
 
-# One CUDA compute capability as TORCH_CUDA_ARCH_LIST spells it: 9.0, 10.0a, 12.0f, 8.0+PTX.
-CUDA_ARCH = re.compile(r"\d+\.\d+[af]?(\+PTX)?")
-
-
-def cuda_arch_list(value: str) -> str:
-    """argparse type: capabilities separated by spaces or semicolons, as TORCH_CUDA_ARCH_LIST takes them."""
-    archs = [a for a in re.split(r"[\s;]+", value.strip()) if a]
-    bad = [a for a in archs if not CUDA_ARCH.fullmatch(a)]
-    if not archs or bad:
-        raise argparse.ArgumentTypeError(
-            f"{value!r}: {'not a compute capability: ' + ', '.join(bad) if bad else 'empty'} "
-            "(expected e.g. '8.0 9.0 10.0' or '9.0;12.0+PTX')"
-        )
-    return " ".join(archs)
-
-
-def add_gpu_args(p: argparse.ArgumentParser, *, arch_list: bool = True) -> None:
-    """The GPU target's choices, shared by render, plan, build and (the mode only: no gate reads the arch list)
-    preflight."""
-    p.add_argument(
-        "--gpu-mode",
-        choices=("wheel", "source"),
-        default=None,
-        help="GPU targets: PyPI's CUDA wheel, or compile the pinned sdist (default: the recipe's cuda.mode)",
-    )
-    if not arch_list:
-        p.set_defaults(cuda_arch_list=None)
-        return
-    p.add_argument(
-        "--cuda-arch-list",
-        type=cuda_arch_list,
-        default=None,
-        metavar="ARCHS",
-        help="GPU source builds: TORCH_CUDA_ARCH_LIST, e.g. '9.0' for H100/H200 only (default: the recipe's)",
-    )
+def add_gpu_args(p: argparse.ArgumentParser) -> None:
+    """--gpu-mode for preflight, from the same table as build's (no gate reads the arch list)."""
+    add_flags(p, [o for o in cli_options("plan") if o.field == "gpu_mode"])
+    p.set_defaults(cuda_arch_list=None)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -350,17 +274,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = subparsers.add_parser("build", help="preflight, build, test and tag an image")
     p.add_argument("distro")
     p.add_argument("target")
-    _common_plan_args(p)
-    p.add_argument("--skip-preflight", action="store_true")
-    p.add_argument("--skip-tests", action="store_true")
-    p.add_argument("--locked", action="store_true", help="refuse to build when an input differs from forge.lock")
-    p.add_argument("--ca-bundle", default=None, help="PEM bundle to trust (default: $PIP_CERT etc.; `none` to disable)")
-    p.add_argument("--source", action="append", metavar="NAME=PATH", help="use a local copy of a source")
-    p.add_argument("--wheelhouse", default=None, help="folder of wheels for wheel targets")
-    p.add_argument("--tag", default=None)
-    p.add_argument("--no-cache", action="store_true")
-    p.add_argument("--report-dir", default=None)
-    p.add_argument("--scratch-dir", default=None, help="where the build context is staged (not a small tmpfs)")
+    add_flags(p, cli_options())
     p.add_argument("-q", "--quiet", action="store_true", help="only Forge's own lines, not the build output")
     p.set_defaults(func=cmd_build)
 

@@ -8,6 +8,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Family = Literal["debian", "ubuntu", "fedora", "ubi"]
+# Named once: the recipe fields below and the CLI's --torch-index / --gpu-mode choices (builders/options.py).
+TorchIndex = Literal["pytorch-cpu", "pytorch-cuda", "pypi", "wheelhouse"]
+GpuMode = Literal["wheel", "source"]
 Role = Literal[
     "c_compiler",
     "numa_headers",
@@ -199,9 +202,7 @@ class FetchedSource(Strict):
 
 class TorchChoice(Strict):
     version: str | None = Field(default=None, description="torch version; null: the version vLLM pins")
-    index: Literal["pytorch-cpu", "pytorch-cuda", "pypi", "wheelhouse"] = Field(
-        default="pytorch-cpu", description="where torch comes from; recorded in the report"
-    )
+    index: TorchIndex = Field(default="pytorch-cpu", description="where torch comes from; recorded in the report")
     index_url: str | None = Field(default=None, description="override of the index URL")
 
 
@@ -224,7 +225,7 @@ class WheelFile(Strict):
 class CudaBuild(Strict):
     """For device=cuda recipes: how vLLM gets into the image, and what a compile targets."""
 
-    mode: Literal["wheel", "source"] = Field(
+    mode: GpuMode = Field(
         default="source",
         description="wheel: PyPI's official CUDA wheel, installed into the CUDA runtime base; "
         "source: a compile of the recipe's sdist in the CUDA devel base",

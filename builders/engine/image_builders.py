@@ -17,10 +17,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, get_args
 
 from builders.engine.docker_engine import Engine
 from builders.errors import EngineError
+from builders.options import BuilderChoice
 
 LineSink = Callable[[str], None]
 
@@ -239,7 +240,7 @@ class LegacySdkBuilder:
 
 def choose_builder(engine: Engine, preference: str = "auto") -> Builder:
     """Pick the builder deliberately: BuildKit when a client offers it, else the legacy API builder."""
-    if preference not in {"auto", "buildkit", "legacy"}:
+    if preference not in get_args(BuilderChoice):
         raise EngineError(f"unknown builder {preference!r}", hint="use auto, buildkit or legacy")
     if preference in {"auto", "buildkit"}:
         cli = _buildkit_cli()

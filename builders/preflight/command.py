@@ -7,15 +7,18 @@ import json
 import sys
 import tempfile
 from pathlib import Path
+from typing import get_args
 
 from builders.commands.core import add_gpu_args, gpu_args_apply
 from builders.config import Project
+from builders.config.models import TorchIndex
 from builders.engine import Engine
 from builders.errors import EngineError, PreflightBlocked, PreflightIncomplete, UsageError
 from builders.log import Log
 from builders.preflight.findings import render_table
 from builders.preflight.host import parse_cpu_flags
 from builders.preflight.runner import run_preflight
+from builders.target import Target
 
 
 def read_flags_file(path: Path) -> frozenset[str]:
@@ -47,7 +50,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
             f"recipes/{recipe.name}.yaml does not support {distro.name}",
             hint=f"it supports: {', '.join(recipe.distros) if recipe.distros != 'all' else 'all'}",
         )
-    gpu_args_apply(recipe, args)
+    gpu_args_apply(Target.resolve(distro, recipe), args)
     engine: Engine | None
     try:
         engine = Engine.connect()
@@ -139,7 +142,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--torch-version", default=None, help="the torch the build will install (default: vLLM's pin)")
     p.add_argument(
         "--torch-index",
-        choices=("pytorch-cpu", "pytorch-cuda", "pypi", "wheelhouse"),
+        choices=get_args(TorchIndex),
         default=None,
         help="the index the build will take torch from, as given to `forge build` (default: the recipe's)",
     )
@@ -157,5 +160,5 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="folder of wheels, for targets whose torch comes from a wheelhouse",
     )
     p.add_argument("--problems-only", action="store_true", help="list only blocking and warning findings")
-    add_gpu_args(p, arch_list=False)
+    add_gpu_args(p)
     p.set_defaults(func=cmd_preflight)

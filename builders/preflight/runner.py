@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builders.config import Project
-from builders.config.models import Distro, Recipe, Role
+from builders.config.models import Distro, GpuMode, Recipe, Role, TorchIndex
 from builders.engine import Engine
 from builders.errors import SourceUnavailable
-from builders.plan import CudaPlan, GpuMode, PlanOptions, cuda_torch, make_plan, torch_spec
+from builders.plan import CudaPlan, PlanOptions, cuda_torch, make_plan, torch_spec
 from builders.preflight import gates
 from builders.preflight.findings import Finding, PreflightReport, passed, unchecked, warning
 from builders.preflight.host import (
@@ -178,7 +178,7 @@ def _torch_findings(
     target: Target,
     python: str,
     wheelhouse: Sequence[Path],
-    torch_index: str | None,
+    torch_index: TorchIndex | None,
     torch_version: str | None,
 ) -> list[Finding]:
     distro, recipe = target.distro, target.recipe
@@ -188,7 +188,7 @@ def _torch_findings(
     if torch_version:
         pin_version, pin_source = torch_version, "--torch-version"
     if pin_version is None and facts is not None:
-        pins = facts.pins_for(recipe.device, arch=distro.arch, python=python)
+        pins = facts.pins_for(target.device, arch=distro.arch, python=python)
         build_pins = [p for p in pins if p.kind == "build" and p.version] or [p for p in pins if p.version]
         if build_pins:
             pin_version, pin_source = build_pins[0].version, build_pins[0].source
@@ -206,9 +206,9 @@ def _torch_findings(
     options = PlanOptions(max_jobs=1, torch_version=pin_version, torch_index=torch_index)
     # A GPU image installs the plan's torch: the build for the base's CUDA (2.14.0+cu130 from /whl/cu130).
     spec = (
-        cuda_torch(recipe, options, distro.cuda.torch_tag)
+        cuda_torch(target, options, distro.cuda.torch_tag)
         if target.cuda and distro.cuda
-        else torch_spec(recipe, options)
+        else torch_spec(target, options)
     )
     if spec is None:
         return []
@@ -426,7 +426,7 @@ def run_preflight(
     wheelhouse: Sequence[Path] = (),
     host: HostFacts | None = None,
     gpu_mode: GpuMode | None = None,
-    torch_index: str | None = None,
+    torch_index: TorchIndex | None = None,
     torch_version: str | None = None,
     fetch: bool = False,
     progress: Progress = lambda _line: None,
@@ -442,7 +442,7 @@ def run_preflight(
     start = time.monotonic()
     host = host or read_host_facts()
     target = Target.resolve(distro, recipe, gpu_mode=gpu_mode)
-    device, arch = recipe.device, distro.arch
+    device, arch = target.device, distro.arch
     findings: list[Finding] = []
     cuda = gpu_plan(distro, recipe, gpu_mode)
     if target.cuda and cuda is None:

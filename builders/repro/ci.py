@@ -17,6 +17,7 @@ import yaml
 
 from builders.config import Project
 from builders.config.models import Distro, Recipe
+from builders.options import flag
 from builders.target import Target
 
 GITHUB_PATH = ".github/workflows/forge.yml"
@@ -49,16 +50,17 @@ def job_id(distro: str, target: str) -> str:
 
 
 def entry(distro: Distro, recipe: Recipe) -> MatrixEntry:
+    target = Target.resolve(distro, recipe)
     return MatrixEntry(
         distro=distro.name,
         target=recipe.target,
         recipe=recipe.name,
         family=distro.family,
-        kind=recipe.kind,
-        device=recipe.device,
+        kind=target.kind,
+        device=target.device,
         job=job_id(distro.name, recipe.target),
-        smoke=Target.resolve(distro, recipe).cpu,
-        timeout_minutes=TIMEOUT_MINUTES[recipe.kind],
+        smoke=target.cpu,
+        timeout_minutes=TIMEOUT_MINUTES[target.kind],
         disk_gb=recipe.resources.disk_gb,
         base_image=distro.base.pinned_ref,
         base_tag=distro.base.local_tag,
@@ -87,7 +89,7 @@ def _command_lines(e: MatrixEntry, *, locked: bool, allow_incomplete: bool) -> d
             f'forge preflight "$FORGE_DISTRO" "$FORGE_TARGET" --json{accept} > {report}/preflight.json\n'
         ),
         "fetch": 'forge fetch "$FORGE_DISTRO" "$FORGE_TARGET"\n',
-        "build": f'forge build "$FORGE_DISTRO" "$FORGE_TARGET" --quiet{" --locked" if locked else ""}\n',
+        "build": f'forge build "$FORGE_DISTRO" "$FORGE_TARGET" --quiet{" " + flag("locked") if locked else ""}\n',
         "smoke": f'forge smoke "forge/$FORGE_DISTRO-$FORGE_TARGET:latest" --profile ci --report {report}/smoke\n',
         "free_disk": (
             "sudo rm -rf /usr/share/dotnet /usr/local/lib/android /opt/ghc /opt/hostedtoolcache/CodeQL\n"

@@ -8,13 +8,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from builders import log
-from builders.commands.core import parse_sources
 from builders.config import Project
 from builders.config.models import Distro, Recipe
 from builders.errors import UsageError
+from builders.options import BuildOptions, add_flags, cli_options, parse_sources
 from builders.repro.errors import LockDrift, NotReproducible, StaleRender
 
 Handler = Callable[[argparse.Namespace], int]
+# The build options verify-repro passes on to both builds, with the flags `forge build` spells them with.
+VERIFY_BUILD_OPTIONS = {"builder", "max_jobs", "source_overrides", "wheelhouse", "reports_dir", "scratch_dir"}
 
 
 def _project(args: argparse.Namespace) -> Project:
@@ -114,14 +116,7 @@ def cmd_verify_repro(args: argparse.Namespace) -> int:
         distro,
         recipe,
         VerifyOptions(
-            strict_mtimes=args.strict_mtimes,
-            builder=args.builder,
-            max_jobs=args.max_jobs,
-            reports_dir=Path(args.report_dir).resolve() if args.report_dir else None,
-            scratch_dir=Path(args.scratch_dir).resolve() if args.scratch_dir else None,
-            source_overrides=parse_sources(args.source),
-            wheelhouse=Path(args.wheelhouse).resolve() if args.wheelhouse else None,
-            keep_images=args.keep_images,
+            strict_mtimes=args.strict_mtimes, keep_images=args.keep_images, build=BuildOptions.from_args(args)
         ),
         sink,
     )
@@ -222,12 +217,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("distro")
     p.add_argument("target")
     p.add_argument("--strict-mtimes", action="store_true", help="count files that differ only in mtime")
-    p.add_argument("--builder", choices=("auto", "buildkit", "legacy"), default="auto")
-    p.add_argument("--max-jobs", type=int, default=None)
-    p.add_argument("--source", action="append", metavar="NAME=PATH", help="use a local copy of a source")
-    p.add_argument("--wheelhouse", default=None, help="folder of wheels for wheel targets")
-    p.add_argument("--report-dir", default=None, help="default: reports/DISTRO-TARGET/repro")
-    p.add_argument("--scratch-dir", default=None, help="where build contexts are staged")
+    add_flags(
+        p,
+        [o for o in cli_options() if o.field in VERIFY_BUILD_OPTIONS],
+        helps={"reports_dir": "default: reports/DISTRO-TARGET/repro", "scratch_dir": "where build contexts are staged"},
+    )
     p.add_argument("--keep-images", action="store_true", help="keep forge/repro-DISTRO-TARGET:first and :second")
     p.add_argument("-q", "--quiet", action="store_true", help="only Forge's own lines, not the build output")
     p.set_defaults(func=cmd_verify_repro)

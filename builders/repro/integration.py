@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Protocol
 
 from builders.config import Project
-from builders.config.models import Distro, Recipe
+from builders.config.models import Distro, Recipe, TorchIndex
 from builders.engine import Engine
 from builders.errors import ForgeError
 from builders.report import BuildReport
@@ -38,7 +38,7 @@ class LockOptions(Protocol):
     @property
     def torch_version(self) -> str | None: ...
     @property
-    def torch_index(self) -> str | None: ...
+    def torch_index(self) -> TorchIndex | None: ...
 
 
 def locked_entry(

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from builders.bootstrap import DEFAULT_EPOCH
 from builders.config import Project
-from builders.config.models import Distro, Recipe
+from builders.config.models import Distro, Recipe, TorchIndex
 from builders.engine import Engine
 from builders.errors import SourceUnavailable
 from builders.plan import PlanOptions, torch_spec
@@ -27,6 +27,7 @@ from builders.preflight.source_facts import read_pins
 from builders.repro.image_export import image_rootfs
 from builders.repro.lockfile import ArchiveLock, BaseLock, PairLock, RequirementsLock, TreeLock, WheelLock
 from builders.sources import cache_dir, resolve_fetched, sha256_file, wheelhouse_dir
+from builders.target import Target
 
 # Paths _stage_context leaves out of a source tree's copy: they are not part of what the build sees.
 TREE_IGNORED = {".git", ".forge-origin"}
@@ -128,9 +129,9 @@ def requirement_lines(text: str) -> tuple[str, ...]:
     return tuple(lines)
 
 
-def filtered_requirements(project: Project, sdist: Path, recipe: Recipe) -> tuple[RequirementsLock, ...]:
+def filtered_requirements(project: Project, sdist: Path, target: Target) -> tuple[RequirementsLock, ...]:
     """vLLM's requirement files as the build installs them: through the same filter script, run here."""
-    device = recipe.device
+    recipe, device = target.recipe, target.device
     build_file, runtime_files = (
         f"requirements/build/{device}.txt",
         [f"requirements/{device}.txt", "requirements/common.txt"],
@@ -168,12 +169,10 @@ def filtered_requirements(project: Project, sdist: Path, recipe: Recipe) -> tupl
     )
 
 
-def torch_requirements(
-    sdist: Path, distro: Distro, recipe: Recipe, version: str | None, index: str | None
-) -> RequirementsLock:
+def torch_requirements(sdist: Path, target: Target, version: str | None, index: TorchIndex | None) -> RequirementsLock:
     """The torch the build installs first: vLLM's pin for this device (or the override), from the chosen index."""
-    pin = version or recipe.torch.version or read_pins(sdist, distro, recipe.device)[0]
-    spec = torch_spec(recipe, PlanOptions(max_jobs=1, torch_version=pin, torch_index=index))
+    pin = version or target.recipe.torch.version or read_pins(sdist, target.distro, target.device)[0]
+    spec = torch_spec(target, PlanOptions(max_jobs=1, torch_version=pin, torch_index=index))
     if spec is None:
         return RequirementsLock(name="torch", origin="no torch: device none", hashed=False, lines=())
     return RequirementsLock(
@@ -193,10 +192,12 @@ def resolve_pair(
     source_overrides: dict[str, Path] | None = None,
     wheelhouse: Path | None = None,
     torch_version: str | None = None,
-    torch_index: str | None = None,
+    torch_index: TorchIndex | None = None,
 ) -> PairLock:
     """Resolve every input of this pair from local state; stop naming every missing one at once."""
     overrides = source_overrides or {}
+    # The recipe's cuda.mode, like the lock: a lock names every input either GPU mode could read.
+    target = Target.resolve(distro, recipe)
     missing: list[str] = []
     base: BaseLock | None = None
     try:
@@ -209,12 +210,12 @@ def resolve_pair(
     requirements: list[RequirementsLock] = []
     epoch, epoch_from = DEFAULT_EPOCH, "Forge's default epoch (the one bases are bootstrapped with)"
 
-    if recipe.kind == "source":
+    if target.from_sdist:
         try:
             sdist = _sdist(project, recipe, overrides)
             archives.append(ArchiveLock(name="vllm", file=sdist.name, sha256=sha256_file(sdist)))
-            requirements += filtered_requirements(project, sdist, recipe)
-            requirements.append(torch_requirements(sdist, distro, recipe, torch_version, torch_index))
+            requirements += filtered_requirements(project, sdist, target)
+            requirements.append(torch_requirements(sdist, target, torch_version, torch_index))
             epoch, epoch_from = sdist_epoch(sdist), f"{sdist.name}: newest member's mtime (release date)"
         except SourceUnavailable as exc:
             missing.append(f"{exc.message} ({exc.hint})")
@@ -232,7 +233,7 @@ def resolve_pair(
                 TreeLock(name=fetched.name, tree_sha256=digest, files=count, version=got.version, origin=got.origin)
             )
 
-    if recipe.kind == "wheel":
+    if target.from_wheelhouse:
         assert recipe.wheelhouse is not None
         folder = wheelhouse or wheelhouse_dir(project.root, distro, recipe)
         found = sorted(folder.glob("*.whl")) if folder.is_dir() else []
@@ -262,7 +263,7 @@ def resolve_pair(
         if stamped is not None:
             epoch, epoch_from = stamped, f"{main[0].name}: METADATA date (release date)"
 
-    if recipe.kind == "python-app":
+    if target.python_app:
         requirements.append(
             RequirementsLock(
                 name="app",

@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +32,11 @@ SPACE_FACTOR = 2.2
 @dataclass(frozen=True, kw_only=True)
 class VerifyOptions:
     strict_mtimes: bool = False
-    builder: str = "auto"
-    max_jobs: int | None = None
-    reports_dir: Path | None = None
-    scratch_dir: Path | None = None
-    source_overrides: dict[str, Path] = field(default_factory=dict)
-    wheelhouse: Path | None = None
     keep_images: bool = False
     diffoscope_files: int = 10
+    # What both builds are given (builder, jobs, sources, wheelhouse, report and scratch folders); verify-repro
+    # sets the rest itself: no preflight, no test stage, no SBOM, its own tags, the second without cache.
+    build: BuildOptions = field(default_factory=BuildOptions)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,7 +102,7 @@ def _check_space(engine: Engine, tag: str) -> None:
 
 def verify_repro(project: Project, distro: Distro, recipe: Recipe, options: VerifyOptions, sink: Sink) -> VerifyResult:
     engine = Engine.connect()
-    out = options.reports_dir or project.root / "reports" / f"{distro.name}-{recipe.target}" / "repro"
+    out = options.build.reports_dir or project.root / "reports" / f"{distro.name}-{recipe.target}" / "repro"
     out.mkdir(parents=True, exist_ok=True)
     repo = f"forge/repro-{distro.name}-{recipe.target}"
     tags = (f"{repo}:first", f"{repo}:second")
@@ -117,17 +114,13 @@ def verify_repro(project: Project, distro: Distro, recipe: Recipe, options: Veri
                 project,
                 distro,
                 recipe,
-                BuildOptions(
-                    max_jobs=options.max_jobs,
+                replace(
+                    options.build,
                     skip_preflight=True,
                     skip_tests=True,
-                    builder=options.builder,
-                    source_overrides=options.source_overrides,
-                    wheelhouse=options.wheelhouse,
                     tag=tag,
                     no_cache=run == "second",
                     reports_dir=out / run,
-                    scratch_dir=options.scratch_dir,
                     sbom=False,
                 ),
                 sink,

@@ -14,6 +14,7 @@ import secrets
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -30,6 +31,7 @@ from rich.console import Console
 from rich.table import Table
 
 from builders.errors import ConfigError, ForgeError, SmokeFailed, UsageError
+from builders.log import console as wide_console
 from builders.router.classes import ALL_CLASSES, RequestClass
 from builders.router.config import RouterConfig, config_from_mapping
 from builders.smoke.plan import ReplicaPlan, StackPlan, plan_stack
@@ -452,7 +454,8 @@ class SmokeRun:
     options: SmokeOptions
     replicas_runtime_factory: Callable[[Path, Path], ReplicaRuntime]
     router_runtime_factory: Callable[[Path], RouterRuntime]
-    console: Console = field(default_factory=Console)
+    # Tests and library callers that pass none still get CI-readable tables: full width without a terminal.
+    console: Console = field(default_factory=lambda: wide_console(sys.stdout))
     run_id: str = field(default_factory=lambda: secrets.token_hex(4))
     report: dict[str, Any] = field(default_factory=dict)
     results: dict[str, TrafficResult] = field(default_factory=dict)

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from builders.config import Project
-from builders.plan import GpuMode, PlanOptions, make_plan
+from builders.config.models import GpuMode
+from builders.plan import PlanOptions, make_plan
 from builders.render import render
 
 GPU_DISTROS = ("fedora-44", "ubi-9", "ubuntu-24.04")
@@ -19,7 +20,7 @@ MODES: tuple[GpuMode, ...] = ("source", "wheel")
 
 
 def rendered(project: Project, distro: str, mode: GpuMode, **kw: object) -> str:
-    options: dict[str, object] = {"max_jobs": 2, "gpu_mode": mode, "ca_bundle": True}
+    options: dict[str, object] = {"max_jobs": 2, "gpu_mode": mode, "trust_ca_bundle": True}
     options.update(kw)
     plan = make_plan(project.distro(distro), project.recipe_for("gpu"), PlanOptions(**options))  # type: ignore[arg-type]
     return render(plan, project.containers_dir)
@@ -87,7 +88,7 @@ def test_every_gpu_variant_lints_clean(project: Project, tmp_path: Path) -> None
     files = []
     for distro, mode, buildkit, ca in itertools.product(GPU_DISTROS, MODES, (True, False), (True, False)):
         path = tmp_path / f"{distro}-gpu-{mode}-{'bk' if buildkit else 'legacy'}-{'ca' if ca else 'noca'}.Containerfile"
-        path.write_text(rendered(project, distro, mode, buildkit=buildkit, ca_bundle=ca))
+        path.write_text(rendered(project, distro, mode, buildkit=buildkit, trust_ca_bundle=ca))
         files.append(str(path))
     proc = subprocess.run(
         ["hadolint", "--config", str(project.root / ".hadolint.yaml"), *files],

@@ -25,7 +25,7 @@ def roles_of(distro: Distro, packages: tuple[str, ...]) -> set[str]:
 
 
 def plan_for(project: Project, name: str, **kw: object) -> BuildPlan:
-    options: dict[str, object] = {"max_jobs": 2, "torch_version": "2.14.0", "ca_bundle": True}
+    options: dict[str, object] = {"max_jobs": 2, "torch_version": "2.14.0", "trust_ca_bundle": True}
     options.update(kw)
     return make_plan(project.distro(name), project.recipe_for("cpu"), PlanOptions(**options))  # type: ignore[arg-type]
 

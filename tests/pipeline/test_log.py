@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import io
+from typing import Any
 
 import pytest
+from rich.console import Console
 from rich.table import Table
 
 from builders.cli import main
 from builders.config import Project
 from builders.log import Log, ci_system, print_table
 from builders.log import console as wide_console
+from builders.router.classes import RequestClass
+from builders.smoke.stack import summary_table
+from builders.sweep.report import class_rows, table_rows
+from builders.sweep.report import render_table as sweep_table
+from builders.traffic.metrics import RequestRecord
+from builders.traffic.plan import TrafficPlan
+from builders.traffic.results import TrafficResult
 
 
 def _log(ci: str | None, quiet: bool = False) -> tuple[Log, list[str]]:
@@ -84,3 +93,73 @@ def test_a_rich_table_outside_a_terminal_keeps_each_row_on_one_line() -> None:
     wide_console(stream).print(table)
     rows = [line for line in stream.getvalue().splitlines() if "interactive" in line]
     assert len(rows) == 1 and "16.7 / 37.2" in rows[0] and "pass" in rows[0]
+
+
+def _sweep_and_smoke_reports() -> tuple[dict[str, Any], dict[str, Any], TrafficResult]:
+    """Real rows from real traffic records: a shared pool whose interactive class fails its TTFT gate."""
+    plan = TrafficPlan.model_validate(
+        {
+            "model": "m",
+            "max_model_len": 1024,
+            "interactive": {"count": 3, "rate_per_s": 1.0, "max_tokens": 4, "slo": {"ttft_p99_ms": 500}},
+            "long_prefill": {"count": 2, "rate_per_s": 1.0, "max_tokens": 8, "slo": {"ttft_p99_ms": 5000}},
+        }
+    )
+    records = []
+    for request_class, ttfts, tokens in (
+        (RequestClass.INTERACTIVE, [0.1, 0.9, 3212.5], 4),
+        (RequestClass.LONG_PREFILL, [1.0, 2.0], 8),
+    ):
+        for index, ttft in enumerate(ttfts):
+            r = RequestRecord(
+                request_class=request_class,
+                index=index,
+                endpoint="chat",
+                stream=True,
+                sent_class_header=False,
+                prompt_chars=10,
+                max_tokens=tokens,
+            )
+            r.content_times_s = [ttft + 0.01 * i for i in range(tokens)]
+            r.e2e_s = r.content_times_s[-1]
+            records.append(r)
+    traffic = TrafficResult.build(plan, records, wall_s=3300.0, stopped_by="completed")
+    rows = class_rows(traffic)
+    sweep = {
+        "load": "seeded open loop",
+        "profiles": {"shared-one-pool": {"classes": rows}, "work-conserving": {"classes": rows}},
+    }
+    smoke = {
+        "profile": "ci",
+        "run_id": "0123abcd",
+        "traffic": {"main": {"classes": {k: {**v, "pool": "interactive-and-batch"} for k, v in rows.items()}}},
+    }
+    return sweep, smoke, traffic
+
+
+def test_the_smoke_sweep_and_traffic_tables_keep_whole_rows_without_a_terminal() -> None:
+    """The real renderers, through the console the smoke and sweep commands print with, into a stream that is
+    not a TTY (a CI log): each row on one line with every cell whole, no cell cut short with an ellipsis."""
+    sweep, smoke, traffic = _sweep_and_smoke_reports()
+    tables = (sweep_table(sweep), summary_table(smoke), traffic.render_table())
+    stream = io.StringIO()
+    for table in tables:
+        wide_console(stream).print(table)
+    out = stream.getvalue()
+    assert "…" not in out
+    gate = "FAIL TTFT p99 3148268.0 ms > 500.0 ms"
+    rows = [
+        *table_rows(sweep),
+        ["interactive", "interactive-and-batch", "900.0 / 3148268.0", "10.0 / 10.0", "0.33", "FAIL"],
+        ["interactive", "900.0 / 3148268.0", "930.0 / 3148298.0", gate],
+        ["long_prefill", "1500.0 / 1990.0", "1570.0 / 2060.0", "pass"],
+    ]
+    for row in rows:
+        assert sum(1 for line in out.splitlines() if all(cell in line for cell in row)) >= 1, (row, out)
+    # Each class appears on exactly one line per table: 2 sweep profiles + smoke + traffic, never a fold.
+    for name in ("interactive ", "long_prefill "):
+        assert sum(1 for line in out.splitlines() if line.startswith(f"│ {name}") or f"│ {name}" in line) == 4
+    # What the wide console prevents: rich's default 80 columns outside a terminal cuts the same table.
+    narrow = io.StringIO()
+    Console(file=narrow).print(traffic.render_table())
+    assert "…" in narrow.getvalue() and gate not in narrow.getvalue()

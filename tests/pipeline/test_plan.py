@@ -63,9 +63,9 @@ def test_null_torch_pin_without_source_is_an_error(project: Project) -> None:
 
 
 def test_ca_bundle_becomes_a_secret_only_with_buildkit(project: Project) -> None:
-    with_bk = make_plan(project.distro("debian-13"), project.recipe_for("cpu"), opts(ca_bundle=True))
+    with_bk = make_plan(project.distro("debian-13"), project.recipe_for("cpu"), opts(trust_ca_bundle=True))
     assert with_bk.secrets == ("ca_bundle",)
-    none = make_plan(project.distro("debian-13"), project.recipe_for("cpu"), opts(ca_bundle=False))
+    none = make_plan(project.distro("debian-13"), project.recipe_for("cpu"), opts(trust_ca_bundle=False))
     assert none.secrets == ()
 
 

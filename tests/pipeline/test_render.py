@@ -16,7 +16,7 @@ from builders.render import render
 
 
 def rendered(project: Project, distro: str, target: str, **kw: object) -> str:
-    options: dict[str, object] = {"max_jobs": 2, "torch_version": "2.14.0+cpu", "ca_bundle": True}
+    options: dict[str, object] = {"max_jobs": 2, "torch_version": "2.14.0+cpu", "trust_ca_bundle": True}
     options.update(kw)
     plan = make_plan(project.distro(distro), project.recipe_for(target), PlanOptions(**options))  # type: ignore[arg-type]
     return render(plan, project.containers_dir)

@@ -145,7 +145,7 @@ def test_verify_repro_router_debian_12(
         project,
         project.distro("debian-12"),
         project.recipe_for("router"),
-        VerifyOptions(max_jobs=1, reports_dir=tmp_path),
+        VerifyOptions(build=BuildOptions(max_jobs=1, reports_dir=tmp_path)),
         lambda _l: None,
     )
     data = json.loads(result.report.read_text())

@@ -1,0 +1,211 @@
+"""Build options, declared once: each BuildOptions field that the command line sets carries its flag (help,
+metavar, how the text becomes the value) in its `Annotated` metadata, and the parser is generated from them.
+
+Choices are the `Literal`s of the models (TorchIndex, GpuMode) or of this module (BuilderChoice), never retyped;
+a boolean field is a switch, a `bool | None` one a --x/--no-x pair. PlanOptions, the pure planner's input, is
+derived from BuildOptions by `plan_options` plus what the build resolved (the builder, the CA bundle, the pins).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import types
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_type_hints
+
+from builders.config.models import GpuMode, TorchIndex
+from builders.errors import UsageError
+from builders.plan import PlanOptions
+
+# --builder: auto takes BuildKit when a client offers it, else the legacy API builder.
+BuilderChoice = Literal["auto", "buildkit", "legacy"]
+
+# One CUDA compute capability as TORCH_CUDA_ARCH_LIST spells it: 9.0, 10.0a, 12.0f, 8.0+PTX.
+CUDA_ARCH = re.compile(r"\d+\.\d+[af]?(\+PTX)?")
+
+
+def cuda_arch_list(value: str) -> str:
+    """argparse type: capabilities separated by spaces or semicolons, as TORCH_CUDA_ARCH_LIST takes them."""
+    archs = [a for a in re.split(r"[\s;]+", value.strip()) if a]
+    bad = [a for a in archs if not CUDA_ARCH.fullmatch(a)]
+    if not archs or bad:
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: {'not a compute capability: ' + ', '.join(bad) if bad else 'empty'} "
+            "(expected e.g. '8.0 9.0 10.0' or '9.0;12.0+PTX')"
+        )
+    return " ".join(archs)
+
+
+def parse_sources(values: list[str] | None) -> dict[str, Path]:
+    out = {}
+    for value in values or []:
+        name, sep, path = value.partition("=")
+        if not sep or not name or not path:
+            raise UsageError(f"--source {value!r}: expected NAME=PATH", hint="for example --source onednn=/src/oneDNN")
+        out[name] = Path(path).resolve()
+    return out
+
+
+def _path(value: str | None) -> Path | None:
+    return Path(value).resolve() if value else None
+
+
+@dataclass(frozen=True)
+class Flag:
+    """How one option is spelled on the command line."""
+
+    help: str | None = None
+    # plan: render, plan and build take it (it shapes the Containerfile); build: only `forge build`.
+    scope: Literal["plan", "build"] = "build"
+    name: str | None = None  # default: --field-name
+    metavar: str | None = None
+    parse: Callable[[str], Any] | None = None  # argparse's type=: rejects bad text while parsing
+    repeat: bool = False  # may be given more than once; the values arrive as a list
+    convert: Callable[[Any], Any] | None = None  # parsed value → field value (paths resolved, NAME=PATH split)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildOptions:
+    # Shape the plan: the order here is the order of `forge build --help`.
+    max_jobs: Annotated[int | None, Flag("parallel compile jobs (default: derived from RAM)", scope="plan")] = None
+    builder: Annotated[
+        BuilderChoice, Flag("image builder: BuildKit when a client offers it, or the engine's legacy API", scope="plan")
+    ] = "auto"
+    torch_version: Annotated[str | None, Flag("override vLLM's torch pin", scope="plan")] = None
+    torch_index: Annotated[
+        TorchIndex | None, Flag("where torch comes from (PyPI's Linux torch is a CUDA build)", scope="plan")
+    ] = None
+    cmake_from_pip: Annotated[bool | None, Flag("use PyPI's cmake instead of the distro's", scope="plan")] = None
+    gpu_mode: Annotated[
+        GpuMode | None,
+        Flag(
+            "GPU targets: PyPI's CUDA wheel, or compile the pinned sdist (default: the recipe's cuda.mode)",
+            scope="plan",
+        ),
+    ] = None
+    cuda_arch_list: Annotated[
+        str | None,
+        Flag(
+            "GPU source builds: TORCH_CUDA_ARCH_LIST, e.g. '9.0' for H100/H200 only (default: the recipe's)",
+            scope="plan",
+            metavar="ARCHS",
+            parse=cuda_arch_list,
+        ),
+    ] = None
+    # The build's own.
+    skip_preflight: Annotated[bool, Flag()] = False
+    skip_tests: Annotated[bool, Flag()] = False
+    locked: Annotated[bool, Flag("refuse to build when an input differs from forge.lock")] = False
+    # A path, or `none`; builders/trust.find_ca_bundle resolves it (and the environment's) to the file.
+    ca_bundle: Annotated[str | None, Flag("PEM bundle to trust (default: $PIP_CERT etc.; `none` to disable)")] = None
+    source_overrides: Annotated[
+        dict[str, Path],
+        Flag("use a local copy of a source", name="--source", metavar="NAME=PATH", repeat=True, convert=parse_sources),
+    ] = field(default_factory=dict)
+    wheelhouse: Annotated[Path | None, Flag("folder of wheels for wheel targets", convert=_path)] = None
+    tag: Annotated[str | None, Flag()] = None
+    no_cache: Annotated[bool, Flag()] = False
+    reports_dir: Annotated[Path | None, Flag(name="--report-dir", convert=_path)] = None
+    scratch_dir: Annotated[
+        Path | None, Flag("where the build context is staged (not a small tmpfs)", convert=_path)
+    ] = None
+    # Not on the command line: set by callers (verify-repro, tests, benchmarks).
+    source_date_epoch: int | None = None
+    keep_context: bool = False
+    lock_file: Path | None = None  # default: forge.lock at the project root
+    sbom: bool = True  # write a CycloneDX SBOM of the tagged image beside the report
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> BuildOptions:
+        """The options a parser made by add_flags read; a flag that parser did not take keeps its default."""
+        given = {
+            o.field: o.flag.convert(getattr(args, o.field)) if o.flag.convert else getattr(args, o.field)
+            for o in cli_options()
+            if hasattr(args, o.field)
+        }
+        return cls(**given)
+
+
+@dataclass(frozen=True)
+class CliOption:
+    field: str
+    flag: Flag
+    type: Any  # the field's type, without the Annotated metadata
+
+    @property
+    def name(self) -> str:
+        return self.flag.name or "--" + self.field.replace("_", "-")
+
+    @property
+    def choices(self) -> tuple[str, ...] | None:
+        """The Literal's values, for a field typed by a Literal (or a Literal | None)."""
+        literal = _bare(self.type)
+        return tuple(get_args(literal)) if get_origin(literal) is Literal else None
+
+
+def _is_union(tp: Any) -> bool:
+    return get_origin(tp) in (Union, types.UnionType)
+
+
+def cli_options(scope: Literal["plan", "build"] | None = None) -> Iterator[CliOption]:
+    """The table: every BuildOptions field with a Flag, in declaration order; scope=plan: only the plan's."""
+    hints = get_type_hints(BuildOptions, include_extras=True)
+    for f in fields(BuildOptions):
+        hint = hints[f.name]
+        flags = [m for m in getattr(hint, "__metadata__", ()) if isinstance(m, Flag)]
+        if flags and (scope is None or flags[0].scope == scope):
+            yield CliOption(field=f.name, flag=flags[0], type=get_args(hint)[0])
+
+
+def flag(field_name: str) -> str:
+    """The command-line spelling of one option (CI renders `forge build` lines with it)."""
+    return next(o.name for o in cli_options() if o.field == field_name)
+
+
+def add_flags(
+    parser: argparse.ArgumentParser,
+    options: Iterable[CliOption],
+    *,
+    helps: Mapping[str, str] | None = None,
+) -> None:
+    """The options' flags on a parser; `helps` rewords a flag's help where the command gives it a default of its
+    own (verify-repro's report folder)."""
+    for o in options:
+        kwargs: dict[str, Any] = {"dest": o.field, "help": (helps or {}).get(o.field, o.flag.help)}
+        if o.type is bool:
+            kwargs["action"] = "store_true"
+        elif _is_union(o.type) and bool in get_args(o.type):
+            kwargs.update(action=argparse.BooleanOptionalAction, default=None)
+        else:
+            kwargs["default"] = None if o.flag.convert else _default(o.field)
+            if o.choices:
+                kwargs["choices"] = o.choices
+            if o.flag.parse:
+                kwargs["type"] = o.flag.parse
+            elif _bare(o.type) is int:
+                kwargs["type"] = int
+            if not o.choices:  # named for the flag, not the field: --report-dir REPORT_DIR
+                kwargs["metavar"] = o.flag.metavar or o.name.removeprefix("--").replace("-", "_").upper()
+            if o.flag.repeat:
+                kwargs["action"] = "append"
+        parser.add_argument(o.name, **kwargs)
+
+
+def _bare(tp: Any) -> Any:
+    """X for X | None."""
+    return next((a for a in get_args(tp) if a is not type(None)), tp) if _is_union(tp) else tp
+
+
+def _default(name: str) -> Any:
+    return next(f.default for f in fields(BuildOptions) if f.name == name)
+
+
+def plan_options(options: BuildOptions, max_jobs: int) -> PlanOptions:
+    """The planner's options: every PlanOptions field BuildOptions also has, as given. What only the build
+    knows (the builder's secret support, the CA bundle found, the pins read, the base's digest) the caller adds
+    with dataclasses.replace."""
+    shared = {f.name for f in fields(PlanOptions)} & {f.name for f in fields(BuildOptions)} - {"max_jobs"}
+    return PlanOptions(max_jobs=max_jobs, **{name: getattr(options, name) for name in sorted(shared)})
