@@ -167,6 +167,13 @@ class TrafficPlan(BaseModel):
         default=120.0, gt=0, description="Wall-clock bound of the run; in-flight requests are cut."
     )
     request_timeout_s: float = Field(default=60.0, gt=0, description="Bound on any single request.")
+    drain_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="After deadline_s no request starts; those in flight may finish for this much longer "
+        "before they are cut and counted as errors. 0 cuts them at the deadline. A benchmark wants the "
+        "answers of everything it sent (a slow reader's answer takes as long as its reader).",
+    )
     interactive: InteractivePlan = Field(default_factory=InteractivePlan, description="Interactive chat.")
     rag: RagPlan = Field(default_factory=RagPlan, description="Shared-document questions.")
     long_prefill: LongPrefillPlan = Field(default_factory=LongPrefillPlan, description="Near-full prompts.")

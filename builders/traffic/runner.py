@@ -103,7 +103,7 @@ class _Run:
             max_tokens=int(spec.body.get("max_tokens") or 0),
         )
         self.records.append(record)
-        limit = min(self.plan.request_timeout_s, self.deadline - time.monotonic())
+        limit = min(self.plan.request_timeout_s, self.deadline + self.plan.drain_s - time.monotonic())
         sent = time.monotonic()
         record.sent_at_s = sent - self.started
         try:
@@ -273,7 +273,7 @@ async def run_traffic(base_url: str, plan: TrafficPlan, *, api_key: str | None =
     """Drive every class of the plan at once against base_url (no /v1 suffix) and summarise the run.
 
     Stops by itself: no request starts after max_total_requests or deadline_s, and requests still
-    running at the deadline are cut and recorded as errors.
+    running drain_s after the deadline are cut and recorded as errors.
     """
     builder = ShapeBuilder(plan)
     auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}

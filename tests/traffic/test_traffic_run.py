@@ -150,6 +150,23 @@ def test_run_stops_at_the_deadline_and_cuts_in_flight_requests() -> None:
     run(body())
 
 
+def test_drain_lets_requests_in_flight_at_the_deadline_finish_and_sends_no_more() -> None:
+    async def body() -> None:
+        server = await FakeOpenAI(first_delay_s=1.0).start()
+        try:
+            plan = plan_with(interactive={"count": 10, "concurrency": 2}, deadline_s=0.5, drain_s=3.0)
+            began = time.monotonic()
+            result = await run_traffic(server.url, plan)
+            took = time.monotonic() - began
+        finally:
+            await server.stop()
+        # The two sent before the deadline answer after 1 s, inside the drain; nothing starts after it.
+        assert result.stopped_by == "deadline" and 1.0 <= took < 2.5
+        assert len(result.records) == 2 and all(r.ok for r in result.records), [r.error for r in result.records]
+
+    run(body())
+
+
 def test_gate_fails_for_a_class_the_server_refuses() -> None:
     async def body() -> None:
         server = await FakeOpenAI(fail_status_for={"batch": 503}).start()
