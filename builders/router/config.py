@@ -149,6 +149,13 @@ class RouterConfig(BaseModel):
         description="Work-conserving routing: pool -> pool whose idle replicas (nothing in flight) may take "
         "this pool's requests while every replica of this pool is busy (builders/router/work_conserving.py).",
     )
+    spill_max_prompt_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="Only requests whose prompt is estimated at no more than this many tokens spill: a long "
+        "prompt borrowed by a latency replica lengthens every one of its steps until it is prefilled, and "
+        "that is the latency its own classes pay. Null: any request may spill.",
+    )
     class_priority: dict[RequestClass, int] = Field(
         default_factory=dict,
         description="Priority written into each request body by class (lower is served first); the replicas "

@@ -348,7 +348,13 @@ class Router:
             await response.write_eof()
             request.protocol.force_close()
             return response
-        pool = spill_target(self.pools[self.config.pool_for(decision.request_class)], self.pools, self.config.spill)
+        pool = spill_target(
+            self.pools[self.config.pool_for(decision.request_class)],
+            self.pools,
+            self.config.spill,
+            prompt_tokens=parsed.token_estimate,
+            max_prompt_tokens=self.config.spill_max_prompt_tokens,
+        )
         call = _Call(
             request=request,
             raw=with_priority(raw, decision.request_class, self.config.class_priority),

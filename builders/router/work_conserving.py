@@ -7,6 +7,8 @@ pool. Two small rules recover that capacity without giving the latency classes' 
 - **spill**: a request of a pool with a `spill` target goes to the target pool instead, but only while a
   target replica has nothing in flight and every replica of its own pool is busy. The next interactive
   request then finds the borrowed replica busy with one bulk request at most, never a queue of them.
+  With `spill_max_prompt_tokens`, only requests with short prompts spill: a borrowed long prefill makes
+  every step of the latency replica longer until it is done, which is what its own classes would wait for.
 - **priority**: with `class_priority`, the router writes `"priority": N` into the request body (vLLM serves
   lower values first when started with `--scheduling-policy priority`), so an interactive request that
   arrives behind a borrowed bulk request is scheduled first in the replica's waiting queue.
@@ -21,11 +23,18 @@ from builders.router.classes import RequestClass
 from builders.router.replicas import Pool
 
 
-def spill_target(pool: Pool, pools: Mapping[str, Pool], spill: Mapping[str, str]) -> Pool:
-    """The pool a request of `pool` should go to now: `pool` itself unless a spill rule and idleness say
-    the spill target may take it."""
+def spill_target(
+    pool: Pool,
+    pools: Mapping[str, Pool],
+    spill: Mapping[str, str],
+    *,
+    prompt_tokens: int = 0,
+    max_prompt_tokens: int | None = None,
+) -> Pool:
+    """The pool a request of `pool` should go to now: `pool` itself unless a spill rule, the request's
+    prompt size and idleness say the spill target may take it."""
     target_name = spill.get(pool.name)
-    if target_name is None:
+    if target_name is None or (max_prompt_tokens is not None and prompt_tokens > max_prompt_tokens):
         return pool
     own = pool.healthy()
     if own and min(r.in_flight for r in own) == 0:

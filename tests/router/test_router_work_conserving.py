@@ -54,6 +54,47 @@ def test_bulk_spills_onto_the_latency_pool_only_while_it_is_idle_and_bulk_is_bus
     run(body())
 
 
+def test_only_short_prompts_spill_when_a_prompt_bound_is_set() -> None:
+    async def body() -> None:
+        slow = Behavior(first_delay_s=0.6)
+        latency, bulk = (
+            await FakeReplica(name="latency", behavior=slow).start(),
+            await FakeReplica(name="bulk", behavior=slow).start(),
+        )
+        config = router_config(
+            {"interactive": [latency.url], "bulk": [bulk.url]},
+            class_pools={"batch": "bulk", "long_prefill": "bulk"},
+            default_pool="interactive",
+            spill={"bulk": "interactive"},
+            spill_max_prompt_tokens=100,
+        )
+        router = await start_router(config)
+
+        async def send(s: aiohttp.ClientSession, words: int) -> str:
+            payload = chat_body(" ".join(["word"] * words))
+            headers = {"x-request-class": "batch"}
+            async with s.post(f"{router.url}/v1/chat/completions", json=payload, headers=headers) as resp:
+                assert resp.status == 200
+                return resp.headers["x-forge-pool"]
+
+        try:
+            async with aiohttp.ClientSession() as s:
+                first = asyncio.create_task(send(s, 5))
+                await asyncio.sleep(0.2)
+                # Bulk busy, latency idle, but ~500 estimated tokens: it waits on bulk.
+                long = asyncio.create_task(send(s, 400))
+                await asyncio.sleep(0.2)
+                # A short prompt in the same situation borrows the idle latency replica.
+                short = asyncio.create_task(send(s, 5))
+                assert list(await asyncio.gather(first, long, short)) == ["bulk", "bulk", "interactive"]
+        finally:
+            await router.stop()
+            await latency.stop()
+            await bulk.stop()
+
+    run(body())
+
+
 def test_the_router_writes_each_classs_priority_into_the_request() -> None:
     async def body() -> None:
         replica = await FakeReplica().start()
