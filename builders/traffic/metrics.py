@@ -133,6 +133,8 @@ class ClassSummary:
     gate_passed: bool
     gate_failures: tuple[str, ...]
     routed_as: dict[str, int]
+    served_by: dict[str, int]
+    """Requests per pool that answered (x-forge-pool): where work-conserving routing put a class's work."""
     error_samples: tuple[str, ...]
 
     @property
@@ -152,6 +154,7 @@ class ClassSummary:
             "gate_passed": self.gate_passed,
             "gate_failures": list(self.gate_failures),
             "routed_as": dict(self.routed_as),
+            "served_by": dict(self.served_by),
             "error_samples": list(self.error_samples),
         }
 
@@ -184,6 +187,7 @@ def summarize(request_class: RequestClass, records: Sequence[RequestRecord], slo
         if goodput < slo.min_goodput:
             failures.append(f"goodput {goodput:.3f} < {slo.min_goodput}")
     routed = Counter(r.routed_class or "unknown" for r in records)
+    pools = Counter(r.pool or "unknown" for r in records)
     samples = tuple(dict.fromkeys(r.error for r in records if r.error))[:3]
     return ClassSummary(
         request_class=request_class,
@@ -197,5 +201,6 @@ def summarize(request_class: RequestClass, records: Sequence[RequestRecord], slo
         gate_passed=not failures,
         gate_failures=tuple(failures),
         routed_as=dict(sorted(routed.items())),
+        served_by=dict(sorted(pools.items())),
         error_samples=samples,
     )

@@ -68,7 +68,9 @@ def test_a_short_sweep_writes_table_json_and_plots_for_each_profile(tmp_path: Pa
         for row in profile["classes"].values():
             assert set(row) == set(ROW_KEYS)
             assert row["requests"] >= 1
-    assert set(written["goal"]) == {"interactive_ttft_p99_ratio", "long_prefill_good_ratio"}
+    assert set(written["goal"]) == {"interactive_ttft_p99_ratio", "long_prefill_good_ratio", "batch_good_ratio"}
+    served = written["profiles"]["shared"]["classes"]["batch"]["served_by"]
+    assert sum(served.values()) == written["profiles"]["shared"]["classes"]["batch"]["requests"]
     table = (tmp_path / "sweep.md").read_text(encoding="utf-8").splitlines()
     assert len(table) == 2 + 2 * len(ALL_CLASSES)
     for name in ("ttft-cdf.png", "goodput.png"):

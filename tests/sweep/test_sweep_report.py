@@ -77,6 +77,8 @@ def test_the_goal_compares_interactive_p99_and_long_prefill_good_requests_with_t
     wc_p99 = report["profiles"]["work-conserving"]["classes"]["interactive"]["ttft_ms"]["p99"]
     assert goal["interactive_ttft_p99_ratio"] == round(wc_p99 / shared_p99, 3)
     assert goal["long_prefill_good_ratio"] == 0.5
+    # No batch traffic in either run: nothing to compare, said as None rather than a made-up ratio.
+    assert goal["batch_good_ratio"] is None
     assert compare_to(report["profiles"], reference="shared", candidate="missing") is None
 
 
@@ -86,6 +88,8 @@ def test_markdown_has_a_row_per_profile_and_class(tmp_path: Path) -> None:
     assert lines[0].startswith("| profile | class |")
     assert len(lines) == 2 + 4
     assert "| work-conserving | interactive | 3 | 1 |" in text
+    # No x-forge-pool answered in these records: the pool column says unknown rather than guessing.
+    assert lines[2].endswith("| unknown 3 |")
 
 
 def test_plots_are_png_files(tmp_path: Path) -> None:

@@ -56,6 +56,9 @@ def test_router_classifies_generated_traffic_by_content() -> None:
             RequestClass.SLOW_STREAM: {"slow_stream": 2},
         }
         assert all(s.errors == 0 for s in result.summaries.values()), result.summary_json()
+        served = {c: s.served_by for c, s in result.summaries.items()}
+        assert served[RequestClass.BATCH] == {"bulk": 2} and served[RequestClass.LONG_PREFILL] == {"bulk": 2}
+        assert served[RequestClass.AGENT] == {"chat": 4}
         pools = {(r.request_class, r.pool) for r in result.records}
         assert (RequestClass.LONG_PREFILL, "bulk") in pools and (RequestClass.BATCH, "bulk") in pools
         assert {p for c, p in pools if c not in (RequestClass.LONG_PREFILL, RequestClass.BATCH)} == {"chat"}
