@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import aiohttp
 import pytest
@@ -13,86 +14,54 @@ from builders.router import start_router
 from builders.router.config import config_from_mapping
 
 
-async def ask(session: aiohttp.ClientSession, url: str, request_class: str) -> str:
+async def ask(session: aiohttp.ClientSession, url: str, request_class: str, words: int | None = None) -> str:
     headers = {"x-request-class": request_class}
-    async with session.post(f"{url}/v1/chat/completions", json=chat_body(), headers=headers) as resp:
+    payload = chat_body() if words is None else chat_body(" ".join(["word"] * words))
+    async with session.post(f"{url}/v1/chat/completions", json=payload, headers=headers) as resp:
         await resp.read()
         assert resp.status == 200
         return resp.headers["x-forge-pool"]
 
 
-def test_bulk_spills_onto_the_latency_pool_only_while_it_is_idle_and_bulk_is_busy() -> None:
-    async def body() -> None:
-        slow = Behavior(first_delay_s=0.6)
-        latency, bulk = (
-            await FakeReplica(name="latency", behavior=slow).start(),
-            await FakeReplica(name="bulk", behavior=slow).start(),
-        )
-        config = router_config(
-            {"interactive": [latency.url], "bulk": [bulk.url]},
-            class_pools={"batch": "bulk", "long_prefill": "bulk"},
-            default_pool="interactive",
-            spill={"bulk": "interactive"},
-        )
-        router = await start_router(config)
-        try:
-            async with aiohttp.ClientSession() as s:
-                # Bulk idle: a bulk request stays on its own pool.
-                first = asyncio.create_task(ask(s, router.url, "batch"))
+async def pools_chosen(sends: list[tuple[str, int]], **router: Any) -> list[str]:
+    """Send (class, prompt words) requests 0.2 s apart to a latency and a bulk replica that each take 0.6 s to
+    answer, with bulk spilling onto latency; the pool that answered each."""
+    slow = Behavior(first_delay_s=0.6)
+    latency = await FakeReplica(name="latency", behavior=slow).start()
+    bulk = await FakeReplica(name="bulk", behavior=slow).start()
+    config = router_config(
+        {"interactive": [latency.url], "bulk": [bulk.url]},
+        class_pools={"batch": "bulk", "long_prefill": "bulk"},
+        default_pool="interactive",
+        spill={"bulk": "interactive"},
+        **router,
+    )
+    running = await start_router(config)
+    try:
+        async with aiohttp.ClientSession() as s:
+            tasks = []
+            for request_class, words in sends:
+                tasks.append(asyncio.create_task(ask(s, running.url, request_class, words)))
                 await asyncio.sleep(0.2)
-                # Bulk busy, latency idle: the next one borrows the latency replica.
-                second = asyncio.create_task(ask(s, router.url, "batch"))
-                await asyncio.sleep(0.2)
-                # Both busy: the third waits its turn on bulk rather than queueing on the latency replica.
-                third = asyncio.create_task(ask(s, router.url, "long_prefill"))
-                assert list(await asyncio.gather(first, second, third)) == ["bulk", "interactive", "bulk"]
-        finally:
-            await router.stop()
-            await latency.stop()
-            await bulk.stop()
+            return list(await asyncio.gather(*tasks))
+    finally:
+        await running.stop()
+        await latency.stop()
+        await bulk.stop()
 
-    run(body())
+
+def test_bulk_spills_onto_the_latency_pool_only_while_it_is_idle_and_bulk_is_busy() -> None:
+    # Bulk idle: the first stays on its own pool. Bulk busy, latency idle: the second borrows the latency
+    # replica. Both busy: the third waits its turn on bulk rather than queueing on the latency replica.
+    chosen = run(pools_chosen([("batch", 1), ("batch", 1), ("long_prefill", 1)]))
+    assert chosen == ["bulk", "interactive", "bulk"]
 
 
 def test_only_short_prompts_spill_when_a_prompt_bound_is_set() -> None:
-    async def body() -> None:
-        slow = Behavior(first_delay_s=0.6)
-        latency, bulk = (
-            await FakeReplica(name="latency", behavior=slow).start(),
-            await FakeReplica(name="bulk", behavior=slow).start(),
-        )
-        config = router_config(
-            {"interactive": [latency.url], "bulk": [bulk.url]},
-            class_pools={"batch": "bulk", "long_prefill": "bulk"},
-            default_pool="interactive",
-            spill={"bulk": "interactive"},
-            spill_max_prompt_tokens=100,
-        )
-        router = await start_router(config)
-
-        async def send(s: aiohttp.ClientSession, words: int) -> str:
-            payload = chat_body(" ".join(["word"] * words))
-            headers = {"x-request-class": "batch"}
-            async with s.post(f"{router.url}/v1/chat/completions", json=payload, headers=headers) as resp:
-                assert resp.status == 200
-                return resp.headers["x-forge-pool"]
-
-        try:
-            async with aiohttp.ClientSession() as s:
-                first = asyncio.create_task(send(s, 5))
-                await asyncio.sleep(0.2)
-                # Bulk busy, latency idle, but ~500 estimated tokens: it waits on bulk.
-                long = asyncio.create_task(send(s, 400))
-                await asyncio.sleep(0.2)
-                # A short prompt in the same situation borrows the idle latency replica.
-                short = asyncio.create_task(send(s, 5))
-                assert list(await asyncio.gather(first, long, short)) == ["bulk", "bulk", "interactive"]
-        finally:
-            await router.stop()
-            await latency.stop()
-            await bulk.stop()
-
-    run(body())
+    # Bulk busy and latency idle for the second and the third, but the second is ~500 estimated tokens:
+    # it waits on bulk, and the short third borrows the idle latency replica.
+    chosen = run(pools_chosen([("batch", 5), ("batch", 400), ("batch", 5)], spill_max_prompt_tokens=100))
+    assert chosen == ["bulk", "bulk", "interactive"]
 
 
 def test_the_router_writes_each_classs_priority_into_the_request() -> None:
