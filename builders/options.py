@@ -96,8 +96,10 @@ class BuildOptions:
         ),
     ] = None
     # The build's own.
-    skip_preflight: Annotated[bool, Flag()] = False
-    skip_tests: Annotated[bool, Flag()] = False
+    skip_preflight: Annotated[
+        bool, Flag("build without the preflight gates (the report then says preflight was skipped, never clear)")
+    ] = False
+    skip_tests: Annotated[bool, Flag("tag the image without running its test stage")] = False
     locked: Annotated[bool, Flag("refuse to build when an input differs from forge.lock")] = False
     # A path, or `none`; builders/trust.find_ca_bundle resolves it (and the environment's) to the file.
     ca_bundle: Annotated[str | None, Flag("PEM bundle to trust (default: $PIP_CERT etc.; `none` to disable)")] = None
