@@ -95,6 +95,8 @@ class _Call:
     """When the replica last sent something (or the attempt began): a health check spares a flowing stream."""
     stop_kind: str | None = None
     stop_reason: str | None = None
+    head_sent: bool = False
+    """The streamed response's head is on the client's transport, so chunks may be framed and written there."""
     delivered: bool = False
     """The whole answer, [DONE] included, reached the client's socket: a close after this is normal."""
 
@@ -506,8 +508,12 @@ class Router:
         call.upstream = upstream
         if upstream.status != 200 or not call.parsed.stream:
             return await self._read_whole(call, replica, upstream, deadline)
+        content = upstream.content
         try:
-            first = await asyncio.wait_for(upstream.content.readany(), timeout=max(0.001, deadline - time.monotonic()))
+            # The first event usually arrives with the head: taking what is buffered saves a task and a timer.
+            first = content.read_nowait()
+            if not first and not content.at_eof():
+                first = await asyncio.wait_for(content.readany(), timeout=max(0.001, deadline - time.monotonic()))
         except TimeoutError:
             self._abort_upstream(call, upstream)
             return self._first_byte_timeout(call)
@@ -657,15 +663,25 @@ class Router:
                 # A client that keeps up: after this write the buffer is still at or under the low-water
                 # mark, so the transport is not paused, neither the write nor a drain can wait, and no
                 # timer is needed. Nearly every event of a healthy stream takes this path.
-                try:
-                    await resp.write(chunk)
-                except ConnectionError:
-                    raise _ClientGone from None
-                self.stream_buffer_peak = max(self.stream_buffer_peak, transport.get_write_buffer_size())
+                if call.head_sent:
+                    # The same chunk framing aiohttp's writer would produce, without its coroutine and
+                    # bookkeeping: on a 32-event stream that was a third of the router's own CPU.
+                    transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+                else:
+                    # The first write goes through aiohttp, which sends the response head with it.
+                    try:
+                        await resp.write(chunk)
+                    except ConnectionError:
+                        raise _ClientGone from None
+                    call.head_sent = True
+                buffered = transport.get_write_buffer_size()
+                if buffered > self.stream_buffer_peak:
+                    self.stream_buffer_peak = buffered
                 continue
             began = time.monotonic()
             try:
                 await asyncio.wait_for(resp.write(chunk), timeout=cfg.stream_cut_timeout_s)
+                call.head_sent = True
                 buffered = transport.get_write_buffer_size()
                 self.stream_buffer_peak = max(self.stream_buffer_peak, buffered)
                 remaining = cfg.stream_cut_timeout_s - (time.monotonic() - began)
@@ -692,6 +708,7 @@ class Router:
             await resp.prepare(request)
             call.series.ttft.observe(time.monotonic() - call.started)
             chunk = first
+            write_low = self._write_low
             failure: tuple[str, int, str] | None = None
             while chunk:
                 call.last_upstream = now = time.monotonic()
@@ -701,7 +718,18 @@ class Router:
                     failure = ("upstream_error", 502, f"replica {replica.url} sent {exc}")
                     break
                 if complete:
-                    await self._send(call, resp, transport, complete)
+                    size = len(complete)
+                    if call.head_sent and size + transport.get_write_buffer_size() <= write_low:
+                        # _send's common case inline (a client that keeps up): one synchronous write and
+                        # no coroutine per event.
+                        if transport.is_closing():
+                            raise _ClientGone
+                        transport.write(b"%x\r\n%b\r\n" % (size, complete))
+                        buffered = transport.get_write_buffer_size()
+                        if buffered > self.stream_buffer_peak:
+                            self.stream_buffer_peak = buffered
+                    else:
+                        await self._send(call, resp, transport, complete)
                     # From here a client that closes has its whole answer (SDK clients close on [DONE]).
                     call.delivered = events.done
                 for gap in gaps:
