@@ -39,6 +39,7 @@ from builders.router.openai_request import BadRequest, Endpoint, ParsedRequest, 
 from builders.router.prometheus import CONTENT_TYPE
 from builders.router.replicas import Pool, Replica
 from builders.router.router_metrics import ClassSeries, RouterMetrics
+from builders.router.upstream import ConnectFailed, Exchange, UpstreamFailed, UpstreamPool
 from builders.router.work_conserving import spill_target, with_priority
 
 HEADER_POOL = "x-forge-pool"
@@ -89,8 +90,8 @@ class _Call:
     failures: list[str] = field(default_factory=list)
     replica: Replica | None = None
     """The replica being tried or streamed from, so a health check that marks it down can find the call."""
-    pending: asyncio.Future[aiohttp.ClientResponse] | None = None
-    upstream: aiohttp.ClientResponse | None = None
+    pending: asyncio.Future[Any] | None = None
+    upstream: aiohttp.ClientResponse | Exchange | None = None
     last_upstream: float = 0.0
     """When the replica last sent something (or the attempt began): a health check spares a flowing stream."""
     stop_kind: str | None = None
@@ -123,7 +124,7 @@ class _Call:
 @dataclass(kw_only=True)
 class _Opened:
     replica: Replica
-    upstream: aiohttp.ClientResponse
+    upstream: Exchange
     first_chunk: bytes
 
 
@@ -145,6 +146,7 @@ class Router:
         self.metrics = RouterMetrics({c.value: config.pool_for(c) for c in ALL_CLASSES})
         self._session: aiohttp.ClientSession | None = None
         self._health_session: aiohttp.ClientSession | None = None
+        self._upstream: UpstreamPool | None = None
         self._health_task: asyncio.Task[None] | None = None
         self.stream_buffer_peak = 0
         self.streams_active = 0
@@ -177,6 +179,7 @@ class Router:
         # a check would time out and mark a healthy replica down exactly when it is serving most.
         replicas = sum(len(pool.replicas) for pool in self.pools.values())
         self._health_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=replicas, limit_per_host=1))
+        self._upstream = UpstreamPool(limit=self.config.upstream_connection_limit)
         self._health_task = asyncio.create_task(self._health_loop())
         try:
             yield
@@ -186,12 +189,19 @@ class Router:
                 await self._health_task
             await self._health_session.close()
             await self._session.close()
+            self._upstream.close()
 
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
             raise RuntimeError("the router's client session exists only while the app runs")
         return self._session
+
+    @property
+    def upstream(self) -> UpstreamPool:
+        if self._upstream is None:
+            raise RuntimeError("the router's upstream pool exists only while the app runs")
+        return self._upstream
 
     # --- health ----------------------------------------------------------------------------------
 
@@ -468,6 +478,8 @@ class Router:
         """One try on one replica: an opened response, a final answer, or the reason to try the next one."""
         cfg = self.config
         deadline = call.started + cfg.first_byte_timeout_s
+        if call.parsed.stream:
+            return await self._attempt_stream(call, replica, deadline)
         url = f"{replica.url}{call.parsed.endpoint.value}"
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout_s, connect=cfg.connect_timeout_s)
         # A future of its own, so a health check or a drain can cancel the wait without cancelling the handler.
@@ -506,30 +518,110 @@ class Router:
             upstream.close()
             return f"answered {upstream.status}"
         call.upstream = upstream
-        if upstream.status != 200 or not call.parsed.stream:
-            return await self._read_whole(call, replica, upstream, deadline)
-        content = upstream.content
+        return await self._read_whole(call, replica, upstream, deadline)
+
+    async def _attempt_stream(self, call: _Call, replica: Replica, deadline: float) -> _Opened | web.Response | str:
+        """_attempt for a streamed request, on the router's own client (builders/router/upstream.py)."""
+        cfg = self.config
+
+        async def send() -> Exchange:
+            exchange = await self.upstream.send(
+                replica.url, call.parsed.endpoint.value, call.raw, self._upstream_headers(), cfg.connect_timeout_s
+            )
+            try:
+                await exchange.head()
+            except BaseException:
+                exchange.close()
+                raise
+            return exchange
+
+        # A future of its own, so a health check or a drain can cancel the wait without cancelling the handler.
+        post = asyncio.ensure_future(send())
+        call.pending = post
+        try:
+            done, _ = await asyncio.wait((post,), timeout=max(0.001, deadline - time.monotonic()))
+        except asyncio.CancelledError:
+            post.cancel()
+            self.metrics.upstream_aborts.inc(call.labels)
+            raise
+        finally:
+            call.pending = None
+        if not done:
+            post.cancel()
+            self.metrics.upstream_aborts.inc(call.labels)
+            return self._first_byte_timeout(call)
+        if post.cancelled():
+            return self._stopped(call)
+        try:
+            exchange = post.result()
+        except ConnectFailed as exc:
+            replica.mark_down(f"connect failed: {exc}")
+            return f"connect failed ({exc})"
+        except UpstreamFailed as exc:
+            return f"failed before any byte ({exc})"
+        if call.interrupted():
+            # Interrupted in the moment between the answer's arrival and this coroutine resuming.
+            self._abort_upstream(call, exchange)
+            return self._stopped(call)
+        if exchange.status >= 500:
+            # Only the status: the replica's error text can carry paths and internals.
+            exchange.close()
+            return f"answered {exchange.status}"
+        call.upstream = exchange
+        if exchange.status != 200:
+            return await self._read_exchange(call, replica, exchange, deadline)
         try:
             # The first event usually arrives with the head: taking what is buffered saves a task and a timer.
-            first = content.read_nowait()
-            if not first and not content.at_eof():
-                first = await asyncio.wait_for(content.readany(), timeout=max(0.001, deadline - time.monotonic()))
+            first = exchange.take()
+            if not first and not exchange.complete:
+                first = await asyncio.wait_for(exchange.body_chunk(), timeout=max(0.001, deadline - time.monotonic()))
         except TimeoutError:
-            self._abort_upstream(call, upstream)
+            self._abort_upstream(call, exchange)
             return self._first_byte_timeout(call)
-        except (aiohttp.ClientError, OSError) as exc:
-            upstream.close()
+        except UpstreamFailed as exc:
+            exchange.close()
             call.upstream = None
             if call.interrupted():
                 return self._stopped(call)
-            return f"died before the first byte ({type(exc).__name__})"
+            return f"died before the first byte ({exc})"
         except asyncio.CancelledError:
-            self._abort_upstream(call, upstream)
+            self._abort_upstream(call, exchange)
             raise
         if not first:
-            upstream.close()
+            exchange.close()
             return "closed the stream before the first byte"
-        return _Opened(replica=replica, upstream=upstream, first_chunk=first)
+        return _Opened(replica=replica, upstream=exchange, first_chunk=first)
+
+    async def _read_exchange(self, call: _Call, replica: Replica, exchange: Exchange, deadline: float) -> web.Response:
+        """A streamed request's answer that is not a stream (an upstream 4xx): read it all, bounded, and pass it on."""
+        limit = self.config.max_response_bytes
+        try:
+            body = await asyncio.wait_for(
+                exchange.read_body(limit),
+                timeout=max(self.config.upstream_idle_timeout_s, deadline - time.monotonic()),
+            )
+        except asyncio.CancelledError:
+            self._abort_upstream(call, exchange)
+            raise
+        except (UpstreamFailed, TimeoutError) as exc:
+            exchange.close()
+            if call.stop_kind is not None:
+                return self._error(call, 503, call.stop_kind, call.stop_reason or "interrupted")
+            return self._error(
+                call,
+                502,
+                "upstream_died",
+                f"replica {replica.url} failed while sending its response ({type(exc).__name__})",
+                replica=replica.url,
+            )
+        finally:
+            call.upstream = None
+        if body is None:
+            return self._error(call, 502, "upstream_error", f"replica {replica.url} sent more than {limit} bytes")
+        exchange.release()
+        headers = call.headers(replica)
+        headers["Content-Type"] = exchange.content_type or "application/json"
+        return web.Response(status=exchange.status, body=body, headers=headers)
 
     def _first_byte_timeout(self, call: _Call) -> web.Response:
         # No failover here: the replica may still be working on it, and a retry would double the load.
@@ -694,67 +786,52 @@ class Router:
             if time.monotonic() - began > cfg.slow_client.stall_s:
                 self.classifier.mark_slow(call.client_id)
 
-    async def _pump(
-        self, call: _Call, replica: Replica, upstream: aiohttp.ClientResponse, first: bytes
-    ) -> web.StreamResponse:
+    async def _pump(self, call: _Call, replica: Replica, upstream: Exchange, first: bytes) -> web.StreamResponse:
         request = call.request
         headers = call.headers(replica)
         headers.update({"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         resp = web.StreamResponse(status=200, headers=headers)
         events = _EventFramer(max_pending=self.config.stream_buffer_bytes // 2)
-        silence = _SilenceWatch(upstream.content, self.config.upstream_idle_timeout_s)
+        relay: _Relay | None = None
         try:
             transport = self._prepare_transport(request)
             await resp.prepare(request)
             call.series.ttft.observe(time.monotonic() - call.started)
-            chunk = first
-            write_low = self._write_low
             failure: tuple[str, int, str] | None = None
-            while chunk:
-                call.last_upstream = now = time.monotonic()
-                try:
-                    complete, gaps = events.feed(chunk, now)
-                except _InvalidStream as exc:
-                    failure = ("upstream_error", 502, f"replica {replica.url} sent {exc}")
-                    break
+            call.last_upstream = now = time.monotonic()
+            try:
+                complete, gaps = events.feed(first, now)
+            except _InvalidStream as exc:
+                failure = ("upstream_error", 502, f"replica {replica.url} sent {exc}")
+            else:
                 if complete:
-                    size = len(complete)
-                    if call.head_sent and size + transport.get_write_buffer_size() <= write_low:
-                        # _send's common case inline (a client that keeps up): one synchronous write and
-                        # no coroutine per event.
-                        if transport.is_closing():
-                            raise _ClientGone
-                        transport.write(b"%x\r\n%b\r\n" % (size, complete))
-                        buffered = transport.get_write_buffer_size()
-                        if buffered > self.stream_buffer_peak:
-                            self.stream_buffer_peak = buffered
-                    else:
-                        await self._send(call, resp, transport, complete)
-                    # From here a client that closes has its whole answer (SDK clients close on [DONE]).
+                    # Through aiohttp, which sends the response head with it.
+                    await self._send(call, resp, transport, complete)
                     call.delivered = events.done
                 for gap in gaps:
                     call.series.itl.observe(gap)
-                try:
-                    silence.reading_since = silence.clock()
-                    chunk = await upstream.content.readany()
-                    silence.reading_since = None
-                except TimeoutError:
-                    failure = (
-                        "upstream_died",
-                        502,
-                        f"replica {replica.url} sent nothing for {self.config.upstream_idle_timeout_s}s",
-                    )
-                except (aiohttp.ClientError, OSError) as exc:
+            if failure is None:
+                relay = _Relay(self, call, replica, upstream, events, transport)
+                while True:
+                    if relay.gone:
+                        raise _ClientGone
+                    if relay.backlog:
+                        # The client fell behind: the replica is paused while this waits for it.
+                        data = b"".join(relay.backlog)
+                        relay.backlog.clear()
+                        await self._send(call, resp, transport, data)
+                        call.delivered = events.done
+                        relay.resume()
+                        continue
+                    if relay.failure is not None or relay.ended:
+                        break
+                    await relay.news()
+                failure = relay.failure
+                if failure is None and upstream.error is not None:
                     if call.stop_kind is not None:
                         failure = (call.stop_kind, 503, call.stop_reason or "interrupted")
                     else:
-                        failure = (
-                            "upstream_died",
-                            502,
-                            f"replica {replica.url} failed mid-stream ({type(exc).__name__})",
-                        )
-                if failure is not None:
-                    break
+                        failure = ("upstream_died", 502, f"replica {replica.url} failed mid-stream ({upstream.error})")
             if failure is None and not (events.flush() == b"" and events.done):
                 failure = ("upstream_error", 502, f"replica {replica.url} ended the stream without data: [DONE]")
             if failure is not None and call.delivered:
@@ -792,10 +869,11 @@ class Router:
             self.metrics.errors.inc({**call.labels, "kind": "client_gone"})
             self._abort_upstream(call, upstream)
         finally:
-            silence.close()
+            if relay is not None:
+                relay.close()
         return resp
 
-    def _abort_upstream(self, call: _Call, upstream: aiohttp.ClientResponse) -> None:
+    def _abort_upstream(self, call: _Call, upstream: aiohttp.ClientResponse | Exchange) -> None:
         # Closing (not releasing) the upstream connection is how vLLM learns to abort the sequence.
         if not upstream.closed:
             upstream.close()
@@ -822,35 +900,126 @@ def _is_sse(complete: bytes, events: int) -> bool:
     return all(_SSE_FIELD.match(line) for line in complete.splitlines())
 
 
-class _SilenceWatch:
-    """A stream's upstream idle timeout at one timer per idle period, not one per read.
+class _Relay:
+    """A stream's events from its replica to its client, moved inside the upstream's data_received.
 
-    A timeout around each read (wait_for, asyncio.timeout) cost a Task or a timer per streamed event.
-    Here the stream notes when its current read began; the timer, when it fires, fails that read with
-    TimeoutError if it has waited the whole period, and otherwise re-arms for when it could have.
+    While the client keeps up (its write buffer stays under the low-water mark) each chunk is framed,
+    timed and written synchronously, so the handler sleeps through the whole stream. Otherwise the
+    replica's connection is paused and the chunk left in `backlog` for the handler, which sends it
+    with the cut timeout (Router._send) and resumes the replica: a slow reader holds a bounded buffer
+    and blocks nobody else. The upstream idle timeout is one timer per idle period, re-armed from the
+    last byte, and counts only while the replica is being read.
     """
 
-    def __init__(self, content: aiohttp.StreamReader, idle_s: float) -> None:
+    def __init__(
+        self,
+        router: Router,
+        call: _Call,
+        replica: Replica,
+        exchange: Exchange,
+        events: _EventFramer,
+        transport: asyncio.Transport,
+    ) -> None:
         loop = asyncio.get_running_loop()
-        self._content = content
-        self._idle_s = idle_s
         self._loop = loop
-        self.clock = loop.time
-        self.reading_since: float | None = None
-        """When the pending read began; None while the stream is not waiting for upstream."""
-        self._timer = loop.call_at(loop.time() + idle_s, self._check)
+        self._router = router
+        self._call = call
+        self._replica = replica
+        self._exchange = exchange
+        self._events = events
+        self._transport = transport
+        self._write_low = router._write_low
+        self._itl = call.series.itl
+        self._idle_s = router.config.upstream_idle_timeout_s
+        self.backlog: list[bytes] = []
+        self.failure: tuple[str, int, str] | None = None
+        self.ended = False
+        self.gone = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._quiet_since: float | None = loop.time()
+        """When the replica last sent something or was resumed; None while it is paused for the client."""
+        self._timer = loop.call_at(loop.time() + self._idle_s, self._check_silence)
+        exchange.sink = self.on_body
+        exchange.on_end = self.on_end
+        early = exchange.take()
+        if early:
+            self.on_body(early)
+        if exchange.complete or exchange.error is not None:
+            self.ended = True
 
-    def _check(self) -> None:
-        now = self._loop.time()
-        since = self.reading_since
-        # The tolerance absorbs a timer that fires a clock tick early; it is not part of the limit.
-        if since is not None and now - since >= self._idle_s - 0.001:
-            self._content.set_exception(TimeoutError())
+    def on_body(self, data: bytes) -> None:
+        if self.failure is not None or self.gone:
             return
-        self._timer = self._loop.call_at((now if since is None else since) + self._idle_s, self._check)
+        call = self._call
+        call.last_upstream = now = time.monotonic()
+        self._quiet_since = self._loop.time() if self._quiet_since is not None else None
+        try:
+            complete, gaps = self._events.feed(data, now)
+        except _InvalidStream as exc:
+            self._fail(("upstream_error", 502, f"replica {self._replica.url} sent {exc}"))
+            return
+        if complete:
+            transport = self._transport
+            size = len(complete)
+            if self.backlog or size + transport.get_write_buffer_size() > self._write_low:
+                self.backlog.append(complete)
+                self._exchange.pause_reading()
+                self._quiet_since = None
+                self._wake()
+            elif transport.is_closing():
+                self.gone = True
+                self._wake()
+                return
+            else:
+                # The chunk framing aiohttp's writer would produce; the response head went out with the first event.
+                transport.write(b"%x\r\n%b\r\n" % (size, complete))
+                buffered = transport.get_write_buffer_size()
+                router = self._router
+                if buffered > router.stream_buffer_peak:
+                    router.stream_buffer_peak = buffered
+                # From here a client that closes has its whole answer (SDK clients close on [DONE]).
+                call.delivered = self._events.done
+        for gap in gaps:
+            self._itl.observe(gap)
+
+    def on_end(self) -> None:
+        self.ended = True
+        self._wake()
+
+    def resume(self) -> None:
+        self._quiet_since = self._loop.time()
+        self._exchange.resume_reading()
+
+    def _fail(self, failure: tuple[str, int, str]) -> None:
+        self.failure = failure
+        self._exchange.pause_reading()
+        self._wake()
+
+    def _check_silence(self) -> None:
+        now = self._loop.time()
+        since = self._quiet_since
+        # The tolerance absorbs a timer that fires a clock tick early; it is not part of the limit.
+        if since is not None and now - since >= self._idle_s - 0.001 and self.failure is None:
+            self._fail(("upstream_died", 502, f"replica {self._replica.url} sent nothing for {self._idle_s}s"))
+            return
+        self._timer = self._loop.call_at((now if since is None else since) + self._idle_s, self._check_silence)
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def news(self) -> None:
+        self._waiter = self._loop.create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
 
     def close(self) -> None:
         self._timer.cancel()
+        self._exchange.sink = None
+        self._exchange.on_end = None
 
 
 class _EventFramer:

@@ -1,0 +1,298 @@
+"""The router's HTTP/1.1 client for streamed requests: pooled keep-alive connections, a C parser, and body
+bytes handed to a callback inside data_received.
+
+aiohttp's client hands each body chunk through a StreamReader to a coroutine that awaits it: a future,
+a task step and several Python calls per streamed event, which on a 32-event stream was the largest
+part of the router's own CPU. Here httptools parses in C and `Exchange.sink` runs synchronously for
+every body chunk, so a relay can write the chunk to its client and count it without waking a coroutine;
+flow control is the transport's own pause_reading()/resume_reading().
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import cast
+from urllib.parse import urlsplit
+
+import httptools
+
+
+class UpstreamFailed(Exception):
+    """The exchange ended before its message was complete: connection lost, closed, or bytes not HTTP."""
+
+
+class ConnectFailed(UpstreamFailed):
+    """No connection could be opened (refused, unreachable, or not within the connect timeout)."""
+
+
+class Exchange:
+    """One request and its response on one pooled connection.
+
+    The owner reads `status` once `head()` returns, then either collects the body (`read_body`) or
+    sets `sink` to receive every later body chunk as it arrives. `close()` aborts the connection unless
+    the exchange was complete and handed back to the pool, so a late close never touches a reused one.
+    """
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection: Connection | None = connection
+        self._parser = httptools.HttpResponseParser(self)
+        self.status = 0
+        self.content_type: str | None = None
+        self.complete = False
+        self.error: UpstreamFailed | None = None
+        self.sink: Callable[[bytes], None] | None = None
+        """Called with each body chunk inside data_received; until set, chunks are buffered."""
+        self.on_end: Callable[[], None] | None = None
+        """Called once when the message completes or the exchange fails, after `sink` is set."""
+        self.buffered: list[bytes] = []
+        self.buffered_bytes = 0
+        self._head_seen = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    # --- httptools callbacks ----------------------------------------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() == b"content-type":
+            self.content_type = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        self.status = self._parser.get_status_code()
+        self._head_seen = True
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        sink = self.sink
+        if sink is not None:
+            sink(body)
+            return
+        self.buffered.append(body)
+        self.buffered_bytes += len(body)
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        self._wake()
+        if self.on_end is not None:
+            self.on_end()
+
+    # --- fed by the connection --------------------------------------------------------------------
+
+    def feed(self, data: bytes) -> None:
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self.fail(UpstreamFailed(f"the replica sent bytes that are not HTTP ({exc})"))
+            self.close()
+
+    def fail(self, error: UpstreamFailed) -> None:
+        if self.complete or self.error is not None:
+            return
+        self.error = error
+        self._wake()
+        if self.on_end is not None:
+            self.on_end()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # --- for the owner ----------------------------------------------------------------------------
+
+    async def _news(self) -> None:
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    async def head(self) -> int:
+        """Wait for the response head; its status code."""
+        while not self._head_seen:
+            if self.error is not None:
+                raise self.error
+            await self._news()
+        return self.status
+
+    def take(self) -> bytes:
+        """What is buffered of the body, without waiting."""
+        data = b"".join(self.buffered)
+        self.buffered.clear()
+        self.buffered_bytes = 0
+        return data
+
+    async def body_chunk(self) -> bytes:
+        """What is buffered of the body, waiting for some if none is; b"" at the end of the message."""
+        while not self.buffered:
+            if self.error is not None:
+                raise self.error
+            if self.complete:
+                return b""
+            await self._news()
+        return self.take()
+
+    async def read_body(self, limit: int) -> bytes | None:
+        """The whole body, or None once it passes `limit` bytes (the connection is then closed)."""
+        while not self.complete:
+            if self.error is not None:
+                raise self.error
+            if self.buffered_bytes > limit:
+                self.close()
+                return None
+            await self._news()
+        if self.buffered_bytes > limit:
+            self.close()
+            return None
+        return b"".join(self.buffered)
+
+    @property
+    def closed(self) -> bool:
+        return self._connection is None
+
+    def pause_reading(self) -> None:
+        if self._connection is not None:
+            self._connection.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self._connection is not None:
+            self._connection.resume_reading()
+
+    def release(self) -> None:
+        """Hand a complete exchange's connection back to its pool (closing it if it cannot be reused)."""
+        connection, self._connection = self._connection, None
+        if connection is None:
+            return
+        if self.complete and self._parser.should_keep_alive():
+            connection.pool.put_back(connection)
+        else:
+            connection.abort()
+
+    def close(self) -> None:
+        """Abort the connection, which is how a replica learns to stop generating for this request."""
+        connection, self._connection = self._connection, None
+        if connection is None:
+            return
+        self.fail(UpstreamFailed("closed by the router"))
+        connection.abort()
+
+
+class Connection(asyncio.Protocol):
+    def __init__(self, pool: UpstreamPool, key: tuple[str, int]) -> None:
+        self.pool = pool
+        self.key = key
+        self.transport: asyncio.Transport | None = None
+        self.exchange: Exchange | None = None
+        self._paused = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        exchange = self.exchange
+        if exchange is None:
+            # Bytes on an idle connection belong to no request: the connection cannot be trusted.
+            self.abort()
+            return
+        exchange.feed(data)
+
+    def eof_received(self) -> bool | None:
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self.pool.lost(self)
+        exchange, self.exchange = self.exchange, None
+        if exchange is not None:
+            why = f"{type(exc).__name__}: {exc}" if exc is not None else "the replica closed the connection"
+            exchange.fail(UpstreamFailed(why))
+
+    def pause_reading(self) -> None:
+        if self.transport is not None and not self._paused:
+            self._paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.transport is not None and self._paused:
+            self._paused = False
+            self.transport.resume_reading()
+
+    def abort(self) -> None:
+        self.exchange = None
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class UpstreamPool:
+    """Keep-alive connections per replica, at most `limit` open in all (idle ones included)."""
+
+    def __init__(self, *, limit: int, max_idle_per_replica: int = 64) -> None:
+        self._slots = asyncio.Semaphore(limit)
+        self._max_idle = max_idle_per_replica
+        self._idle: dict[tuple[str, int], list[Connection]] = {}
+        self._open: set[Connection] = set()
+
+    async def send(
+        self, base_url: str, path: str, body: bytes, headers: dict[str, str], connect_timeout_s: float
+    ) -> Exchange:
+        """Send one POST to a replica on a pooled connection (or a new one); the exchange to read the answer on."""
+        parts = urlsplit(base_url)
+        host = parts.hostname or "127.0.0.1"
+        port = parts.port or 80
+        key = (host, port)
+        connection = None
+        idle = self._idle.get(key)
+        while idle:
+            candidate = idle.pop()
+            if candidate.transport is not None and not candidate.transport.is_closing():
+                connection = candidate
+                break
+        if connection is None:
+            connection = await self._connect(key, connect_timeout_s)
+        exchange = Exchange(connection)
+        connection.exchange = exchange
+        connection.resume_reading()
+        head = [f"POST {path} HTTP/1.1", f"Host: {parts.netloc}", f"Content-Length: {len(body)}"]
+        head.extend(f"{name}: {value}" for name, value in headers.items())
+        assert connection.transport is not None
+        connection.transport.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
+        return exchange
+
+    async def _connect(self, key: tuple[str, int], timeout_s: float) -> Connection:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._slots.acquire()
+                try:
+                    _, connection = await loop.create_connection(lambda: Connection(self, key), key[0], key[1])
+                except BaseException:
+                    self._slots.release()
+                    raise
+        except TimeoutError:
+            raise ConnectFailed(f"no connection within {timeout_s}s") from None
+        except OSError as exc:
+            raise ConnectFailed(f"{type(exc).__name__}: {exc}") from None
+        self._open.add(connection)
+        return connection
+
+    def put_back(self, connection: Connection) -> None:
+        connection.exchange = None
+        idle = self._idle.setdefault(connection.key, [])
+        if len(idle) >= self._max_idle or connection.transport is None or connection.transport.is_closing():
+            connection.abort()
+            return
+        idle.append(connection)
+
+    def lost(self, connection: Connection) -> None:
+        if connection in self._open:
+            self._open.discard(connection)
+            self._slots.release()
+        idle = self._idle.get(connection.key)
+        if idle and connection in idle:
+            idle.remove(connection)
+
+    def close(self) -> None:
+        for connection in list(self._open):
+            connection.abort()
+        self._idle.clear()
