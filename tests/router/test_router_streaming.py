@@ -143,6 +143,56 @@ def test_client_that_never_reads_is_cut_and_upstream_aborted_with_bounded_buffer
     run(body())
 
 
+def test_client_that_never_reads_pauses_its_replica_and_delays_no_other_stream() -> None:
+    async def body() -> None:
+        flood = await FakeReplica(Behavior(endless=True, pad_bytes=2048), name="flood").start()
+        normal = await FakeReplica(Behavior(tokens=20, delay_s=0.005), name="normal").start()
+        limit = 32 * 1024
+        router = await start_router(
+            router_config(
+                {"fast": [normal.url], "bulk": [flood.url]},
+                class_pools={"batch": "bulk"},
+                stream_buffer_bytes=limit,
+                stream_cut_timeout_s=3.0,
+                client_sndbuf_bytes=4096,
+            )
+        )
+        sock = await raw_request(
+            router.url, chat_body("x", stream=True), rcvbuf=4096, headers="x-request-class: batch\r\n"
+        )
+        try:
+            # Once the buffers between them are full the router stops reading the replica (pause_reading),
+            # so the replica cannot send more however long the client stalls: the router holds a bounded amount.
+            await asyncio.sleep(0.5)
+            sent = flood.bytes_sent
+            assert sent > 0
+            ttfts = []
+            async with aiohttp.ClientSession() as session:
+                for _ in range(5):
+                    began = time.monotonic()
+                    async with session.post(f"{router.url}/v1/chat/completions", json=chat_body("y", stream=True)) as r:
+                        assert r.status == 200
+                        await r.content.readuntil(b"\n\n")
+                        ttfts.append(time.monotonic() - began)
+                        assert sse_data(await r.read())[-1] == "[DONE]"
+            assert flood.bytes_sent == sent
+            assert 0 < router.router.stream_buffer_peak <= limit
+            # Each of the other streams got its first event at once; the replica waits 0 s before it.
+            assert max(ttfts) < 0.5, ttfts
+            assert flood.aborted == 0
+            await asyncio.wait_for(flood.abort_seen.wait(), timeout=10)
+            metrics = router.router.metrics
+            assert metrics.stream_cuts.value({"class": "batch", "reason": "stalled"}) == 1
+            assert normal.completed == 5
+        finally:
+            sock.close()
+            await router.stop()
+            await flood.stop()
+            await normal.stop()
+
+    run(body())
+
+
 def test_known_slow_client_goes_to_the_slow_pool() -> None:
     async def body() -> None:
         flood = await FakeReplica(Behavior(tokens=60, pad_bytes=2048), name="main").start()
