@@ -48,6 +48,7 @@ class Exchange:
         self.buffered: list[bytes] = []
         self.buffered_bytes = 0
         self._head_seen = False
+        self.keep_alive = False
         self._waiter: asyncio.Future[None] | None = None
 
     # --- httptools callbacks ----------------------------------------------------------------------
@@ -58,6 +59,8 @@ class Exchange:
 
     def on_headers_complete(self) -> None:
         self.status = self._parser.get_status_code()
+        # Asked here: once the message is complete the parser has moved on and answers False.
+        self.keep_alive = self._parser.should_keep_alive()
         self._head_seen = True
         self._wake()
 
@@ -163,7 +166,7 @@ class Exchange:
         connection, self._connection = self._connection, None
         if connection is None:
             return
-        if self.complete and self._parser.should_keep_alive():
+        if self.complete and self.keep_alive:
             connection.pool.put_back(connection)
         else:
             connection.abort()
@@ -291,6 +294,10 @@ class UpstreamPool:
         idle = self._idle.get(connection.key)
         if idle and connection in idle:
             idle.remove(connection)
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._open)
 
     def close(self) -> None:
         for connection in list(self._open):

@@ -193,6 +193,24 @@ def test_client_that_never_reads_pauses_its_replica_and_delays_no_other_stream()
     run(body())
 
 
+def test_streams_one_after_another_reuse_one_upstream_connection() -> None:
+    async def body() -> None:
+        replica = await FakeReplica(Behavior(tokens=3)).start()
+        router = await start_router(router_config({"p": [replica.url]}))
+        try:
+            for i in range(5):
+                status, raw = await read_stream(router.url, chat_body(f"x{i}", stream=True))
+                assert status == 200 and sse_data(raw)[-1] == "[DONE]"
+            # A connection per stream would cost a handshake per request and leave TIME_WAIT sockets behind.
+            assert router.router.upstream.open_connections == 1
+            assert replica.completed == 5
+        finally:
+            await router.stop()
+            await replica.stop()
+
+    run(body())
+
+
 def test_known_slow_client_goes_to_the_slow_pool() -> None:
     async def body() -> None:
         flood = await FakeReplica(Behavior(tokens=60, pad_bytes=2048), name="main").start()
