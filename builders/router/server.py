@@ -1,4 +1,8 @@
-"""The router service: an aiohttp server in front of vLLM pools, proxying with an aiohttp client.
+"""The router service: an aiohttp server in front of vLLM pools.
+
+Streamed requests go through the router's own client (builders/router/upstream.py), whose relay
+writes each event to the client inside the replica connection's data_received; non-streamed
+requests, /v1/models and health checks use aiohttp's client.
 
 Guarantees it keeps:
 - failover to another healthy replica of the same pool only before the first response byte;
