@@ -36,7 +36,9 @@ class Exchange:
 
     def __init__(self, connection: Connection) -> None:
         self._connection: Connection | None = connection
-        self._parser = httptools.HttpResponseParser(self)
+        self._parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
+        """Dropped once the exchange is released or closed: parser and exchange refer to each other, and a
+        cycle per request would be left for the cyclic collector, whose pauses land on every stream."""
         self.status = 0
         self.content_type: str | None = None
         self.complete = False
@@ -58,9 +60,11 @@ class Exchange:
             self.content_type = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
-        self.status = self._parser.get_status_code()
+        parser = self._parser
+        assert parser is not None, "a dropped parser is never fed"
+        self.status = parser.get_status_code()
         # Asked here: once the message is complete the parser has moved on and answers False.
-        self.keep_alive = self._parser.should_keep_alive()
+        self.keep_alive = parser.should_keep_alive()
         self._head_seen = True
         self._wake()
 
@@ -82,8 +86,11 @@ class Exchange:
     # --- fed by the connection --------------------------------------------------------------------
 
     def feed(self, data: bytes) -> None:
+        parser = self._parser
+        if parser is None:
+            return
         try:
-            self._parser.feed_data(data)
+            parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self.fail(UpstreamFailed(f"the replica sent bytes that are not HTTP ({exc})"))
             self.close()
@@ -164,6 +171,7 @@ class Exchange:
     def release(self) -> None:
         """Hand a complete exchange's connection back to its pool (closing it if it cannot be reused)."""
         connection, self._connection = self._connection, None
+        self._parser = None
         if connection is None:
             return
         if self.complete and self.keep_alive:
@@ -174,6 +182,7 @@ class Exchange:
     def close(self) -> None:
         """Abort the connection, which is how a replica learns to stop generating for this request."""
         connection, self._connection = self._connection, None
+        self._parser = None
         if connection is None:
             return
         self.fail(UpstreamFailed("closed by the router"))
