@@ -142,7 +142,11 @@ class RouterConfig(BaseModel):
         "the least loaded healthy replica.",
     )
     upstream_connection_limit: int = Field(
-        default=1000, ge=1, description="Bound on open connections from the router to all replicas together."
+        default=1000,
+        ge=1,
+        description="Bound on connections in use from the router to all replicas together, for streamed and "
+        "for non-streamed requests each (two clients); idle keep-alive connections do not count. A request "
+        "waits for a free one within connect_timeout_s.",
     )
     spill: dict[str, str] = Field(
         default_factory=dict,

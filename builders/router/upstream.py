@@ -11,6 +11,7 @@ flow control is the transport's own pause_reading()/resume_reading().
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import cast
 from urllib.parse import urlsplit
@@ -237,31 +238,49 @@ class Connection(asyncio.Protocol):
 
 
 class UpstreamPool:
-    """Keep-alive connections per replica, at most `limit` open in all (idle ones included)."""
+    """Keep-alive connections per replica; at most `limit` in use at once over all replicas. Idle ones do not
+    count (as with aiohttp's connector): counted, the idle connections to one replica would hold every slot
+    and starve requests to the others."""
 
     def __init__(self, *, limit: int, max_idle_per_replica: int = 64) -> None:
         self._slots = asyncio.Semaphore(limit)
         self._max_idle = max_idle_per_replica
         self._idle: dict[tuple[str, int], list[Connection]] = {}
         self._open: set[Connection] = set()
+        self._in_use: set[Connection] = set()
 
     async def send(
         self, base_url: str, path: str, body: bytes, headers: dict[str, str], connect_timeout_s: float
     ) -> Exchange:
-        """Send one POST to a replica on a pooled connection (or a new one); the exchange to read the answer on."""
+        """Send one POST to a replica on a pooled connection (or a new one); the exchange to read the answer on.
+        Waiting for a free slot counts against connect_timeout_s, as connecting does."""
         parts = urlsplit(base_url)
         host = parts.hostname or "127.0.0.1"
         port = parts.port or 80
         key = (host, port)
-        connection = None
-        idle = self._idle.get(key)
-        while idle:
-            candidate = idle.pop()
-            if candidate.transport is not None and not candidate.transport.is_closing():
-                connection = candidate
-                break
-        if connection is None:
-            connection = await self._connect(key, connect_timeout_s)
+        began = time.monotonic()
+        try:
+            async with asyncio.timeout(connect_timeout_s):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise ConnectFailed(
+                f"no upstream connection free within {connect_timeout_s}s (upstream_connection_limit)"
+            ) from None
+        try:
+            connection = None
+            idle = self._idle.get(key)
+            while idle:
+                candidate = idle.pop()
+                if candidate.transport is not None and not candidate.transport.is_closing():
+                    connection = candidate
+                    break
+            if connection is None:
+                left = max(0.001, connect_timeout_s - (time.monotonic() - began))
+                connection = await self._connect(key, left)
+        except BaseException:
+            self._slots.release()
+            raise
+        self._in_use.add(connection)
         exchange = Exchange(connection)
         connection.exchange = exchange
         connection.resume_reading()
@@ -275,21 +294,22 @@ class UpstreamPool:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(timeout_s):
-                await self._slots.acquire()
-                try:
-                    _, connection = await loop.create_connection(lambda: Connection(self, key), key[0], key[1])
-                except BaseException:
-                    self._slots.release()
-                    raise
+                _, connection = await loop.create_connection(lambda: Connection(self, key), key[0], key[1])
         except TimeoutError:
-            raise ConnectFailed(f"no connection within {timeout_s}s") from None
+            raise ConnectFailed(f"no connection within {timeout_s:.3g}s") from None
         except OSError as exc:
             raise ConnectFailed(f"{type(exc).__name__}: {exc}") from None
         self._open.add(connection)
         return connection
 
+    def _free(self, connection: Connection) -> None:
+        if connection in self._in_use:
+            self._in_use.discard(connection)
+            self._slots.release()
+
     def put_back(self, connection: Connection) -> None:
         connection.exchange = None
+        self._free(connection)
         idle = self._idle.setdefault(connection.key, [])
         if len(idle) >= self._max_idle or connection.transport is None or connection.transport.is_closing():
             connection.abort()
@@ -297,9 +317,8 @@ class UpstreamPool:
         idle.append(connection)
 
     def lost(self, connection: Connection) -> None:
-        if connection in self._open:
-            self._open.discard(connection)
-            self._slots.release()
+        self._free(connection)
+        self._open.discard(connection)
         idle = self._idle.get(connection.key)
         if idle and connection in idle:
             idle.remove(connection)

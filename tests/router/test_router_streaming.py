@@ -211,6 +211,40 @@ def test_streams_one_after_another_reuse_one_upstream_connection() -> None:
     run(body())
 
 
+def test_idle_connections_to_one_replica_do_not_starve_another_under_a_small_limit() -> None:
+    """upstream_connection_limit bounds connections in use: with a limit of 1, a kept-alive idle connection
+    to replica a must not hold the only slot while a request for replica b waits out its connect timeout."""
+
+    async def body() -> None:
+        a = await FakeReplica(Behavior(tokens=3), name="a").start()
+        b = await FakeReplica(Behavior(tokens=3), name="b").start()
+        router = await start_router(
+            router_config(
+                {"a": [a.url], "b": [b.url]},
+                class_pools={"batch": "b"},
+                default_pool="a",
+                upstream_connection_limit=1,
+                connect_timeout_s=1.0,
+            )
+        )
+        try:
+            status, raw = await read_stream(router.url, chat_body("x", stream=True))
+            assert status == 200 and sse_data(raw)[-1] == "[DONE]"
+            began = time.monotonic()
+            status, raw = await read_stream(
+                router.url, chat_body("y", stream=True), headers={"x-request-class": "batch"}
+            )
+            assert status == 200 and sse_data(raw)[-1] == "[DONE]", raw[:300]
+            assert time.monotonic() - began < 0.5
+            assert a.completed == 1 and b.completed == 1
+        finally:
+            await router.stop()
+            await a.stop()
+            await b.stop()
+
+    run(body())
+
+
 def test_known_slow_client_goes_to_the_slow_pool() -> None:
     async def body() -> None:
         flood = await FakeReplica(Behavior(tokens=60, pad_bytes=2048), name="main").start()
