@@ -74,6 +74,12 @@ class RouterMetrics:
             "Upstream requests the router aborted by closing the connection.",
             ("class", "pool"),
         )
+        self.handoffs = r.counter(
+            "forge_router_handoffs_total",
+            "Client connections the fast front end handed to aiohttp's server, by reason (another_request, "
+            "connection_handling, request_headers, large_body, not_http, pipelined, long_head).",
+            ("reason",),
+        )
         self.streams_active = r.gauge("forge_router_streams_active", "Streams being forwarded now.")
         self.stream_buffer_peak = r.gauge(
             "forge_router_stream_buffer_peak_bytes",
