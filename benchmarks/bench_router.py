@@ -442,7 +442,8 @@ def render(rows: list[Row], args: argparse.Namespace) -> str:
     direct = next((r for r in rows if r.name == "direct" and r.measured), None)
     lines = [
         f"bench-router: {args.concurrency} streams in flight, {args.chunks} chunks per stream "
-        f"{args.interval_ms:g} ms apart, {args.duration:g} s measured after {args.warmup:g} s warm-up; "
+        f"{args.interval_ms:g} ms apart, {args.duration:g} s measured per router in {args.rounds} interleaved "
+        f"rounds after {args.warmup:g} s warm-up; "
         f"routers on cpu {args.router_cpu}, load and upstream on cpu {args.client_cpu}; policy {args.policy}",
         "",
         f"{'router':<14} {'req/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'+p50':>8} {'+p99':>8} "
@@ -491,59 +492,99 @@ def _event_loop_of(log: Path) -> str:
     return ""
 
 
-async def measure(spec: RouterSpec, upstream: str, args: argparse.Namespace, logs: Path) -> Row:
+@dataclass
+class _Tally:
+    """One router's measured windows, summed over the rounds."""
+
+    url: str
+    proc: subprocess.Popen[bytes] | None
+    seconds: float = 0.0
+    cpu_s: float = 0.0
+    tick_user_s: float = 0.0
+    tick_sys_s: float = 0.0
+    load: LoadResult = field(default_factory=LoadResult)
+
+
+async def _start(
+    spec: RouterSpec, upstream: str, args: argparse.Namespace, logs: Path, stack: contextlib.ExitStack
+) -> _Tally | Row:
+    """The router started and serving (a tally to fill), or the row that says why it is not measured."""
     if spec.unavailable is not None:
         return Row(name=spec.name, measured=False, note=spec.unavailable)
-    with contextlib.ExitStack() as stack:
-        proc: subprocess.Popen[bytes] | None = None
-        url = upstream
-        if spec.command is not None:
-            port = free_port()
-            log = logs / f"{spec.name}.log"
-            proc = stack.enter_context(pinned_process(spec.command(upstream, port), args.router_cpu, log))
-            url = f"http://127.0.0.1:{port}"
-        try:
-            await _wait_ready(url, proc, args.chunks, args.start_timeout)
-        except RuntimeError as exc:
-            return Row(name=spec.name, measured=False, note=f"{exc}; see {logs / (spec.name + '.log')}")
-        marks: dict[bool, tuple[float, float, float, float]] = {}
+    proc: subprocess.Popen[bytes] | None = None
+    url = upstream
+    if spec.command is not None:
+        port = free_port()
+        log = logs / f"{spec.name}.log"
+        proc = stack.enter_context(pinned_process(spec.command(upstream, port), args.router_cpu, log))
+        url = f"http://127.0.0.1:{port}"
+    try:
+        await _wait_ready(url, proc, args.chunks, args.start_timeout)
+    except RuntimeError as exc:
+        return Row(name=spec.name, measured=False, note=f"{exc}; see {logs / (spec.name + '.log')}")
+    return _Tally(url=url, proc=proc)
 
-        def on_window(opening: bool) -> None:
-            marks[opening] = (time.perf_counter(), *(tree_cpu_s(proc.pid) if proc is not None else (0.0, 0.0, 0.0)))
 
-        result = await _drive(
-            url,
-            concurrency=args.concurrency,
-            warmup_s=args.warmup,
-            duration_s=args.duration,
-            chunks=args.chunks,
-            on_window=on_window,
-        )
-        if not result.ttft_s:
-            return Row(name=spec.name, measured=False, note=f"no request completed: {result.errors}")
-        (t0, cpu0, user0, sys0), (t1, cpu1, user1, sys1) = marks[True], marks[False]
-        per_request = 1000 / result.completed
-        cpu = (cpu1 - cpu0) * per_request if proc is not None else None
+async def _measure_window(tally: _Tally, args: argparse.Namespace, warmup_s: float) -> None:
+    marks: dict[bool, tuple[float, float, float, float]] = {}
+    proc = tally.proc
+
+    def on_window(opening: bool) -> None:
+        marks[opening] = (time.perf_counter(), *(tree_cpu_s(proc.pid) if proc is not None else (0.0, 0.0, 0.0)))
+
+    result = await _drive(
+        tally.url,
+        concurrency=args.concurrency,
+        warmup_s=warmup_s,
+        duration_s=args.duration / args.rounds,
+        chunks=args.chunks,
+        on_window=on_window,
+    )
+    (t0, cpu0, user0, sys0), (t1, cpu1, user1, sys1) = marks[True], marks[False]
+    tally.seconds += t1 - t0
+    tally.cpu_s += cpu1 - cpu0
+    tally.tick_user_s += user1 - user0
+    tally.tick_sys_s += sys1 - sys0
+    tally.load.completed += result.completed
+    tally.load.failed += result.failed
+    tally.load.ttft_s.extend(result.ttft_s)
+    tally.load.errors.extend(result.errors[: max(0, 3 - len(tally.load.errors))])
+
+
+def _row(name: str, tally: _Tally, logs: Path) -> Row:
+    load = tally.load
+    if not load.ttft_s:
+        return Row(name=name, measured=False, note=f"no request completed: {load.errors}")
+    per_request = 1000 / load.completed
+    cpu = system = None
+    if tally.proc is not None:
+        cpu = tally.cpu_s * per_request
+        ticks = tally.tick_user_s + tally.tick_sys_s
         # The tick samples' sys share of the exact total.
-        ticks = user1 - user0 + sys1 - sys0
-        system = cpu * (sys1 - sys0) / ticks if cpu is not None and ticks > 0 else None
-        if result.errors:
-            print(f"bench-router: {spec.name}: {result.failed} failed, e.g. {result.errors[0]}", file=sys.stderr)
-        return Row(
-            name=spec.name,
-            measured=True,
-            req_s=result.completed / (t1 - t0),
-            ttft_p50_ms=statistics.median(result.ttft_s) * 1000,
-            ttft_p99_ms=percentile(result.ttft_s, 0.99) * 1000,
-            cpu_ms_per_req=cpu,
-            sys_ms_per_req=system,
-            completed=result.completed,
-            failed=result.failed,
-            note=_event_loop_of(logs / f"{spec.name}.log"),
-        )
+        system = cpu * tally.tick_sys_s / ticks if ticks > 0 else None
+    if load.errors:
+        print(f"bench-router: {name}: {load.failed} failed, e.g. {load.errors[0]}", file=sys.stderr)
+    return Row(
+        name=name,
+        measured=True,
+        req_s=load.completed / tally.seconds,
+        ttft_p50_ms=statistics.median(load.ttft_s) * 1000,
+        ttft_p99_ms=percentile(load.ttft_s, 0.99) * 1000,
+        cpu_ms_per_req=cpu,
+        sys_ms_per_req=system,
+        completed=load.completed,
+        failed=load.failed,
+        note=_event_loop_of(logs / f"{name}.log"),
+    )
 
 
 async def run(args: argparse.Namespace) -> list[Row]:
+    """Every router started at once (each idle while not measured), then measured in interleaved rounds.
+
+    The machine's speed drifts over minutes (CPU per request of one router moved by half between runs
+    here); measuring each router in every round, in a rotating order, shares that drift out evenly
+    instead of handing it to whichever router ran last.
+    """
     specs = router_specs(Path(args.routers_dir), not args.no_install, args.policy)
     if args.only:
         specs = [s for s in specs if s.name in args.only or s.name == "direct"]
@@ -559,13 +600,24 @@ async def run(args: argparse.Namespace) -> list[Row]:
         "--interval-ms",
         str(args.interval_ms),
     ]
-    rows = []
-    with pinned_process(upstream_argv, args.client_cpu, logs / "upstream.log"):
+    with pinned_process(upstream_argv, args.client_cpu, logs / "upstream.log"), contextlib.ExitStack() as stack:
         upstream = f"http://127.0.0.1:{upstream_port}"
+        started: dict[str, _Tally | Row] = {}
         for spec in specs:
-            print(f"bench-router: measuring {spec.name} ...", flush=True)
-            rows.append(await measure(spec, upstream, args, logs))
-    return rows
+            print(f"bench-router: starting {spec.name} ...", flush=True)
+            started[spec.name] = await _start(spec, upstream, args, logs, stack)
+        tallies = {name: t for name, t in started.items() if isinstance(t, _Tally)}
+        order = list(tallies)
+        for round_ in range(args.rounds):
+            print(f"bench-router: round {round_ + 1} of {args.rounds}: {', '.join(order)}", flush=True)
+            for name in order:
+                await _measure_window(tallies[name], args, args.warmup if round_ == 0 else SETTLE_S)
+            order = order[1:] + order[:1]
+        return [_row(name, t, logs) if isinstance(t, _Tally) else t for name, t in started.items()]
+
+
+SETTLE_S = 1.0
+"""Load before each later round's window opens: connections are open and every stream in flight again."""
 
 
 def main() -> int:
@@ -576,7 +628,12 @@ def main() -> int:
         "--interval-ms", type=float, default=10.0, help="gap between upstream chunks (default 10, as a served model)"
     )
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds of load before measuring (default 3)")
-    parser.add_argument("--duration", type=float, default=10.0, help="seconds measured per router (default 10)")
+    parser.add_argument(
+        "--duration", type=float, default=12.0, help="seconds measured per router, over all rounds (default 12)"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=4, help="interleaved windows each router is measured in (default 4)"
+    )
     parser.add_argument("--router-cpu", type=int, default=0, help="the core each router is pinned to")
     parser.add_argument("--client-cpu", type=int, default=1, help="the core of the load generator and upstream")
     parser.add_argument(

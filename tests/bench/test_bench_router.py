@@ -57,18 +57,54 @@ def test_load_generator_counts_only_whole_streams() -> None:
 
 def test_tree_cpu_time_grows_with_work_done() -> None:
     bench = load_bench()
-    user0, sys0 = bench.tree_cpu_s(os.getpid())
+    cpu0, user0, sys0 = bench.tree_cpu_s(os.getpid())
     deadline = time.process_time() + 0.3
     while time.process_time() < deadline:
         pass
-    user1, sys1 = bench.tree_cpu_s(os.getpid())
+    cpu1, user1, sys1 = bench.tree_cpu_s(os.getpid())
+    # The exact clock counts the 0.3 s spun (and a little more); the tick samples roughly agree.
+    assert 0.3 <= cpu1 - cpu0 < 0.6
     assert (user1 + sys1) - (user0 + sys0) >= 0.2
+
+
+def test_direct_connection_is_measured_over_interleaved_rounds(tmp_path: Path) -> None:
+    bench = load_bench()
+    usable = sorted(os.sched_getaffinity(0))
+    args = argparse.Namespace(
+        concurrency=4,
+        chunks=4,
+        interval_ms=1.0,
+        duration=1.0,
+        rounds=2,
+        warmup=0.3,
+        router_cpu=usable[0],
+        client_cpu=usable[-1],
+        policy="round_robin",
+        only=["direct"],
+        routers_dir=str(tmp_path),
+        no_install=True,
+        start_timeout=10.0,
+    )
+    rows = asyncio.run(asyncio.wait_for(bench.run(args), 30))
+    assert [r.name for r in rows] == ["direct"]
+    (direct,) = rows
+    assert direct.measured and direct.failed == 0 and direct.cpu_ms_per_req is None
+    # Two windows of 0.5 s: a request takes about 5 ms, so each of 4 streams completes dozens.
+    assert direct.completed >= 40 and direct.req_s > 0
 
 
 def test_report_names_what_was_not_measured_and_compares_in_one_run() -> None:
     bench = load_bench()
     args = argparse.Namespace(
-        concurrency=32, chunks=32, interval_ms=10.0, duration=10.0, warmup=3.0, router_cpu=0, client_cpu=1, policy="x"
+        concurrency=32,
+        chunks=32,
+        interval_ms=10.0,
+        duration=10.0,
+        rounds=4,
+        warmup=3.0,
+        router_cpu=0,
+        client_cpu=1,
+        policy="x",
     )
     rows = [
         bench.Row(name="direct", measured=True, req_s=100.0, ttft_p50_ms=1.0, ttft_p99_ms=2.0),
