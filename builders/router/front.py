@@ -95,6 +95,10 @@ class FastRequest:
         """The response head is on the wire: an error can no longer be answered, only cut."""
 
     @property
+    def connection(self) -> FrontConnection:
+        return self._connection
+
+    @property
     def transport(self) -> asyncio.Transport | None:
         """None once the client has gone, as aiohttp's request.transport."""
         return self._connection.transport
@@ -186,6 +190,8 @@ class FrontConnection(asyncio.Protocol):
         self._reset()
         self._write_paused = False
         self._drain_waiter: asyncio.Future[None] | None = None
+        self.streams_prepared = False
+        """Router._prepare_transport has set this connection's write buffer limits and send buffer."""
 
     def _reset(self) -> None:
         self._url = b""

@@ -763,6 +763,12 @@ class Router:
         transport = request.transport
         if transport is None:
             raise _ClientGone
+        if isinstance(request, FastRequest):
+            # A fast connection stays with the front end, so what is set here holds for all its streams:
+            # once per connection saves a setsockopt and a socket object per request.
+            if request.connection.streams_prepared:
+                return transport
+            request.connection.streams_prepared = True
         limit = self.config.stream_buffer_bytes
         # Pausing at half the limit and never accepting a chunk over the other half keeps the buffer
         # under the limit: each write starts from at most `high` bytes.

@@ -11,6 +11,7 @@ flow control is the transport's own pause_reading()/resume_reading().
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable
 from typing import cast
@@ -237,6 +238,13 @@ class Connection(asyncio.Protocol):
             self.transport.abort()
 
 
+@functools.lru_cache(maxsize=1024)
+def _address(base_url: str) -> tuple[tuple[str, int], str]:
+    """(host, port) and the Host header of a replica URL, parsed once: replica URLs are few and fixed."""
+    parts = urlsplit(base_url)
+    return (parts.hostname or "127.0.0.1", parts.port or 80), parts.netloc
+
+
 class UpstreamPool:
     """Keep-alive connections per replica; at most `limit` in use at once over all replicas. Idle ones do not
     count (as with aiohttp's connector): counted, the idle connections to one replica would hold every slot
@@ -254,10 +262,7 @@ class UpstreamPool:
     ) -> Exchange:
         """Send one POST to a replica on a pooled connection (or a new one); the exchange to read the answer on.
         Waiting for a free slot counts against connect_timeout_s, as connecting does."""
-        parts = urlsplit(base_url)
-        host = parts.hostname or "127.0.0.1"
-        port = parts.port or 80
-        key = (host, port)
+        key, netloc = _address(base_url)
         began = time.monotonic()
         try:
             async with asyncio.timeout(connect_timeout_s):
@@ -284,7 +289,7 @@ class UpstreamPool:
         exchange = Exchange(connection)
         connection.exchange = exchange
         connection.resume_reading()
-        head = [f"POST {path} HTTP/1.1", f"Host: {parts.netloc}", f"Content-Length: {len(body)}"]
+        head = [f"POST {path} HTTP/1.1", f"Host: {netloc}", f"Content-Length: {len(body)}"]
         head.extend(f"{name}: {value}" for name, value in headers.items())
         assert connection.transport is not None
         connection.transport.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
