@@ -22,16 +22,15 @@ import time
 from collections.abc import Callable, Mapping
 from email.utils import formatdate
 from http import HTTPStatus
-from typing import TYPE_CHECKING, cast
+from typing import Protocol, cast
 
 import httptools
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from builders.router.config import RouterConfig
 from builders.router.openai_request import Endpoint
-
-if TYPE_CHECKING:
-    from builders.router.server import Router
+from builders.router.router_metrics import RouterMetrics
 
 log = logging.getLogger("forge.router")
 
@@ -81,6 +80,18 @@ def response_bytes(response: web.Response) -> bytes:
     if not isinstance(body, bytes | bytearray):
         raise TypeError(f"the fast path sends bytes bodies only, not {type(body).__name__}")
     return _head(response.status, response.headers, b"Content-Length: %d" % len(body)) + bytes(body)
+
+
+class Router(Protocol):
+    """What the front end needs of builders.router.server.Router (named here so the two modules do not
+    import each other)."""
+
+    config: RouterConfig
+    metrics: RouterMetrics
+
+    async def route_fast(self, request: FastRequest, endpoint: Endpoint, raw: bytes) -> web.Response | FastStream: ...
+
+    def reject(self, status: int, message: str, param: str) -> web.Response: ...
 
 
 class FastRequest:

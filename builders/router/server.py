@@ -341,8 +341,7 @@ class Router:
             parsed = parse_request(endpoint, raw, max_depth=cfg.max_json_depth, max_elements=cfg.max_json_elements)
             decision = self.classifier.classify(parsed, request.headers)
         except BadRequest as exc:
-            self.metrics.rejected.inc({"reason": "bad_request"})
-            return json_error(400, exc.message, "invalid_request_error", param=exc.param)
+            return self.reject(400, exc.message, exc.param)
         answer = await self._dispatch(request, raw, parsed, decision, started)
         if isinstance(answer, FastStream | web.Response):
             return answer
@@ -373,8 +372,7 @@ class Router:
                 parsed = parse_request(endpoint, raw, max_depth=cfg.max_json_depth, max_elements=cfg.max_json_elements)
             decision = self.classifier.classify(parsed, request.headers)
         except BadRequest as exc:
-            self.metrics.rejected.inc({"reason": "bad_request"})
-            return json_error(400, exc.message, "invalid_request_error", param=exc.param)
+            return self.reject(400, exc.message, exc.param)
         except web.HTTPRequestEntityTooLarge:
             return self.reject(413, f"request body is over {cfg.max_request_bytes} bytes", "body")
         except TimeoutError:
