@@ -62,16 +62,28 @@ class _Clock:
         return cls.value
 
 
+_HEADS: dict[tuple[int, bytes, tuple[tuple[str, str], ...]], tuple[bytes, bytes]] = {}
+"""Response heads without their Date, by status, framing and headers: a router sends few distinct ones (a
+stream's differ only by class, pool and replica), so each is encoded once."""
+_HEADS_MAX = 4096
+
+
 def _head(status: int, headers: Mapping[str, str], framing: bytes) -> bytes:
-    lines = [b"HTTP/1.1 %d %s" % (status, _reason(status).encode())]
-    lines.extend(
-        f"{name}: {value}".encode("latin-1")
-        for name, value in headers.items()
-        if name.lower() not in ("content-length", "transfer-encoding", "date", "connection")
-    )
-    lines.append(b"Date: " + _Clock.date())
-    lines.append(framing)
-    return b"\r\n".join(lines) + b"\r\n\r\n"
+    key = (status, framing, tuple(headers.items()))
+    parts = _HEADS.get(key)
+    if parts is None:
+        lines = [b"HTTP/1.1 %d %s" % (status, _reason(status).encode())]
+        lines.extend(
+            f"{name}: {value}".encode("latin-1")
+            for name, value in headers.items()
+            if name.lower() not in ("content-length", "transfer-encoding", "date", "connection")
+        )
+        parts = (b"\r\n".join(lines) + b"\r\nDate: ", b"\r\n" + framing + b"\r\n\r\n")
+        if len(_HEADS) >= _HEADS_MAX:
+            # Only reachable with thousands of replicas or error texts: start over rather than grow.
+            _HEADS.clear()
+        _HEADS[key] = parts
+    return parts[0] + _Clock.date() + parts[1]
 
 
 def response_bytes(response: web.Response) -> bytes:
@@ -198,6 +210,11 @@ class FrontConnection(asyncio.Protocol):
         self._later = bytearray()
         """Bytes that arrived while a request was being served."""
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        """When the pending timer fires (time.monotonic)."""
+        self._deadline = 0.0
+        self._on_deadline: Callable[[], None] | None = None
+        """What happens at _deadline (idle close or 408), or None: nothing is timed now."""
         self._reset()
         self._write_paused = False
         self._drain_waiter: asyncio.Future[None] | None = None
@@ -226,7 +243,7 @@ class FrontConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
         self._front.connections.discard(self)
-        self._disarm()
+        self._cancel_timer()
         if self.task is not None and not self.task.done():
             # As aiohttp's handler_cancellation: the client left, so its request stops and frees its replica.
             self.task.cancel()
@@ -373,7 +390,7 @@ class FrontConnection(asyncio.Protocol):
     def _hand_off(self, reason: str) -> None:
         """Give the connection, with the request read so far, to aiohttp's handler for the rest of its life."""
         self._router.metrics.handoffs.inc({"reason": reason})
-        self._disarm()
+        self._cancel_timer()
         self._front.connections.discard(self)
         transport = self.transport
         if transport is None:
@@ -388,22 +405,53 @@ class FrontConnection(asyncio.Protocol):
             handler.data_received(data)
 
     def _arm(self, delay_s: float, callback: Callable[[], None]) -> None:
-        self._disarm()
-        self._timer = asyncio.get_running_loop().call_later(delay_s, callback)
+        """Time one thing (the idle wait or the body), replacing what was timed before.
+
+        One timer per connection, moved lazily: arming for a later moment than the pending timer's only
+        records the deadline, and the timer, when it fires early, waits again for the rest. Every request
+        arms and disarms twice, and a timer handle made and cancelled each time was a measurable part of
+        the router's own CPU per request.
+        """
+        now = time.monotonic()
+        self._deadline = now + delay_s
+        self._on_deadline = callback
+        if self._timer is not None and self._timer_at <= self._deadline:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = self._deadline
+        self._timer = asyncio.get_running_loop().call_later(delay_s, self._fire)
 
     def _disarm(self) -> None:
+        # The pending timer finds nothing to do when it fires; only close() cancels it.
+        self._on_deadline = None
+
+    def _cancel_timer(self) -> None:
+        self._on_deadline = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
 
+    def _fire(self) -> None:
+        self._timer = None
+        callback = self._on_deadline
+        if callback is None:
+            return
+        left = self._deadline - time.monotonic()
+        # The tolerance absorbs a timer that fires a clock tick early; it is not part of the limit.
+        if left > 0.001:
+            self._timer_at = self._deadline
+            self._timer = asyncio.get_running_loop().call_later(left, self._fire)
+            return
+        self._on_deadline = None
+        callback()
+
     def _on_idle(self) -> None:
         # No request head within idle_timeout_s of connecting or of the last response.
-        self._timer = None
         if self.task is None:
             self.close()
 
     def _on_body_timeout(self) -> None:
-        self._timer = None
         transport = self.transport
         if transport is None or self.task is not None:
             return

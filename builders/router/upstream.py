@@ -209,7 +209,15 @@ class Connection(asyncio.Protocol):
             # Bytes on an idle connection belong to no request: the connection cannot be trusted.
             self.abort()
             return
-        exchange.feed(data)
+        # Exchange.feed inlined: this runs once per streamed event.
+        parser = exchange._parser
+        if parser is None:
+            return
+        try:
+            parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            exchange.fail(UpstreamFailed(f"the replica sent bytes that are not HTTP ({exc})"))
+            exchange.close()
 
     def eof_received(self) -> bool | None:
         return None
@@ -264,13 +272,17 @@ class UpstreamPool:
         Waiting for a free slot counts against connect_timeout_s, as connecting does."""
         key, netloc = _address(base_url)
         began = time.monotonic()
-        try:
-            async with asyncio.timeout(connect_timeout_s):
-                await self._slots.acquire()
-        except TimeoutError:
-            raise ConnectFailed(
-                f"no upstream connection free within {connect_timeout_s}s (upstream_connection_limit)"
-            ) from None
+        if not self._slots.locked():
+            # A free slot is taken without suspending: no timer to arm for the common case.
+            await self._slots.acquire()
+        else:
+            try:
+                async with asyncio.timeout(connect_timeout_s):
+                    await self._slots.acquire()
+            except TimeoutError:
+                raise ConnectFailed(
+                    f"no upstream connection free within {connect_timeout_s}s (upstream_connection_limit)"
+                ) from None
         try:
             connection = None
             idle = self._idle.get(key)
