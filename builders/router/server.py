@@ -545,7 +545,11 @@ class Router:
             call.last_upstream = time.monotonic()
             replica.in_flight += 1
             try:
-                outcome = await self._attempt(call, replica)
+                # Streams go straight to their own attempt: one coroutine less to pass on every resume.
+                if call.parsed.stream:
+                    outcome = await self._attempt_stream(call, replica, call.started + self.config.first_byte_timeout_s)
+                else:
+                    outcome = await self._attempt(call, replica)
             except BaseException:
                 # Cancelled (client gone) mid-attempt: nobody else will lower the count.
                 replica.in_flight -= 1
@@ -561,11 +565,9 @@ class Router:
             self.metrics.failovers.inc(call.labels)
 
     async def _attempt(self, call: _Call, replica: Replica) -> _Opened | web.Response | str:
-        """One try on one replica: an opened response, a final answer, or the reason to try the next one."""
+        """One try on one replica for a non-streamed request: a final answer or the reason to try the next one."""
         cfg = self.config
         deadline = call.started + cfg.first_byte_timeout_s
-        if call.parsed.stream:
-            return await self._attempt_stream(call, replica, deadline)
         url = f"{replica.url}{call.parsed.endpoint.value}"
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout_s, connect=cfg.connect_timeout_s)
         upstream: aiohttp.ClientResponse | None = None
