@@ -137,20 +137,21 @@ class Gauge(_Metric):
 class HistogramSeries:
     """One labelled series of a histogram: per-bucket counts (not cumulative) and the sum."""
 
-    __slots__ = ("_buckets", "counts", "total")
+    __slots__ = ("bounds", "counts", "total")
 
     def __init__(self, buckets: tuple[float, ...]) -> None:
-        self._buckets = buckets
+        self.bounds = buckets
+        """Upper bounds of the buckets but the last (+Inf): counts[bisect_left(bounds, value)] is value's."""
         self.counts = [0] * (len(buckets) + 1)
         self.total = 0.0
 
     def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self._buckets, value)] += 1
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
         self.total += value
 
     def observe_repeated(self, value: float, times: int) -> None:
         """The same value observed `times` times (events that arrived together share a gap of 0)."""
-        self.counts[bisect.bisect_left(self._buckets, value)] += times
+        self.counts[bisect.bisect_left(self.bounds, value)] += times
         self.total += value * times
 
 

@@ -29,6 +29,7 @@ import json
 import re
 import socket
 import time
+from bisect import bisect_left
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -1024,6 +1025,7 @@ class _Relay:
         self._exchange = exchange
         self._events = events
         self._transport = transport
+        self._itl = events.itl
         self._write_low = router._write_low
         self._idle_s = router.config.upstream_idle_timeout_s
         self.backlog: list[bytes] = []
@@ -1049,7 +1051,44 @@ class _Relay:
     def on_body(self, data: bytes) -> None:
         if self._stopped:
             return
-        self._call.last_upstream = self._last_byte = now = time.monotonic()
+        self._call.last_upstream = now = time.monotonic()
+        events = self._events
+        transport = self._transport
+        buffered = transport.get_write_buffer_size()
+        if (
+            # vLLM's usual chunk: one event of one data line, nothing held before it, a client keeping up.
+            # Each Python operation here runs once per streamed token, so this path does only what such
+            # an event needs: the framer's checks and ITL bookkeeping inline, one write.
+            data.find(b"\n") == len(data) - 2
+            and data.endswith(b"\n")
+            and data.startswith(b"data:")
+            and not events.pending
+            and not self.backlog
+            and buffered + len(data) <= self._write_low
+            and not transport.is_closing()
+        ):
+            last = events.last_event
+            events.last_event = now
+            if last is not None:
+                itl = self._itl
+                itl.counts[bisect_left(itl.bounds, now - last)] += 1
+                itl.total += now - last
+            # The chunk framing aiohttp's writer would produce; the response head went out with the first event.
+            transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+            if len(data) < 16 and (data == b"data: [DONE]\n\n" or data == b"data:[DONE]\n\n"):
+                events.done = True
+                # From here a client that closes has its whole answer (SDK clients close on [DONE]).
+                self._call.delivered = True
+            elif events.done:
+                events.done = False  # an event after [DONE]: the last event decides, as in the framer
+        else:
+            self._relay_any(data, now)
+        if buffered > self._router.stream_buffer_peak:
+            # Read before this write, so a peak shows at the next chunk: the buffer only drains meanwhile.
+            self._router.stream_buffer_peak = buffered
+
+    def _relay_any(self, data: bytes, now: float) -> None:
+        """on_body for anything but one whole event to a client that keeps up."""
         try:
             complete = self._events.feed(data, now)
         except _InvalidStream as exc:
@@ -1068,15 +1107,11 @@ class _Relay:
             self.gone = self._stopped = True
             self._wake()
         else:
-            # The chunk framing aiohttp's writer would produce; the response head went out with the first event.
             transport.write(b"%x\r\n%b\r\n" % (size, complete))
             buffered = transport.get_write_buffer_size()
-            if buffered:
-                router = self._router
-                if buffered > router.stream_buffer_peak:
-                    router.stream_buffer_peak = buffered
+            if buffered > self._router.stream_buffer_peak:
+                self._router.stream_buffer_peak = buffered
             if self._events.done:
-                # From here a client that closes has its whole answer (SDK clients close on [DONE]).
                 self._call.delivered = True
 
     def on_end(self) -> None:
@@ -1095,7 +1130,8 @@ class _Relay:
         self._wake()
 
     def _check_silence(self) -> None:
-        quiet = time.monotonic() - self._last_byte
+        # The last byte's time lives on the call (on_body's one clock store); a resume counts as a byte.
+        quiet = time.monotonic() - max(self._last_byte, self._call.last_upstream)
         # The tolerance absorbs a timer that fires a clock tick early; it is not part of the limit.
         if not self._paused and quiet >= self._idle_s - 0.001 and self.failure is None:
             self._fail(("upstream_died", 502, f"replica {self._replica.url} sent nothing for {self._idle_s}s"))
@@ -1131,31 +1167,18 @@ class _EventFramer:
 
     def __init__(self, *, max_pending: int, itl: HistogramSeries) -> None:
         self._max_pending = max_pending
-        self._itl = itl
-        self._pending = b""
-        self._last_event: float | None = None
+        self.itl = itl
+        self.pending = b""
+        """Bytes of an event not complete yet."""
+        self.last_event: float | None = None
+        """When the last whole event was passed on (time.monotonic)."""
         self.done = False
         """The last whole event was data: [DONE]."""
 
     def feed(self, chunk: bytes, now: float) -> bytes:
-        """The whole events that chunk completes (b"" if none)."""
-        if (
-            not self._pending
-            and chunk.endswith(b"\n\n")
-            and chunk.startswith(b"data:")
-            and chunk.find(b"\n") == len(chunk) - 2
-        ):
-            # vLLM's usual chunk: one event of one data line and nothing after it. No split, no scan.
-            last = self._last_event
-            self._last_event = now
-            if last is not None:
-                self._itl.observe(now - last)
-            self.done = chunk == b"data: [DONE]\n\n" or chunk == b"data:[DONE]\n\n"
-            return chunk
-        return self._feed_any(chunk, now)
-
-    def _feed_any(self, chunk: bytes, now: float) -> bytes:
-        data = self._pending + chunk if self._pending else chunk
+        """The whole events that chunk completes (b"" if none). _Relay.on_body does the same inline for a
+        chunk of exactly one event."""
+        data = self.pending + chunk if self.pending else chunk
         if data.endswith(b"\n\n"):
             end = len(data)
         else:
@@ -1163,23 +1186,23 @@ class _EventFramer:
             end = max((at + size for at, size in found if at >= 0), default=0)
         if end == 0 and len(data) > self._max_pending:
             raise _InvalidStream(f"over {self._max_pending} bytes without an SSE event boundary")
-        complete, self._pending = data[:end], data[end:]
+        complete, self.pending = data[:end], data[end:]
         if not complete:
             return complete
         count = complete.count(b"\n\n") + complete.count(b"\r\n\r\n")
         if not _is_sse(complete, count):
             raise _InvalidStream("bytes that are not Server-Sent Events")
         self.done = complete.endswith(_DONE_EVENTS)
-        if self._last_event is not None:
-            self._itl.observe(now - self._last_event)
+        if self.last_event is not None:
+            self.itl.observe(now - self.last_event)
         if count > 1:
             # Events read together reached the client together: their gap really is zero.
-            self._itl.observe_repeated(0.0, count - 1)
-        self._last_event = now
+            self.itl.observe_repeated(0.0, count - 1)
+        self.last_event = now
         return complete
 
     def flush(self) -> bytes:
-        rest, self._pending = self._pending, b""
+        rest, self.pending = self.pending, b""
         return rest
 
 
