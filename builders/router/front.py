@@ -175,6 +175,8 @@ class Front:
         self.router = router
         self.aiohttp_server = aiohttp_server
         self.connections: set[FrontConnection] = set()
+        self.loop = asyncio.get_running_loop()
+        """Kept, not asked for: asyncio.get_running_loop() makes a getpid() system call each time (Python 3.11)."""
 
     def __call__(self) -> FrontConnection:
         return FrontConnection(self)
@@ -202,6 +204,7 @@ class FrontConnection(asyncio.Protocol):
     def __init__(self, front: Front) -> None:
         self._front = front
         self._router = front.router
+        self._loop = front.loop
         self.transport: asyncio.Transport | None = None
         self.task: asyncio.Task[None] | None = None
         self._parser = httptools.HttpRequestParser(self)
@@ -265,7 +268,7 @@ class FrontConnection(asyncio.Protocol):
             raise ConnectionResetError("the client closed the connection")
         if not self._write_paused:
             return
-        self._drain_waiter = asyncio.get_running_loop().create_future()
+        self._drain_waiter = self._loop.create_future()
         try:
             await self._drain_waiter
         finally:
@@ -356,7 +359,7 @@ class FrontConnection(asyncio.Protocol):
         raw = b"".join(self._body)
         request = FastRequest(self, CIMultiDictProxy(self._headers))
         self._reset()
-        self.task = asyncio.get_running_loop().create_task(self._serve(request, endpoint, raw))
+        self.task = self._loop.create_task(self._serve(request, endpoint, raw))
 
     async def _serve(self, request: FastRequest, endpoint: Endpoint, raw: bytes) -> None:
         try:
@@ -420,7 +423,7 @@ class FrontConnection(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
         self._timer_at = self._deadline
-        self._timer = asyncio.get_running_loop().call_later(delay_s, self._fire)
+        self._timer = self._loop.call_later(delay_s, self._fire)
 
     def _disarm(self) -> None:
         # The pending timer finds nothing to do when it fires; only close() cancels it.
@@ -441,7 +444,7 @@ class FrontConnection(asyncio.Protocol):
         # The tolerance absorbs a timer that fires a clock tick early; it is not part of the limit.
         if left > 0.001:
             self._timer_at = self._deadline
-            self._timer = asyncio.get_running_loop().call_later(left, self._fire)
+            self._timer = self._loop.call_later(left, self._fire)
             return
         self._on_deadline = None
         callback()

@@ -92,12 +92,13 @@ class _Waiting:
 
     __slots__ = ("_call", "_task", "_timer", "cut", "expired")
 
-    def __init__(self, call: _Call, timeout_s: float) -> None:
-        task = asyncio.current_task()
+    def __init__(self, call: _Call, timeout_s: float, loop: asyncio.AbstractEventLoop) -> None:
+        # Given the loop, current_task() skips get_running_loop() and its getpid() system call.
+        task = asyncio.current_task(loop)
         assert task is not None, "an attempt runs in its handler's task"
         self._call = call
         self._task = task
-        self._timer = asyncio.get_running_loop().call_later(max(0.001, timeout_s), self._expire)
+        self._timer = loop.call_later(max(0.001, timeout_s), self._expire)
         self.expired = False
         """The first-byte deadline passed."""
         self.cut = False
@@ -204,6 +205,7 @@ class Router:
         self._session: aiohttp.ClientSession | None = None
         self._health_session: aiohttp.ClientSession | None = None
         self._upstream: UpstreamPool | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._health_task: asyncio.Task[None] | None = None
         self.stream_buffer_peak = 0
         self.streams_active = 0
@@ -230,6 +232,8 @@ class Router:
         return app
 
     async def _lifespan(self, _app: web.Application) -> AsyncIterator[None]:
+        # Kept, not asked for: asyncio.get_running_loop() makes a getpid() system call each time (Python 3.11).
+        self._loop = asyncio.get_running_loop()
         connector = aiohttp.TCPConnector(limit=self.config.upstream_connection_limit, limit_per_host=0)
         self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
         # Health checks get connections of their own: queued behind busy streams for a pooled connection,
@@ -253,6 +257,12 @@ class Router:
         if self._session is None:
             raise RuntimeError("the router's client session exists only while the app runs")
         return self._session
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            raise RuntimeError("the router's event loop is known only while the app runs")
+        return self._loop
 
     @property
     def upstream(self) -> UpstreamPool:
@@ -573,7 +583,7 @@ class Router:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout_s, connect=cfg.connect_timeout_s)
         upstream: aiohttp.ClientResponse | None = None
         try:
-            with _Waiting(call, deadline - time.monotonic()) as waiting:
+            with _Waiting(call, deadline - time.monotonic(), self.loop) as waiting:
                 upstream = await self.session.post(
                     url, data=call.raw, headers=self._upstream_headers(), timeout=timeout
                 )
@@ -615,7 +625,7 @@ class Router:
         exchange: Exchange | None = None
         first = b""
         try:
-            with _Waiting(call, deadline - time.monotonic()) as waiting:
+            with _Waiting(call, deadline - time.monotonic(), self.loop) as waiting:
                 exchange = await self.upstream.send(
                     replica.url,
                     call.parsed.endpoint.value,
@@ -1017,7 +1027,7 @@ class _Relay:
         events: _EventFramer,
         transport: asyncio.Transport,
     ) -> None:
-        loop = asyncio.get_running_loop()
+        loop = router.loop
         self._loop = loop
         self._router = router
         self._call = call

@@ -36,8 +36,9 @@ class Exchange:
     the exchange was complete and handed back to the pool, so a late close never touches a reused one.
     """
 
-    def __init__(self, connection: Connection) -> None:
+    def __init__(self, connection: Connection, loop: asyncio.AbstractEventLoop) -> None:
         self._connection: Connection | None = connection
+        self._loop = loop
         self._parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
         """Dropped once the exchange is released or closed: parser and exchange refer to each other, and a
         cycle per request would be left for the cyclic collector, whose pauses land on every stream."""
@@ -113,7 +114,7 @@ class Exchange:
     # --- for the owner ----------------------------------------------------------------------------
 
     async def _news(self) -> None:
-        self._waiter = asyncio.get_running_loop().create_future()
+        self._waiter = self._loop.create_future()
         try:
             await self._waiter
         finally:
@@ -260,6 +261,8 @@ class UpstreamPool:
 
     def __init__(self, *, limit: int, max_idle_per_replica: int = 64) -> None:
         self._slots = asyncio.Semaphore(limit)
+        self._loop = asyncio.get_running_loop()
+        """Kept, not asked for: asyncio.get_running_loop() makes a getpid() system call each time (Python 3.11)."""
         self._max_idle = max_idle_per_replica
         self._idle: dict[tuple[str, int], list[Connection]] = {}
         self._open: set[Connection] = set()
@@ -298,7 +301,7 @@ class UpstreamPool:
             self._slots.release()
             raise
         self._in_use.add(connection)
-        exchange = Exchange(connection)
+        exchange = Exchange(connection, self._loop)
         connection.exchange = exchange
         connection.resume_reading()
         head = [f"POST {path} HTTP/1.1", f"Host: {netloc}", f"Content-Length: {len(body)}"]
