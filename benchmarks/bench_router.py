@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import io
 import json
 import os
 import shutil
@@ -30,9 +31,10 @@ import socket
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -325,14 +327,39 @@ def _venv_python(routers_dir: Path, package: str, version: str, install: bool) -
     return python, None
 
 
-def router_specs(routers_dir: Path, install: bool, policy: str) -> list[RouterSpec]:
+def _forge_config(upstream: str, port: int) -> Path:
+    config = Path(tempfile.mkdtemp(prefix="forge-bench-router-config-")) / "router.json"
+    pools = {"pools": {"p": [upstream]}, "default_pool": "p", "host": "127.0.0.1", "port": port}
+    config.write_text(json.dumps(pools))
+    return config
+
+
+def forge_at(ref: str) -> RouterSpec:
+    """Forge's router as of a git ref, exported from this repository, to measure a change beside its parent in
+    one run (machine drift makes numbers from two runs incomparable)."""
+    name = f"forge@{ref}"
+    tree = Path(tempfile.mkdtemp(prefix="forge-bench-router-ref-"))
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "builders"], capture_output=True, check=False)
+    if archive.returncode != 0:
+        why = archive.stderr.decode(errors="replace").strip().splitlines()
+        return RouterSpec(name=name, command=None, unavailable=f"`git archive {ref}` failed: {why[-1] if why else ''}")
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(tree, filter="data")
+    # The exported tree goes first on sys.path, ahead of this checkout's (pinned_process's PYTHONPATH).
+    code = f"import sys; sys.path.insert(0, {str(tree)!r}); from builders.router.__main__ import main; sys.exit(main())"
+
+    def command(upstream: str, port: int) -> list[str]:
+        return [sys.executable, "-c", code, "--config", str(_forge_config(upstream, port))]
+
+    return RouterSpec(name=name, command=command)
+
+
+def router_specs(routers_dir: Path, install: bool, policy: str, forge_refs: Sequence[str] = ()) -> list[RouterSpec]:
     def forge(upstream: str, port: int) -> list[str]:
-        config = Path(tempfile.mkdtemp(prefix="forge-bench-router-config-")) / "router.json"
-        pools = {"pools": {"p": [upstream]}, "default_pool": "p", "host": "127.0.0.1", "port": port}
-        config.write_text(json.dumps(pools))
-        return [sys.executable, "-m", "builders.router", "--config", str(config)]
+        return [sys.executable, "-m", "builders.router", "--config", str(_forge_config(upstream, port))]
 
     specs = [RouterSpec(name="direct", command=None), RouterSpec(name="forge", command=forge)]
+    specs.extend(forge_at(ref) for ref in forge_refs)
     for package, version in THIRD_PARTY.items():
         python, why = _venv_python(routers_dir, package, version, install)
         if python is None:
@@ -585,9 +612,10 @@ async def run(args: argparse.Namespace) -> list[Row]:
     here); measuring each router in every round, in a rotating order, shares that drift out evenly
     instead of handing it to whichever router ran last.
     """
-    specs = router_specs(Path(args.routers_dir), not args.no_install, args.policy)
+    specs = router_specs(Path(args.routers_dir), not args.no_install, args.policy, args.forge_ref)
     if args.only:
-        specs = [s for s in specs if s.name in args.only or s.name == "direct"]
+        # Refs asked for by --forge-ref are measured whatever --only says.
+        specs = [s for s in specs if s.name in args.only or s.name == "direct" or s.name.startswith("forge@")]
     logs = Path(tempfile.mkdtemp(prefix="forge-bench-router-"))
     upstream_port = free_port()
     upstream_argv = [
@@ -638,6 +666,13 @@ def main() -> int:
     parser.add_argument("--client-cpu", type=int, default=1, help="the core of the load generator and upstream")
     parser.add_argument(
         "--policy", default="round_robin", help="vllm-router/sglang-router policy (one upstream: no choice to make)"
+    )
+    parser.add_argument(
+        "--forge-ref",
+        action="append",
+        default=[],
+        metavar="REF",
+        help="also measure Forge's router as of this git ref (repeatable), e.g. the parent of a change",
     )
     parser.add_argument("--only", nargs="*", help="measure only these routers (direct is always measured)")
     parser.add_argument(

@@ -81,6 +81,7 @@ def test_direct_connection_is_measured_over_interleaved_rounds(tmp_path: Path) -
         client_cpu=usable[-1],
         policy="round_robin",
         only=["direct"],
+        forge_ref=[],
         routers_dir=str(tmp_path),
         no_install=True,
         start_timeout=10.0,
@@ -135,3 +136,18 @@ def test_report_names_what_was_not_measured_and_compares_in_one_run() -> None:
     assert "forge CPU/request ÷ vllm-router: 2.00x" in text
     # Nothing is compared with a router that was not measured.
     assert "÷ sglang-router" not in text
+
+
+def test_forge_at_a_ref_runs_that_commit_s_router_and_an_unknown_ref_is_reported() -> None:
+    bench = load_bench()
+    spec = bench.forge_at("HEAD")
+    assert spec.name == "forge@HEAD" and spec.unavailable is None
+    argv = spec.command("http://127.0.0.1:1", 2)
+    # The exported tree, not this checkout, is first on the router's sys.path.
+    code = argv[argv.index("-c") + 1]
+    tree = Path(code.split("sys.path.insert(0, '", 1)[1].split("'", 1)[0])
+    assert tree != bench.ROOT and (tree / "builders" / "router" / "server.py").is_file()
+    assert argv[-2] == "--config" and '"port": 2' in Path(argv[-1]).read_text()
+    missing = bench.forge_at("no-such-ref-anywhere")
+    assert missing.command is None and missing.unavailable is not None
+    assert "git archive no-such-ref-anywhere" in missing.unavailable
