@@ -595,20 +595,10 @@ class Router:
             return f"connect failed ({type(exc).__name__})"
         except (aiohttp.ClientError, OSError) as exc:
             return f"failed before any byte ({type(exc).__name__})"
-        if waiting.expired:
-            self.metrics.upstream_aborts.inc(call.labels)
-            if upstream is not None:
-                upstream.close()
-            return self._first_byte_timeout(call)
-        if waiting.cut or upstream is None:
-            # interrupt() counted the abort.
-            if upstream is not None:
-                upstream.close()
-            return self._stopped(call)
-        if call.interrupted():
-            # Interrupted between two attempts, when there was no wait to end.
-            self._abort_upstream(call, upstream)
-            return self._stopped(call)
+        ended = self._wait_outcome(call, waiting, upstream)
+        if ended is not None:
+            return ended
+        assert upstream is not None, "_wait_outcome answers for a wait that left no response"
         if upstream.status >= 500:
             # Only the status: the replica's error text can carry paths and internals.
             upstream.close()
@@ -653,20 +643,10 @@ class Router:
             if exchange is not None and exchange.status:
                 return f"died before the first byte ({exc})"
             return f"failed before any byte ({exc})"
-        if waiting.expired:
-            self.metrics.upstream_aborts.inc(call.labels)
-            if exchange is not None:
-                exchange.close()
-            return self._first_byte_timeout(call)
-        if waiting.cut or exchange is None:
-            # interrupt() counted the abort.
-            if exchange is not None:
-                exchange.close()
-            return self._stopped(call)
-        if call.interrupted():
-            # Interrupted between two attempts, when there was no wait to end.
-            self._abort_upstream(call, exchange)
-            return self._stopped(call)
+        ended = self._wait_outcome(call, waiting, exchange)
+        if ended is not None:
+            return ended
+        assert exchange is not None, "_wait_outcome answers for a wait that left no response"
         if exchange.status >= 500:
             # Only the status: the replica's error text can carry paths and internals.
             exchange.close()
@@ -678,6 +658,27 @@ class Router:
             exchange.close()
             return "closed the stream before the first byte"
         return _Opened(replica=replica, upstream=exchange, first_chunk=first)
+
+    def _wait_outcome(
+        self, call: _Call, waiting: _Waiting, upstream: aiohttp.ClientResponse | Exchange | None
+    ) -> web.Response | str | None:
+        """What an attempt's wait that ended without an error means: None to go on with `upstream`, else the
+        504 of a first-byte timeout or what an interrupt leaves (a reason to fail over, or the final 503)."""
+        if waiting.expired:
+            self.metrics.upstream_aborts.inc(call.labels)
+            if upstream is not None:
+                upstream.close()
+            return self._first_byte_timeout(call)
+        if waiting.cut or upstream is None:
+            # interrupt() counted the abort.
+            if upstream is not None:
+                upstream.close()
+            return self._stopped(call)
+        if call.interrupted():
+            # Interrupted between two attempts, when there was no wait to end.
+            self._abort_upstream(call, upstream)
+            return self._stopped(call)
+        return None
 
     async def _read_exchange(self, call: _Call, replica: Replica, exchange: Exchange, deadline: float) -> web.Response:
         """A streamed request's answer that is not a stream (an upstream 4xx): read it all, bounded, and pass it on."""

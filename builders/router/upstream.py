@@ -210,15 +210,7 @@ class Connection(asyncio.Protocol):
             # Bytes on an idle connection belong to no request: the connection cannot be trusted.
             self.abort()
             return
-        # Exchange.feed inlined: this runs once per streamed event.
-        parser = exchange._parser
-        if parser is None:
-            return
-        try:
-            parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            exchange.fail(UpstreamFailed(f"the replica sent bytes that are not HTTP ({exc})"))
-            exchange.close()
+        exchange.feed(data)
 
     def eof_received(self) -> bool | None:
         return None
