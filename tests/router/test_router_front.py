@@ -209,3 +209,39 @@ def test_requests_the_fast_path_does_not_take_are_answered_by_aiohttp() -> None:
             await replica.stop()
 
     run(body())
+
+
+def test_the_idle_timeout_counts_from_the_last_response_not_from_connecting() -> None:
+    async def body() -> None:
+        # The answer takes longer than half the idle timeout: a deadline still counting from the connect
+        # would close the connection soon after the answer, one counting from the answer keeps it open.
+        replica = await FakeReplica(Behavior(first_delay_s=0.8)).start()
+        router = await start_router(router_config({"p": [replica.url]}, idle_timeout_s=1.0))
+        try:
+            host, port = router.url.removeprefix("http://").split(":")
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(post(chat_body("hi")))
+            status, _, _ = await read_response(reader)
+            answered = asyncio.get_running_loop().time()
+            assert status == 200
+            # 0.6 s after the answer (1.4 s after connecting, past a connect-based deadline) it still serves.
+            await asyncio.sleep(0.6)
+            writer.write(GET_HEALTH)
+            status, _, _ = await read_response(reader)
+            assert status == 200
+            writer.close()
+            # A second connection left idle after its answer is closed by the fast path's deadline.
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(post(chat_body("again")))
+            status, _, _ = await read_response(reader)
+            answered = asyncio.get_running_loop().time()
+            assert status == 200
+            assert await asyncio.wait_for(reader.read(), timeout=5) == b""
+            closed_after = asyncio.get_running_loop().time() - answered
+            assert 0.9 <= closed_after < 3.0, closed_after
+            writer.close()
+        finally:
+            await router.stop()
+            await replica.stop()
+
+    run(body(), timeout=30)

@@ -646,12 +646,16 @@ def test_every_client_abort_is_counted_as_one_upstream_abort() -> None:
                 ):
                     await resp.content.readany()
 
-            async def leave_while_waiting(tag: str) -> None:
+            async def leave_while_waiting(tag: str, *, stream: bool = False) -> None:
                 # Leaves once the request waits on the replica: a timeout alone could, on a loaded box,
                 # leave before the router had routed it, and then there is nothing upstream to abort.
+                # A streamed request waits in the handler's own task (server.py's _Waiting), whose
+                # cancellation by the client must not be taken for a first-byte timeout or an interrupt.
                 async with aiohttp.ClientSession() as s:
-                    body = chat_body("x", max_tokens=900, user=tag)
-                    task = asyncio.create_task(s.post(f"{router.url}/v1/chat/completions", json=body))
+                    body = chat_body("x", max_tokens=900, user=tag, stream=stream)
+                    task = asyncio.create_task(
+                        s.post(f"{router.url}/v1/chat/completions", json=body, headers={"x-request-class": "batch"})
+                    )
                     while not any(r.get("user") == tag for r in waiting.requests):
                         assert not task.done()
                         await asyncio.sleep(0.01)
@@ -660,10 +664,12 @@ def test_every_client_abort_is_counted_as_one_upstream_abort() -> None:
                         await task
 
             await asyncio.gather(
-                *(leave_mid_stream() for _ in range(40)), *(leave_while_waiting(f"w{i}") for i in range(10))
+                *(leave_mid_stream() for _ in range(40)),
+                *(leave_while_waiting(f"w{i}") for i in range(10)),
+                *(leave_while_waiting(f"ws{i}", stream=True) for i in range(10)),
             )
             metrics = router.router.metrics
-            expected = {("interactive", "s"): 40, ("batch", "w"): 10}
+            expected = {("interactive", "s"): 40, ("batch", "w"): 20}
             for _ in range(200):
                 counts = {key: metrics.upstream_aborts.value({"class": key[0], "pool": key[1]}) for key in expected}
                 if counts == expected and not router.router.calls:
