@@ -426,7 +426,7 @@ class FrontConnection(asyncio.Protocol):
         self._timer = self._loop.call_later(delay_s, self._fire)
 
     def _disarm(self) -> None:
-        # The pending timer finds nothing to do when it fires; only close() cancels it.
+        # The pending timer finds nothing to do when it fires; a hand-off or a lost connection cancels it.
         self._on_deadline = None
 
     def _cancel_timer(self) -> None:
