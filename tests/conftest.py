@@ -14,6 +14,7 @@ import pytest
 from builders.config import Project
 from builders.engine import Engine
 from builders.preflight import host, runner
+from builders.router.native import ENV_SWITCH, NativeRelay
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -102,3 +103,16 @@ def small_engine(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
         log.close()
         subprocess.run(["umount", "-l", str(data)], check=False)
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(params=["native", "python"])
+def each_relay(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a router test once with the C relay and once with the Python one: both must keep every promise.
+
+    The router reads the switch when it is made, so a test using this starts its router after it is set.
+    """
+    relay: str = request.param
+    if relay == "native" and NativeRelay is None:
+        pytest.skip("the C relay is not built in this checkout (test_the_c_relay_is_built_where_a_compiler_is)")
+    monkeypatch.setenv(ENV_SWITCH, "1" if relay == "native" else "0")
+    return relay

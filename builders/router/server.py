@@ -42,6 +42,7 @@ from builders.router.classes import ALL_CLASSES, RequestClass
 from builders.router.classify import Classifier, Decision
 from builders.router.config import RouterConfig
 from builders.router.front import FastRequest, FastStream, Front
+from builders.router.native import NativeRelay, native_relay, relay_name
 from builders.router.openai_request import BadRequest, Endpoint, ParsedRequest, parse_request
 from builders.router.prometheus import CONTENT_TYPE, HistogramSeries
 from builders.router.replicas import Pool, Replica
@@ -213,6 +214,10 @@ class Router:
         self.shutting_down = False
         self._write_low = config.stream_buffer_bytes // 8
         """The client transport's low-water mark: writes that stay under it never wait (_send)."""
+        self.native_relay = native_relay()
+        self.events_relayed_natively = 0
+        """Events the C relay moved without Python, over finished streams: how tests see it at work."""
+        """The C relay's type (builders/router/_fastrelay.c), or None where it is not built or switched off."""
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -240,7 +245,9 @@ class Router:
         # a check would time out and mark a healthy replica down exactly when it is serving most.
         replicas = sum(len(pool.replicas) for pool in self.pools.values())
         self._health_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=replicas, limit_per_host=1))
-        self._upstream = UpstreamPool(limit=self.config.upstream_connection_limit)
+        self._upstream = UpstreamPool(
+            limit=self.config.upstream_connection_limit, track_chunks=self.native_relay is not None
+        )
         self._health_task = asyncio.create_task(self._health_loop())
         try:
             yield
@@ -930,6 +937,8 @@ class Router:
                     if relay.failure is not None or relay.ended:
                         break
                     await relay.news()
+                # Before the exchange is released or aborted: the connection must have its transport back.
+                relay.close()
                 failure = relay.failure
                 if failure is None and upstream.error is not None:
                     if call.stop_kind is not None:
@@ -1017,6 +1026,11 @@ class _Relay:
     on_body runs once per streamed token, so it is kept to the few operations each event needs: one clock
     read, the framer's one-event check, one write. Each Python operation here costs the router about a
     microsecond per event once the stream's objects compete for cache with 31 others (bench-router).
+
+    Where the C relay is built (builders/router/native.py) it becomes the replica transport's protocol for
+    the stream and does what on_body's one-event path does without running Python; any other read comes
+    back here through the connection, unchanged. It may only take a read while `_fast_ok()` says nothing
+    is held here, so this object tells it whenever that changes outside a read.
     """
 
     def __init__(
@@ -1058,6 +1072,31 @@ class _Relay:
             self.on_body(early)
         if exchange.complete or exchange.error is not None:
             self.ended = True
+        self._connection = exchange.connection
+        self._native: NativeRelay | None = None
+        native = router.native_relay
+        if native is not None and self._connection is not None:
+            self._native = native(
+                connection=self._connection,
+                owner=self,
+                call=call,
+                events=events,
+                transport=transport,
+                itl=self._itl,
+                router=router,
+                write_low=self._write_low,
+            )
+            self._native.enabled = self._fast_ok()
+            self._connection.divert(self._native)
+
+    def _fast_ok(self) -> bool:
+        """Whether the C relay may take the next read: nothing held or pending here, the stream not over,
+        and the parser between two chunks (the C relay takes whole chunks only)."""
+        events = self._events
+        return (
+            not (self._stopped or self.backlog or self._paused or self.ended or events.pending or events.done)
+            and self._exchange.at_chunk_boundary
+        )
 
     def on_body(self, data: bytes) -> None:
         if self._stopped:
@@ -1132,11 +1171,15 @@ class _Relay:
     def resume(self) -> None:
         self._last_byte = time.monotonic()
         self._paused = False
+        if self._native is not None:
+            self._native.enabled = self._fast_ok()
         self._exchange.resume_reading()
 
     def _fail(self, failure: tuple[str, int, str]) -> None:
         self.failure = failure
         self._stopped = True
+        if self._native is not None:
+            self._native.enabled = False
         self._exchange.pause_reading()
         self._wake()
 
@@ -1163,9 +1206,17 @@ class _Relay:
             self._waiter = None
 
     def close(self) -> None:
+        """Stop relaying; called once the stream is over (again in _pump's finally, where it does nothing)."""
         self._timer.cancel()
         self._exchange.sink = None
         self._exchange.on_end = None
+        native, self._native = self._native, None
+        if native is not None:
+            assert self._connection is not None, "a native relay is made only for a live connection"
+            # The connection gets its transport back before the exchange hands it to the pool or aborts it.
+            self._connection.undivert()
+            native.detach()
+            self._router.events_relayed_natively += native.relayed
 
 
 class _EventFramer:
@@ -1306,7 +1357,7 @@ async def serve(config: RouterConfig, stop: asyncio.Event | None = None, hurry: 
     # Which loop runs is worth a line (after the listening line, which tools parse): CPU per streamed
     # event differs by about a fifth between them.
     loop = "uvloop" if type(asyncio.get_running_loop()).__module__.startswith("uvloop") else "asyncio"
-    print(f"forge router event loop: {loop}", flush=True)
+    print(f"forge router event loop: {loop}, relay: {relay_name()}", flush=True)
     try:
         await (stop or asyncio.Event()).wait()
     except asyncio.CancelledError:

@@ -55,6 +55,8 @@ class Exchange:
         self._head_seen = False
         self.keep_alive = False
         self._waiter: asyncio.Future[None] | None = None
+        self.at_chunk_boundary = False
+        """The parser stopped between two chunks of a chunked body (kept by BoundaryTrackingExchange only)."""
 
     # --- httptools callbacks ----------------------------------------------------------------------
 
@@ -163,6 +165,11 @@ class Exchange:
     def closed(self) -> bool:
         return self._connection is None
 
+    @property
+    def connection(self) -> Connection | None:
+        """The pooled connection, until the exchange is released or closed."""
+        return self._connection
+
     def pause_reading(self) -> None:
         if self._connection is not None:
             self._connection.pause_reading()
@@ -177,6 +184,7 @@ class Exchange:
         self._parser = None
         if connection is None:
             return
+        connection.undivert()
         if self.complete and self.keep_alive:
             connection.pool.put_back(connection)
         else:
@@ -190,6 +198,22 @@ class Exchange:
             return
         self.fail(UpstreamFailed("closed by the router"))
         connection.abort()
+
+
+class BoundaryTrackingExchange(Exchange):
+    """An Exchange that knows when its parser stands between two chunks, so that the C relay may take whole
+    chunks off the transport itself (builders/router/_fastrelay.c) without the parser losing its place.
+
+    A class of its own because httptools calls these two only where they exist: the Python relay does not
+    need them and would pay two calls per event.
+    """
+
+    def on_chunk_header(self) -> None:
+        self.at_chunk_boundary = False
+
+    def on_chunk_complete(self) -> None:
+        # After the CRLF that ends the chunk's data, so the next byte starts a chunk-size line.
+        self.at_chunk_boundary = True
 
 
 class Connection(asyncio.Protocol):
@@ -238,6 +262,15 @@ class Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
+    def divert(self, protocol: asyncio.Protocol) -> None:
+        """Let protocol receive this connection's events (it hands what it does not handle back to this one)."""
+        if self.transport is not None:
+            self.transport.set_protocol(protocol)
+
+    def undivert(self) -> None:
+        if self.transport is not None and self.transport.get_protocol() is not self:
+            self.transport.set_protocol(self)
+
 
 @functools.lru_cache(maxsize=1024)
 def _address(base_url: str) -> tuple[tuple[str, int], str]:
@@ -251,8 +284,10 @@ class UpstreamPool:
     count (as with aiohttp's connector): counted, the idle connections to one replica would hold every slot
     and starve requests to the others."""
 
-    def __init__(self, *, limit: int, max_idle_per_replica: int = 64) -> None:
+    def __init__(self, *, limit: int, max_idle_per_replica: int = 64, track_chunks: bool = False) -> None:
         self._slots = asyncio.Semaphore(limit)
+        self._exchange_type = BoundaryTrackingExchange if track_chunks else Exchange
+        """track_chunks: the C relay will read the connections, and must know where chunks end."""
         self._loop = asyncio.get_running_loop()
         """Kept, not asked for: asyncio.get_running_loop() makes a getpid() system call each time (Python 3.11)."""
         self._max_idle = max_idle_per_replica
@@ -293,7 +328,7 @@ class UpstreamPool:
             self._slots.release()
             raise
         self._in_use.add(connection)
-        exchange = Exchange(connection, self._loop)
+        exchange = self._exchange_type(connection, self._loop)
         connection.exchange = exchange
         connection.resume_reading()
         head = [f"POST {path} HTTP/1.1", f"Host: {netloc}", f"Content-Length: {len(body)}"]

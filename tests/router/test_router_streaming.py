@@ -9,9 +9,13 @@ import socket
 import time
 
 import aiohttp
+import pytest
 from router_fakes import Behavior, FakeReplica, chat_body, router_config, run, sse_data
 
 from builders.router import start_router
+
+# Every promise here is kept by both relays: the C one where it is built, and Python's.
+pytestmark = pytest.mark.usefixtures("each_relay")
 
 
 async def read_stream(url: str, body: dict[str, object], headers: dict[str, str] | None = None) -> tuple[int, bytes]:
