@@ -77,7 +77,10 @@ def _stage_context(
                 _link_or_copy(wheel, dest / wheel.name)
         elif kind == "package":
             shutil.copytree(
-                project.root / "builders", dest / "builders", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+                project.root / "builders",
+                dest / "builders",
+                # A module compiled here (the router's C relay) is for this host's Python: the image builds its own.
+                ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so"),
             )
     if ca_bundle and not buildkit:
         (ctx / "trust").mkdir()

@@ -196,6 +196,21 @@ def check_entrypoint(engine: Engine, image: str, plan: BuildPlan) -> CheckResult
     )
 
 
+def check_router_relay(engine: Engine, image: str, plan: BuildPlan) -> CheckResult:
+    """The router in the image runs its C relay (builders/router/_fastrelay.c), built in the image's venv stage."""
+    start = time.monotonic()
+    code = "from builders.router.native import relay_name; print('RELAY', relay_name())"
+    rc, out = _python(engine, image, code, timeout=60)
+    line = next((ln for ln in out.splitlines() if ln.startswith("RELAY ")), "")
+    ok = rc == 0 and line == "RELAY native"
+    return CheckResult(
+        name="router-relay",
+        ok=ok,
+        detail=line.removeprefix("RELAY ") if line else out[-800:],
+        seconds=time.monotonic() - start,
+    )
+
+
 # --- GPU images ---------------------------------------------------------------------------------------------
 
 # Run inside the image: which torch, built for which CUDA, and whether it sees a GPU.
@@ -411,6 +426,8 @@ def run_checks(engine: Engine, image: str, plan: BuildPlan) -> list[CheckResult]
     results: list[CheckResult] = []
     if "entrypoint-help" in plan.test_checks:
         results.append(check_entrypoint(engine, image, plan))
+    if "router-relay" in plan.test_checks:
+        results.append(check_router_relay(engine, image, plan))
     if "import-vllm" in plan.test_checks:
         imported = check_import(engine, image, plan)
         results += [imported, check_version(imported, plan)]

@@ -212,7 +212,9 @@ def make_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> BuildPlan
         context.append(ContextItem(name="wheelhouse", kind="wheelhouse", origin="local wheels (--wheelhouse)"))
     if target.python_app:
         context.append(ContextItem(name="app", kind="package", origin="this checkout's builders/ package"))
-        build_roles = ["python"]
+        # The router's C relay is compiled in the image's venv stage (containers/router.Containerfile.j2).
+        build_roles = ["python", "c_compiler", "python_headers"]
+        compile_env.update({k: v for k, v in family.compiler_env().items() if k != "PATH"})
 
     build_packages = tuple(family.packages(build_roles))  # type: ignore[arg-type]
     if target.compiles:
@@ -251,6 +253,9 @@ def make_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> BuildPlan
     checks: tuple[str, ...] = ()
     if target.runs_vllm:
         checks = ("import-vllm", "vllm-version", "tcmalloc-mapped") + (("serve-models",) if recipe.serve_test else ())
+    elif recipe.target == "router":
+        # The image builds the router's C relay; a router that fell back to Python would cost more CPU unnoticed.
+        checks = ("entrypoint-help", "router-relay")
     else:
         checks = ("entrypoint-help",)
 

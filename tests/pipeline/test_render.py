@@ -47,6 +47,19 @@ def test_runtime_stage_is_slim_nonroot_with_tcmalloc(project: Project) -> None:
     assert "dnf install" in runtime and "numactl-libs" in runtime
 
 
+@pytest.mark.parametrize("distro", ["debian-12", "fedora-44", "ubi-9"])
+def test_router_image_compiles_its_c_relay_in_the_venv_stage_and_ships_no_compiler(
+    project: Project, distro: str
+) -> None:
+    text = rendered(project, distro, "router")
+    venv, runtime = stage(text, "venv"), stage(text, "runtime")
+    compilers = project.distro(distro).packages["c_compiler"]
+    assert all(c in venv for c in compilers) and "build_extension.py" in venv and "_fastrelay.c" in venv
+    assert not any(re.search(rf"\s{re.escape(c)}(\s|$)", runtime.split("LABEL")[0]) for c in compilers)
+    # The compiled module lands beside the router's sources, where PYTHONPATH finds builders.router._fastrelay.
+    assert "COPY --from=venv /opt/forge/native/ /opt/forge/app/" in runtime and "PYTHONPATH=/opt/forge/app" in runtime
+
+
 def test_ca_bundle_never_reaches_the_runtime(project: Project) -> None:
     for buildkit in (True, False):
         text = rendered(project, "debian-13", "cpu", buildkit=buildkit)
