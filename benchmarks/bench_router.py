@@ -38,6 +38,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from builders.router.native import ENV_SWITCH, NativeRelay
+
 ROOT = Path(__file__).resolve().parent.parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -358,7 +360,16 @@ def router_specs(routers_dir: Path, install: bool, policy: str, forge_refs: Sequ
     def forge(upstream: str, port: int) -> list[str]:
         return [sys.executable, "-m", "builders.router", "--config", str(_forge_config(upstream, port))]
 
+    def forge_python(upstream: str, port: int) -> list[str]:
+        # env execs the router, so the pid measured is the router's own.
+        return ["env", f"{ENV_SWITCH}=0", *forge(upstream, port)]
+
     specs = [RouterSpec(name="direct", command=None), RouterSpec(name="forge", command=forge)]
+    # Forge with its C relay switched off: what the extension saves, measured in the same run.
+    if NativeRelay is None:
+        specs.append(RouterSpec(name="forge-python", command=None, unavailable="the C relay is not built here"))
+    else:
+        specs.append(RouterSpec(name="forge-python", command=forge_python))
     specs.extend(forge_at(ref) for ref in forge_refs)
     for package, version in THIRD_PARTY.items():
         python, why = _venv_python(routers_dir, package, version, install)

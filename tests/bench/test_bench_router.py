@@ -11,6 +11,10 @@ import time
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
+from builders.router.native import NativeRelay
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -151,3 +155,32 @@ def test_forge_at_a_ref_runs_that_commit_s_router_and_an_unknown_ref_is_reported
     missing = bench.forge_at("no-such-ref-anywhere")
     assert missing.command is None and missing.unavailable is not None
     assert "git archive no-such-ref-anywhere" in missing.unavailable
+
+
+@pytest.mark.skipif(NativeRelay is None, reason="the C relay is not built in this checkout")
+def test_forge_is_measured_with_each_relay_in_the_same_run(tmp_path: Path) -> None:
+    bench = load_bench()
+    usable = sorted(os.sched_getaffinity(0))
+    args = argparse.Namespace(
+        concurrency=4,
+        chunks=8,
+        interval_ms=2.0,
+        duration=2.0,
+        rounds=2,
+        warmup=0.5,
+        router_cpu=usable[0],
+        client_cpu=usable[-1],
+        policy="round_robin",
+        only=["forge", "forge-python"],
+        forge_ref=[],
+        routers_dir=str(tmp_path),
+        no_install=True,
+        start_timeout=20.0,
+    )
+    rows = {r.name: r for r in asyncio.run(asyncio.wait_for(bench.run(args), 90))}
+    native, python = rows["forge"], rows["forge-python"]
+    # Each says which relay ran (from the router's own start-up line), so a ratio names what it compares.
+    assert native.note.endswith("relay: native") and python.note.endswith("relay: python")
+    for row in (native, python):
+        assert row.measured and row.failed == 0 and row.completed > 0 and row.cpu_ms_per_req > 0
+    assert "forge CPU/request ÷ forge-python" in bench.render(list(rows.values()), args)
