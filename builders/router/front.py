@@ -156,11 +156,12 @@ class FastStream:
         transport.write(framed)
         await self._request.drain()
 
-    async def write_eof(self) -> None:
+    async def write_eof(self, last: bytes = b"") -> None:
+        """End the body; `last`, already chunk-framed, goes out in the same write (the relay's held [DONE])."""
         if self.ended:
             return
         transport = self._transport()
-        tail = b"0\r\n\r\n"
+        tail = last + b"0\r\n\r\n"
         if self._head is not None:
             tail, self._head = self._head + tail, None
             self._request.head_sent = True

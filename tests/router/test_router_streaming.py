@@ -13,6 +13,7 @@ import pytest
 from router_fakes import Behavior, FakeReplica, chat_body, router_config, run, sse_data
 
 from builders.router import start_router
+from builders.router.front import FastStream
 
 # Every promise here is kept by both relays: the C one where it is built, and Python's.
 pytestmark = pytest.mark.usefixtures("each_relay")
@@ -340,5 +341,87 @@ def test_client_leaving_a_non_streamed_request_frees_the_replica() -> None:
         finally:
             await router.stop()
             await slow.stop()
+
+    run(body())
+
+
+async def _raw_replica(events: list[bytes], interval_s: float) -> tuple[asyncio.Server, str]:
+    """A replica that sends its last event and the terminating chunk in one write, as the bench's does and
+    uvicorn often does: the two reach the router in one read."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                if head.startswith(b"GET "):  # the router's health checks
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                    continue
+                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                await reader.readexactly(length)
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                )
+                for event in events[:-1]:
+                    writer.write(b"%x\r\n%b\r\n" % (len(event), event))
+                    await asyncio.sleep(interval_s)
+                writer.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(events[-1]), events[-1]))
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    return server, f"http://127.0.0.1:{port}"
+
+
+def test_done_read_with_the_terminating_chunk_goes_out_with_it_in_one_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    ends: list[bytes] = []
+    write_eof = FastStream.write_eof
+
+    async def recording_write_eof(self: FastStream, last: bytes = b"") -> None:
+        ends.append(last)
+        await write_eof(self, last)
+
+    monkeypatch.setattr(FastStream, "write_eof", recording_write_eof)
+    events = [b'data: {"choices":[{"delta":{"content":"t%d "}}]}\n\n' % i for i in range(4)] + [b"data: [DONE]\n\n"]
+
+    async def body() -> None:
+        server, url = await _raw_replica(events, interval_s=0.005)
+        router = await start_router(router_config({"p": [url]}))
+        try:
+            for _ in range(2):
+                status, raw = await read_stream(router.url, chat_body("x", stream=True))
+                assert status == 200 and raw == b"".join(events)
+        finally:
+            await router.stop()
+            server.close()
+
+    run(body())
+    # Each stream's [DONE] went out in the write that ended the body, not in a write of its own.
+    assert ends == [b"e\r\ndata: [DONE]\n\n\r\n"] * 2
+
+
+def test_done_is_not_held_back_when_the_replica_ends_its_stream_later() -> None:
+    async def body() -> None:
+        lingering = await FakeReplica(Behavior(tokens=3, done_linger_s=2.0)).start()
+        router = await start_router(router_config({"p": [lingering.url]}))
+        try:
+            host, port = router.url.removeprefix("http://").split(":")
+            reader, writer = await asyncio.open_connection(host, int(port))
+            payload = json.dumps(chat_body("x", stream=True)).encode()
+            began = time.monotonic()
+            writer.write(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Length: %d\r\n\r\n%b"
+                % (len(payload), payload)
+            )
+            received = b""
+            while b"data: [DONE]" not in received:
+                chunk = await asyncio.wait_for(reader.read(65536), timeout=5)
+                assert chunk, received
+                received += chunk
+            # [DONE] came when the replica sent it, not with the terminating chunk two seconds later.
+            assert time.monotonic() - began < 1.0
+            assert not received.endswith(b"0\r\n\r\n")
+            writer.transport.abort()
+        finally:
+            await router.stop()
+            await lingering.stop()
 
     run(body())
