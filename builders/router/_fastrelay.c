@@ -274,8 +274,8 @@ static PyObject *Relay_connection_made(Relay *self, PyObject *Py_UNUSED(transpor
     Py_RETURN_NONE;
 }
 
-static int Relay_clear(Relay *self) {
-    Py_CLEAR(self->connection);
+/* Everything but the connection: what a stream's relay refers to. */
+static void drop_stream(Relay *self) {
     Py_CLEAR(self->owner);
     Py_CLEAR(self->call);
     Py_CLEAR(self->events);
@@ -283,6 +283,11 @@ static int Relay_clear(Relay *self) {
     Py_CLEAR(self->itl);
     Py_CLEAR(self->router);
     self->enabled = 0;
+}
+
+static int Relay_clear(Relay *self) {
+    drop_stream(self);
+    Py_CLEAR(self->connection);
     return 0;
 }
 
@@ -292,13 +297,7 @@ static PyObject *Relay_detach(Relay *self, PyObject *Py_UNUSED(ignored)) {
      * through it, and the pool must hear of it. The framer gets the last event's time first, so bytes the
      * Python protocol reads next are timed from it. */
     if (self->events != NULL && self->owner != NULL && store_last_event(self) < 0) return NULL;
-    Py_CLEAR(self->owner);
-    Py_CLEAR(self->call);
-    Py_CLEAR(self->events);
-    Py_CLEAR(self->transport);
-    Py_CLEAR(self->itl);
-    Py_CLEAR(self->router);
-    self->enabled = 0;
+    drop_stream(self);
     Py_RETURN_NONE;
 }
 
@@ -352,20 +351,13 @@ static int Relay_init(Relay *self, PyObject *args, PyObject *kwds) {
     PyMem_Free(self->bounds);
     self->bounds = copy;
     self->nbounds = n;
-    Py_INCREF(connection);
-    self->connection = connection;
-    Py_INCREF(owner);
-    self->owner = owner;
-    Py_INCREF(call);
-    self->call = call;
-    Py_INCREF(events);
-    self->events = events;
-    Py_INCREF(transport);
-    self->transport = transport;
-    Py_INCREF(itl);
-    self->itl = itl;
-    Py_INCREF(router);
-    self->router = router;
+    self->connection = Py_NewRef(connection);
+    self->owner = Py_NewRef(owner);
+    self->call = Py_NewRef(call);
+    self->events = Py_NewRef(events);
+    self->transport = Py_NewRef(transport);
+    self->itl = Py_NewRef(itl);
+    self->router = Py_NewRef(router);
     self->write_low = write_low;
     self->relayed = 0;
     self->enabled = 0;

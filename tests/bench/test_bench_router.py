@@ -29,6 +29,23 @@ def load_bench() -> ModuleType:
     return module
 
 
+def short_run(tmp_path: Path, **settings: object) -> argparse.Namespace:
+    """bench-router's arguments for a run of seconds on this machine's cores, nothing installed."""
+    usable = sorted(os.sched_getaffinity(0))
+    defaults: dict[str, object] = {
+        "concurrency": 4,
+        "rounds": 2,
+        "router_cpu": usable[0],
+        "client_cpu": usable[-1],
+        "policy": "round_robin",
+        "forge_ref": [],
+        "routers_dir": str(tmp_path),
+        "no_install": True,
+        "start_timeout": 10.0,
+    }
+    return argparse.Namespace(**{**defaults, **settings})
+
+
 def test_load_generator_counts_only_whole_streams() -> None:
     bench = load_bench()
 
@@ -73,23 +90,7 @@ def test_tree_cpu_time_grows_with_work_done() -> None:
 
 def test_direct_connection_is_measured_over_interleaved_rounds(tmp_path: Path) -> None:
     bench = load_bench()
-    usable = sorted(os.sched_getaffinity(0))
-    args = argparse.Namespace(
-        concurrency=4,
-        chunks=4,
-        interval_ms=1.0,
-        duration=1.0,
-        rounds=2,
-        warmup=0.3,
-        router_cpu=usable[0],
-        client_cpu=usable[-1],
-        policy="round_robin",
-        only=["direct"],
-        forge_ref=[],
-        routers_dir=str(tmp_path),
-        no_install=True,
-        start_timeout=10.0,
-    )
+    args = short_run(tmp_path, only=["direct"], chunks=4, interval_ms=1.0, duration=1.0, warmup=0.3)
     rows = asyncio.run(asyncio.wait_for(bench.run(args), 30))
     assert [r.name for r in rows] == ["direct"]
     (direct,) = rows
@@ -160,21 +161,13 @@ def test_forge_at_a_ref_runs_that_commit_s_router_and_an_unknown_ref_is_reported
 @pytest.mark.skipif(NativeRelay is None, reason="the C relay is not built in this checkout")
 def test_forge_is_measured_with_each_relay_in_the_same_run(tmp_path: Path) -> None:
     bench = load_bench()
-    usable = sorted(os.sched_getaffinity(0))
-    args = argparse.Namespace(
-        concurrency=4,
+    args = short_run(
+        tmp_path,
+        only=["forge", "forge-python"],
         chunks=8,
         interval_ms=2.0,
         duration=2.0,
-        rounds=2,
         warmup=0.5,
-        router_cpu=usable[0],
-        client_cpu=usable[-1],
-        policy="round_robin",
-        only=["forge", "forge-python"],
-        forge_ref=[],
-        routers_dir=str(tmp_path),
-        no_install=True,
         start_timeout=20.0,
     )
     rows = {r.name: r for r in asyncio.run(asyncio.wait_for(bench.run(args), 90))}
