@@ -83,11 +83,15 @@ def render(session: nox.Session) -> None:
     session.run("hadolint", *sorted(str(p) for p in out.glob("*.Containerfile")), external=True)
 
 
+LINTED = ("builders", "tests", "benchmarks", "containers/scripts", "noxfile.py")
+"""What ruff checks; mypy's list is pyproject.toml's [tool.mypy] files, the same folders."""
+
+
 @nox.session(python=False)
 def lint(session: nox.Session) -> None:
-    """ruff and mypy --strict over the package, the tests and this file."""
-    session.run("ruff", "check", "builders", "tests", "benchmarks", "noxfile.py", external=True)
-    session.run("ruff", "format", "--check", "builders", "tests", "benchmarks", "noxfile.py", external=True)
+    """ruff and mypy --strict over the package, the tests, the benchmarks, the scripts builds run and this file."""
+    session.run("ruff", "check", *LINTED, external=True)
+    session.run("ruff", "format", "--check", *LINTED, external=True)
     session.run("mypy", external=True)
 
 

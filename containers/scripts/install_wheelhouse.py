@@ -34,8 +34,12 @@ def alias_renamed_vllm() -> None:
         return
     except md.PackageNotFoundError:
         pass
-    renamed = [d for d in md.distributions() if "vllm" in (d.read_text("top_level.txt") or "").split()
-               or (d.metadata["Name"] or "").lower().startswith("vllm-")]
+    renamed = [
+        d
+        for d in md.distributions()
+        if "vllm" in (d.read_text("top_level.txt") or "").split()
+        or (d.metadata["Name"] or "").lower().startswith("vllm-")
+    ]
     if not renamed:
         return
     version = renamed[0].version
@@ -43,8 +47,10 @@ def alias_renamed_vllm() -> None:
         version += "+cpu"
     alias = Path(sysconfig.get_paths()["purelib"]) / f"vllm-{version}.dist-info"
     alias.mkdir(exist_ok=True)
-    (alias / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n"
-                                    f"Summary: alias of {renamed[0].metadata['Name']} written by Forge\n")
+    (alias / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n"
+        f"Summary: alias of {renamed[0].metadata['Name']} written by Forge\n"
+    )
     (alias / "INSTALLER").write_text("forge-alias\n")
     (alias / "RECORD").write_text("")
     print(f"forge: {renamed[0].metadata['Name']} {version} also registered as distribution 'vllm'")
@@ -63,8 +69,10 @@ def main() -> None:
             print(f"forge: left out {w.name} (excluded by the recipe)")
     if not chosen:
         sys.exit(f"forge: no wheels in {args.wheelhouse}")
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--no-compile",
-                    *map(str, chosen)], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--no-compile", *map(str, chosen)],
+        check=True,
+    )
     alias_renamed_vllm()
     check = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True)
     missing = [line for line in check.stdout.splitlines() if not any(e in line.lower() for e in excluded)]
