@@ -38,9 +38,13 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from builders.router.native import ENV_SWITCH, NativeRelay
-
 ROOT = Path(__file__).resolve().parent.parent
+# The routers measured run from this checkout (pinned_process puts it on their PYTHONPATH), so what this
+# file reads of Forge comes from it too, whichever checkout `pip install -e` last pointed at.
+sys.path.insert(0, str(ROOT))
+
+from builders.router.native import ENV_SWITCH, NativeRelay  # noqa: E402
+
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 THIRD_PARTY = {"vllm-router": "0.1.17", "sglang-router": "0.3.2"}
