@@ -203,6 +203,9 @@ def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOption
         # SIGTERM and SIGHUP arrive as this too (builders/interrupt.py): one path for every way a build is stopped.
         report.result, report.signal = "interrupted", interrupt.signal_of(exc)
         report.error = f"interrupted by {report.signal} during {running or 'the start'}"
+        if ctx.log_path.exists():  # the log is an artifact of its own: it says why it stops short
+            with ctx.log_path.open("a", encoding="utf-8") as log_file:
+                log_file.write(f"\nforge: {report.error}\n")
         raise
     except ForgeError as exc:
         report.result, report.error = "failed", exc.render()
