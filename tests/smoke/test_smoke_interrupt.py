@@ -18,7 +18,8 @@ from smoke_helpers import free_base_port, interrupt_forge_smoke, processes_menti
 from builders.engine import Engine
 from builders.smoke.plan import RUN_LABEL
 
-pytestmark = [pytest.mark.engine, pytest.mark.server]
+# The replicas are stand-ins, not vLLM servers: only the router container needs the engine.
+pytestmark = pytest.mark.engine
 
 
 @pytest.mark.timeout(600)
