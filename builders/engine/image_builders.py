@@ -223,6 +223,11 @@ class LegacySdkBuilder:
                     if log:
                         log.write(line + "\n")
                     sink(line)
+        except KeyboardInterrupt:
+            # Ctrl-C or SIGTERM: the engine cancels a legacy build when its connection closes; drop it now rather
+            # than when this process exits, which may be after a long cleanup.
+            self.engine.client.api.close()
+            raise
         except Exception as exc:  # the SDK raises several unrelated types for one failed build
             if log:
                 log.write(f"ERROR: {exc}\n")
