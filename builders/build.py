@@ -11,6 +11,7 @@ import os
 import shlex
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -186,46 +187,62 @@ def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOption
     report = ctx.report
     report.write(ctx.reports_dir)  # from now on the folder names this build, even if it is killed outright
     running: str | None = None
-    try:
-        for name, phase, runs in PHASES:
-            if runs(options):
-                running = name
-                with _phase(report, ctx.log, name):
-                    phase(ctx)
-        running = None
-        report.result = "succeeded"
-        ctx.image_id = None  # tagged: keep it
-        return report
-    except PreflightBlocked as exc:
-        report.result, report.error = "blocked", exc.render()
-        raise
-    except KeyboardInterrupt as exc:
-        # SIGTERM and SIGHUP arrive as this too (builders/interrupt.py): one path for every way a build is stopped.
-        report.result, report.signal = "interrupted", interrupt.signal_of(exc)
-        report.error = f"interrupted by {report.signal} during {running or 'the start'}"
-        if ctx.log_path.exists():  # the log is an artifact of its own: it says why it stops short
-            with ctx.log_path.open("a", encoding="utf-8") as log_file:
-                log_file.write(f"\nforge: {report.error}\n")
-        raise
-    except ForgeError as exc:
-        report.result, report.error = "failed", exc.render()
-        raise
-    finally:
+    phase_started = time.monotonic()
+
+    def ended_at_once() -> None:
+        """A second signal ends Forge before its cleanup: the report still says how the build ended."""
+        if report.result == "running":
+            report.result, report.signal = "interrupted", interrupt.first_signal()
+            report.error = f"interrupted by {report.signal} during {running}"
         report.ended_in = running
-        unproven = ctx.image_id is not None and ctx.engine_ is not None
-        if unproven:
-            # Removed below: the report must not name it, nor its SBOM (written, if at all, for a tag now undone).
-            report.image, report.sbom = {}, None
-            (ctx.reports_dir / SBOM_NAME).unlink(missing_ok=True)
-        # Written before the engine is asked for anything: a second signal, which ends at once, leaves it true.
+        if running is not None:  # its step never ended: its time so far
+            report.phases.setdefault(running, round(time.monotonic() - phase_started, 2))
+        report.error = f"{report.error}; a second signal ended Forge before its cleanup"
         report.write(ctx.reports_dir)
-        if unproven:
-            assert ctx.engine_ is not None and ctx.image_id is not None
-            ctx.engine_.remove_image(ctx.image_id)  # built but not proven: no tag, no dangling image
         if ctx.context_dir is not None and not options.keep_context:
-            shutil.rmtree(ctx.context_dir, ignore_errors=True)
-        if report.result != "succeeded":
-            ctx.log.info(f"report ({report.result}): {ctx.reports_dir / 'summary.txt'}\n{report.summary()}")
+            shutil.rmtree(ctx.context_dir, ignore_errors=True)  # local files only: no engine call to wait for
+
+    with interrupt.on_second_signal(ended_at_once):
+        try:
+            for name, phase, runs in PHASES:
+                if runs(options):
+                    running, phase_started = name, time.monotonic()
+                    with _phase(report, ctx.log, name):
+                        phase(ctx)
+            running = None
+            report.result = "succeeded"
+            ctx.image_id = None  # tagged: keep it
+            return report
+        except PreflightBlocked as exc:
+            report.result, report.error = "blocked", exc.render()
+            raise
+        except KeyboardInterrupt as exc:
+            # SIGTERM and SIGHUP arrive as this too (builders/interrupt.py): one path for every way a build stops.
+            report.result, report.signal = "interrupted", interrupt.signal_of(exc)
+            report.error = f"interrupted by {report.signal} during {running or 'the start'}"
+            if ctx.log_path.exists():  # the log is an artifact of its own: it says why it stops short
+                with ctx.log_path.open("a", encoding="utf-8") as log_file:
+                    log_file.write(f"\nforge: {report.error}\n")
+            raise
+        except ForgeError as exc:
+            report.result, report.error = "failed", exc.render()
+            raise
+        finally:
+            report.ended_in = running
+            unproven = ctx.image_id is not None and ctx.engine_ is not None
+            if unproven:
+                # Removed below: the report must not name it, nor its SBOM (written, if at all, for a tag now undone).
+                report.image, report.sbom = {}, None
+                (ctx.reports_dir / SBOM_NAME).unlink(missing_ok=True)
+            # Written before the engine is asked for anything: a second signal, which ends at once, leaves it true.
+            report.write(ctx.reports_dir)
+            if unproven:
+                assert ctx.engine_ is not None and ctx.image_id is not None
+                ctx.engine_.remove_image(ctx.image_id)  # built but not proven: no tag, no dangling image
+            if ctx.context_dir is not None and not options.keep_context:
+                shutil.rmtree(ctx.context_dir, ignore_errors=True)
+            if report.result != "succeeded":
+                ctx.log.info(f"report ({report.result}): {ctx.reports_dir / 'summary.txt'}\n{report.summary()}")
 
 
 # What a build writes into its report folder. A new build removes them first, so the folder never holds one

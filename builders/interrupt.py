@@ -115,6 +115,12 @@ def handled() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+def first_signal() -> str | None:
+    """The name of the signal that is ending this command, for a hook that records it."""
+    state = _state
+    return signal.Signals(state.received[0]).name if state is not None and state.received else None
+
+
 @contextlib.contextmanager
 def on_second_signal(hook: Callable[[], None]) -> Iterator[None]:
     """While the block runs, a second signal calls `hook` (quick, without grace) before the process exits."""

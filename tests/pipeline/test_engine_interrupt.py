@@ -72,13 +72,15 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("builder", ["buildkit", "legacy"])
+# Twice: the second SIGTERM, sent while the first is still stopping the build client, ends Forge at once.
+@pytest.mark.parametrize(("builder", "signals"), [("buildkit", 1), ("legacy", 1), ("buildkit", 2)])
 @pytest.mark.parametrize(("engine_args", "engine_env"), ENGINES)
 def test_sigterm_mid_build_leaves_a_true_report_and_nothing_else(
-    engine: Engine, tmp_path: Path, engine_args: list[str], engine_env: dict[str, str], builder: str
+    engine: Engine, tmp_path: Path, engine_args: list[str], engine_env: dict[str, str], builder: str, signals: int
 ) -> None:
-    reports = tmp_path / "reports"
+    reports, scratch = tmp_path / "reports", tmp_path / "scratch"
     _plant_earlier_build(reports)
+    scratch.mkdir()
     tag = "forge/test-router:sigterm"
     engine.remove_image(tag)
     latest_before = (
@@ -91,7 +93,7 @@ def test_sigterm_mid_build_leaves_a_true_report_and_nothing_else(
     # seconds, so the signal, sent a second after that step starts, always lands in the build phase.
     proc = subprocess.Popen(
         [sys.executable, "-m", "builders.cli", "build", "debian-12", "router", "--no-cache", "--skip-preflight",
-         "--builder", builder, "--tag", tag, "--report-dir", str(reports), *engine_args],
+         "--builder", builder, "--tag", tag, "--report-dir", str(reports), "--scratch-dir", str(scratch), *engine_args],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -109,6 +111,9 @@ def test_sigterm_mid_build_leaves_a_true_report_and_nothing_else(
         time.sleep(1)
         clients = _children(proc.pid)
         proc.send_signal(signal.SIGTERM)
+        if signals == 2:
+            time.sleep(0.05)
+            proc.send_signal(signal.SIGTERM)
         rest, _ = proc.communicate(timeout=90)
         output.append(rest)
     finally:
@@ -120,11 +125,15 @@ def test_sigterm_mid_build_leaves_a_true_report_and_nothing_else(
     text = "".join(output)
 
     assert proc.returncode == 143, text
-    assert "forge: interrupted by SIGTERM (exit 143)" in text
+    if signals == 1:
+        assert "forge: interrupted by SIGTERM (exit 143)" in text
+    else:
+        assert "forge: second signal (SIGTERM): ending now" in text
     report = json.loads((reports / "report.json").read_text())
     assert report["result"] == "interrupted" and report["signal"] == "SIGTERM", report
     assert report["ended_in"] == "build" and "build" in report["phases"]
     assert report["image"] == {} and report["sbom"] is None
+    assert ("a second signal ended Forge before its cleanup" in report["error"]) == (signals == 2)
     assert report["started"] != "2020-01-01T00:00:00Z"
     summary = (reports / "summary.txt").read_text()
     assert summary.startswith("forge build debian-12 router: INTERRUPTED") and "ended in: build" in summary
@@ -140,7 +149,11 @@ def test_sigterm_mid_build_leaves_a_true_report_and_nothing_else(
     ]
     assert not [p.name for p in reports.iterdir() if EARLIER in p.read_text()]
     log = (reports / "build.log").read_text()
-    assert "RUN apt-get update" in log and log.rstrip().endswith("interrupted by SIGTERM during build")
+    assert "RUN apt-get update" in log
+    if signals == 1:
+        assert log.rstrip().endswith("interrupted by SIGTERM during build")
+    # The staged build context went too, also when the second signal skipped the rest of the cleanup.
+    assert list(scratch.iterdir()) == []
 
     # The engine's build was stopped: its client is gone (BuildKit's is a process; the legacy builder's is this
     # process's connection), no image was made, nothing was tagged or left running.
