@@ -464,7 +464,13 @@ class SmokeRun:
         # Every way the run can end, SIGTERM and SIGHUP included, unwinds through the one `finally` below; a
         # second signal kills every server at once and ends the process (builders/interrupt.py).
         def kill_everything() -> None:
+            """A second signal: every server dies now, and the report says so before Forge exits."""
             _kill_everything(stack, [r for r in (replicas_runtime, router_runtime) if r is not None], self.run_id)
+            if self.report.get("result") in {None, "passed"}:
+                self.report |= {"result": "interrupted", "signal": interrupt.first_signal(), "ended_in": self.running}
+            self.report["ended_at_once"] = "a second signal killed every server and ended Forge before its teardown"
+            shutil.rmtree(workdir, ignore_errors=True)
+            self._finish(started, quiet=True)
 
         with interrupt.handled(), interrupt.on_second_signal(kill_everything):
             try:
