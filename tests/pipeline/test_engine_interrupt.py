@@ -166,8 +166,15 @@ def test_sigterm_mid_build_leaves_a_true_report_and_nothing_else(
     assert latest_after == latest_before
     images_after = {i.id for i in engine.client.images.list(all=True, filters={"label": "dev.forge.recipe=router"})}
     assert not [i for i in images_after - images_before if not engine.image_info(i).tags]
-    assert not [
-        c
-        for c in engine.client.containers.list(all=True)
-        if c.status in {"created", "exited"} and c.id not in containers_before
-    ]
+    # The engine removes a cancelled legacy build's step container itself, a moment after the connection closed.
+    deadline = time.monotonic() + (30 if builder == "legacy" else 0)
+    while True:
+        left = [
+            c.name
+            for c in engine.client.containers.list(all=True)
+            if c.status in {"created", "exited"} and c.id not in containers_before
+        ]
+        if not left or time.monotonic() >= deadline:
+            break
+        time.sleep(0.5)
+    assert not left
