@@ -11,11 +11,13 @@ import os
 import shlex
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from builders import interrupt
 from builders.bootstrap import BaseResult, ensure_base, ensure_image, registry_of
 from builders.config import Project
 from builders.config.models import Distro, FetchedSource, Recipe
@@ -34,7 +36,7 @@ from builders.preflight.source_facts import read_pins
 from builders.render import render
 from builders.report import BuildReport
 from builders.repro.integration import lock_phase, sbom_phase
-from builders.repro.sbom import sbom_label
+from builders.repro.sbom import SBOM_NAME, sbom_label
 from builders.sources import ResolvedSource, fetch_debian_source, resolve_fetched, resolve_sdist, wheelhouse_dir
 from builders.target import Target
 from builders.trust import find_ca_bundle
@@ -131,7 +133,7 @@ class Context:
     def start(cls, project: Project, distro: Distro, recipe: Recipe, options: BuildOptions, log: Log) -> Context:
         report = BuildReport(distro=distro.name, target=recipe.target, recipe=recipe.name)
         reports_dir = options.reports_dir or project.root / "reports" / f"{distro.name}-{recipe.target}"
-        reports_dir.mkdir(parents=True, exist_ok=True)
+        clear_report(reports_dir)
         ca_bundle, ca_origin = find_ca_bundle(options.ca_bundle)
         report.ca_bundle = f"{ca_bundle} ({ca_origin})" if ca_bundle else ca_origin
         if options.skip_preflight:
@@ -183,29 +185,76 @@ def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOption
     proven is removed, the staged context deleted, and the report written whatever happened."""
     ctx = Context.start(project, distro, recipe, options, as_log(sink))
     report = ctx.report
-    try:
-        for name, phase, runs in PHASES:
-            if runs(options):
-                with _phase(report, ctx.log, name):
-                    phase(ctx)
-        report.result = "succeeded"
-        ctx.image_id = None  # tagged: keep it
-        return report
-    except PreflightBlocked as exc:
-        report.result, report.error = "blocked", exc.render()
-        raise
-    except KeyboardInterrupt:
-        report.result, report.error = "interrupted", "interrupted by the user"
-        raise
-    except ForgeError as exc:
-        report.result, report.error = "failed", exc.render()
-        raise
-    finally:
-        if ctx.image_id is not None and ctx.engine_ is not None:
-            ctx.engine_.remove_image(ctx.image_id)  # built but not proven: no tag, no dangling image
-        if ctx.context_dir is not None and not options.keep_context:
-            shutil.rmtree(ctx.context_dir, ignore_errors=True)
+    report.write(ctx.reports_dir)  # from now on the folder names this build, even if it is killed outright
+    running: str | None = None
+    phase_started = time.monotonic()
+
+    def ended_at_once() -> None:
+        """A second signal ends Forge before its cleanup: the report still says how the build ended."""
+        if report.result == "running":
+            report.result, report.signal = "interrupted", interrupt.first_signal()
+            report.error = f"interrupted by {report.signal} during {running}"
+        report.ended_in = running
+        if running is not None:  # its step never ended: its time so far
+            report.phases.setdefault(running, round(time.monotonic() - phase_started, 2))
+        report.error = f"{report.error}; a second signal ended Forge before its cleanup"
         report.write(ctx.reports_dir)
+        if ctx.context_dir is not None and not options.keep_context:
+            shutil.rmtree(ctx.context_dir, ignore_errors=True)  # local files only: no engine call to wait for
+
+    with interrupt.on_second_signal(ended_at_once):
+        try:
+            for name, phase, runs in PHASES:
+                if runs(options):
+                    running, phase_started = name, time.monotonic()
+                    with _phase(report, ctx.log, name):
+                        phase(ctx)
+            running = None
+            report.result = "succeeded"
+            ctx.image_id = None  # tagged: keep it
+            return report
+        except PreflightBlocked as exc:
+            report.result, report.error = "blocked", exc.render()
+            raise
+        except KeyboardInterrupt as exc:
+            # SIGTERM and SIGHUP arrive as this too (builders/interrupt.py): one path for every way a build stops.
+            report.result, report.signal = "interrupted", interrupt.signal_of(exc)
+            report.error = f"interrupted by {report.signal} during {running or 'the start'}"
+            if ctx.log_path.exists():  # the log is an artifact of its own: it says why it stops short
+                with ctx.log_path.open("a", encoding="utf-8") as log_file:
+                    log_file.write(f"\nforge: {report.error}\n")
+            raise
+        except ForgeError as exc:
+            report.result, report.error = "failed", exc.render()
+            raise
+        finally:
+            report.ended_in = running
+            unproven = ctx.image_id is not None and ctx.engine_ is not None
+            if unproven:
+                # Removed below: the report must not name it, nor its SBOM (written, if at all, for a tag now undone).
+                report.image, report.sbom = {}, None
+                (ctx.reports_dir / SBOM_NAME).unlink(missing_ok=True)
+            # Written before the engine is asked for anything: a second signal, which ends at once, leaves it true.
+            report.write(ctx.reports_dir)
+            if unproven:
+                assert ctx.engine_ is not None and ctx.image_id is not None
+                ctx.engine_.remove_image(ctx.image_id)  # built but not proven: no tag, no dangling image
+            if ctx.context_dir is not None and not options.keep_context:
+                shutil.rmtree(ctx.context_dir, ignore_errors=True)
+            if report.result != "succeeded":
+                ctx.log.info(f"report ({report.result}): {ctx.reports_dir / 'summary.txt'}\n{report.summary()}")
+
+
+# What a build writes into its report folder. A new build removes them first, so the folder never holds one
+# build's log or SBOM beside another's report (a CI job uploads the folder whatever happened).
+REPORT_FILES = ("report.json", "summary.txt", "build.log", "toolchain.log", "Containerfile", SBOM_NAME)
+
+
+def clear_report(folder: Path) -> None:
+    """Only Forge's own files: the folder may be one the user named (--report-dir) and hold anything else."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in REPORT_FILES:
+        (folder / name).unlink(missing_ok=True)
 
 
 def _engine(ctx: Context) -> None:

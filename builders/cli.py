@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from builders import interrupt
 from builders.errors import ForgeError
 
 # Each module exposes `register(subparsers)`, adding its subcommands with a `func`
@@ -49,13 +50,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     handler: Handler = args.func
     try:
-        return handler(args)
+        # SIGTERM and SIGHUP unwind as Ctrl-C does, in every command (builders/interrupt.py).
+        with interrupt.handled():
+            return handler(args)
     except ForgeError as exc:
         print(exc.render(), file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print("forge: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        code = interrupt.exit_code_of(exc)
+        print(f"forge: interrupted by {interrupt.signal_of(exc)} (exit {code})", file=sys.stderr)
+        return code
     except BrokenPipeError:
         # `forge diagnose LOG | head`: the reader left; say nothing more and do not print a traceback.
         sys.stderr.close()

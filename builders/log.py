@@ -93,6 +93,9 @@ class Log:
         try:
             yield
             outcome = "done in"
+        except KeyboardInterrupt:  # Ctrl-C, SIGTERM or SIGHUP (builders/interrupt.py)
+            outcome = "interrupted after"
+            raise
         finally:
             seconds = time.monotonic() - start
             self.timings[name] = round(seconds, 2)

@@ -18,6 +18,8 @@ class BuildReport:
     recipe: str
     result: str = "running"  # running | succeeded | failed | blocked | interrupted
     error: str | None = None
+    ended_in: str | None = None  # the phase that was running when the build failed, was blocked or interrupted
+    signal: str | None = None  # what interrupted it: SIGINT (Ctrl-C), SIGTERM or SIGHUP
     started: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     engine: dict[str, Any] = field(default_factory=dict)
     builder: dict[str, Any] = field(default_factory=dict)
@@ -55,6 +57,8 @@ class BuildReport:
         lines = [f"forge build {self.distro} {self.target}: {self.result.upper()}"]
         if self.error:
             lines.append(f"  error: {self.error.splitlines()[0]}")
+        if self.ended_in:
+            lines.append(f"  ended in: {self.ended_in} ({self.phases.get(self.ended_in, 0.0):.1f}s)")
         if self.source:
             lines.append(f"  source: {self.source.get('origin')} sha256={self.source.get('sha256')}")
         if self.base:
@@ -70,6 +74,8 @@ class BuildReport:
             lines.append(
                 f"  image: {', '.join(self.image.get('tags', []))} {self.image.get('id', '')[:19]} {size:.2f} GB"
             )
+        elif self.result != "running":
+            lines.append("  image: none (nothing was tagged)")
         if self.versions:
             lines.append("  versions: " + ", ".join(f"{k} {v}" for k, v in self.versions.items()))
         if self.phases:
@@ -99,11 +105,17 @@ class BuildReport:
         return "\n".join(lines)
 
     def write(self, folder: Path) -> Path:
+        """Both files staged beside their final names, then renamed in place: a reader, or a signal that ends the
+        process, never finds a half-written report or a summary of another write."""
         folder.mkdir(parents=True, exist_ok=True)
-        path = folder / "report.json"
-        path.write_text(self.to_json() + "\n")
-        (folder / "summary.txt").write_text(self.summary() + "\n")
-        return path
+        staged = []
+        for name, text in (("report.json", self.to_json()), ("summary.txt", self.summary())):
+            tmp = folder / f".{name}.new"
+            tmp.write_text(text + "\n")
+            staged.append((tmp, folder / name))
+        for tmp, final in staged:
+            tmp.replace(final)
+        return folder / "report.json"
 
 
 def preflight_line(preflight: dict[str, Any]) -> str:

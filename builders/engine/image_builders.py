@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, get_args
 
+from builders import interrupt
 from builders.engine.docker_engine import Engine
 from builders.errors import EngineError
 from builders.options import BuilderChoice
@@ -155,25 +156,28 @@ def _stream(cmd: list[str], env: dict[str, str], log_path: Path | None, sink: Li
             bufsize=1,
         )
         assert proc.stdout is not None
-        try:
-            for line in proc.stdout:
-                if log:
-                    log.write(line)
-                sink(line.rstrip("\n"))
-                match = _STEP_DONE.match(line)
-                if match and match.group("stage"):
-                    current = match.group("stage")
-                elif match and match.group("secs") and current:
-                    step_times[current] = step_times.get(current, 0.0) + float(match.group("secs"))
-            rc = proc.wait()
-        except BaseException:
-            # Ctrl-C or a crash in the sink: stop the client so BuildKit cancels the solve and leaves nothing.
-            proc.terminate()
+        # A second signal does not wait for BuildKit to wind down: the client dies at once, and the solve with it.
+        with interrupt.on_second_signal(proc.kill):
             try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            raise
+                for line in proc.stdout:
+                    if log:
+                        log.write(line)
+                    sink(line.rstrip("\n"))
+                    match = _STEP_DONE.match(line)
+                    if match and match.group("stage"):
+                        current = match.group("stage")
+                    elif match and match.group("secs") and current:
+                        step_times[current] = step_times.get(current, 0.0) + float(match.group("secs"))
+                rc = proc.wait()
+            except BaseException:
+                # Ctrl-C, SIGTERM or a crash in the sink: stop the client so BuildKit cancels the solve and
+                # leaves nothing.
+                proc.terminate()
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                raise
     finally:
         if log:
             log.close()
@@ -219,6 +223,11 @@ class LegacySdkBuilder:
                     if log:
                         log.write(line + "\n")
                     sink(line)
+        except KeyboardInterrupt:
+            # Ctrl-C or SIGTERM: the engine cancels a legacy build when its connection closes; drop it now rather
+            # than when this process exits, which may be after a long cleanup.
+            self.engine.client.api.close()
+            raise
         except Exception as exc:  # the SDK raises several unrelated types for one failed build
             if log:
                 log.write(f"ERROR: {exc}\n")

@@ -149,6 +149,21 @@ def _upload(e: MatrixEntry, what: str) -> dict[str, Any]:
     }
 
 
+def _entry(command: str) -> str:
+    """A one-command step whose command is the step's entry process. A cancelled or timed-out GitHub job signals
+    only that process (SIGINT, then SIGTERM 7.5 s later); a bash waiting for `forge` would not pass it on, and
+    Forge would be killed with the process tree before it could stop its build and write its report."""
+    assert "\n" not in command.rstrip("\n"), "only a one-command step can exec its command"
+    return f"exec {command}"
+
+
+GITHUB_CANCELLATION = [
+    "On cancellation or timeout the runner sends SIGINT, then SIGTERM, to each step's entry process: the build and",
+    "smoke steps exec forge, which stops the engine's build or its containers, writes its report as interrupted",
+    "(exit 130 or 143; a second signal ends it at once), and the upload steps (if: always()) still run and upload it.",
+]
+
+
 def _options(locked: bool, allow_incomplete: bool) -> str:
     return (" --locked" if locked else "") + (" --allow-incomplete-preflight" if allow_incomplete else "")
 
@@ -179,10 +194,10 @@ def render_github(
             *_setup_steps(),
             {"name": "base image", "run": cmd["base"]},
             {"name": "fetch sources", "run": cmd["fetch"]},
-            {"name": "build, test stage, tag, SBOM", "run": cmd["build"]},
+            {"name": "build, test stage, tag, SBOM", "run": _entry(cmd["build"])},
         ]
         if e.smoke:
-            steps.append({"name": "smoke", "run": cmd["smoke"]})
+            steps.append({"name": "smoke", "run": _entry(cmd["smoke"])})
         steps.append(_upload(e, "reports"))
         jobs[f"image-{e.job}"] = {
             "name": f"image {e.distro} {e.target}",
@@ -203,7 +218,7 @@ def render_github(
     }
     options = (f" --runs-on {runs_on}" if runs_on != DEFAULT_RUNS_ON else "") + _options(locked, allow_incomplete)
     return (
-        _dump(data, _header("github", GITHUB_PATH, options))
+        _dump(data, [*_header("github", GITHUB_PATH, options), *GITHUB_CANCELLATION])
         .replace("pull_request: null", "pull_request:")
         .replace("workflow_dispatch: null", "workflow_dispatch:")
     )

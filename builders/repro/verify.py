@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from builders import interrupt
 from builders.build import BuildOptions, build
 from builders.config import Project
 from builders.config.models import Distro, Recipe
@@ -27,6 +28,7 @@ from builders.repro.image_export import export_image, extract_paths, image_rootf
 
 Sink = Callable[[str], None]
 SPACE_FACTOR = 2.2
+REPRO_FILES = ("repro.json", "repro.txt", "diffoscope.txt")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,11 +106,16 @@ def verify_repro(project: Project, distro: Distro, recipe: Recipe, options: Veri
     engine = Engine.connect()
     out = options.build.reports_dir or project.root / "reports" / f"{distro.name}-{recipe.target}" / "repro"
     out.mkdir(parents=True, exist_ok=True)
+    # A verdict of an earlier run must not sit beside this run's build reports, whatever ends this one.
+    for name in REPRO_FILES:
+        (out / name).unlink(missing_ok=True)
     repo = f"forge/repro-{distro.name}-{recipe.target}"
     tags = (f"{repo}:first", f"{repo}:second")
     epoch: str | None = None
+    step = "first build"
     try:
         for run, tag in zip(("first", "second"), tags, strict=True):
+            step = f"{run} build"
             sink(f"forge: verify-repro: {run} build{' (--no-cache)' if run == 'second' else ''} → {tag}")
             report = build(
                 project,
@@ -128,6 +135,7 @@ def verify_repro(project: Project, distro: Distro, recipe: Recipe, options: Veri
             epoch = report.build_args.get("SOURCE_DATE_EPOCH", epoch)
             if run == "first":
                 _check_space(engine, tag)
+        step = "compare"
         sink("forge: verify-repro: exporting both images and comparing their layers")
         base = image_rootfs(engine, distro.base.local_tag)
         first, second = export_image(engine, tags[0]), export_image(engine, tags[1])
@@ -153,6 +161,14 @@ def verify_repro(project: Project, distro: Distro, recipe: Recipe, options: Veri
             report=path,
             diffoscope=diffoscope,
         )
+    except KeyboardInterrupt as exc:
+        # Ctrl-C, SIGTERM or SIGHUP (builders/interrupt.py): the verdict file says so, and which step was running
+        # (that build's own report, in its folder, says which of its phases).
+        interrupted = {"distro": distro.name, "target": recipe.target, "result": "interrupted"}
+        interrupted |= {"signal": interrupt.signal_of(exc), "ended_in": step}
+        (out / "repro.json").write_text(json.dumps(interrupted, indent=2) + "\n")
+        (out / "repro.txt").write_text(f"verify-repro {distro.name} {recipe.target}: INTERRUPTED during {step}\n")
+        raise
     finally:
         if not options.keep_images:
             for tag in (*tags, f"{repo}:latest"):

@@ -12,7 +12,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import socket
 import sys
 import tempfile
@@ -22,7 +21,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import requests
@@ -30,6 +28,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
+from builders import interrupt
 from builders.errors import ConfigError, ForgeError, SmokeFailed, UsageError
 from builders.log import console as wide_console
 from builders.router.classes import ALL_CLASSES, RequestClass
@@ -161,42 +160,6 @@ def check_ports_free(ports: list[int]) -> None:
             f"loopback port(s) {', '.join(map(str, busy))} are in use; the stack needs {ports[0]}..{ports[-1]}",
             hint="stop what holds them, or pass --base-port with a free range",
         )
-
-
-# --- signals ------------------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """A SIGTERM (a CI job cancelled, `timeout` expiring) unwinds like Ctrl-C, so `finally` tears down."""
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    try:
-        previous = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread: nothing to install
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-@contextlib.contextmanager
-def signals_deferred() -> Iterator[None]:
-    """Teardown is not interrupted by a second Ctrl-C; it is bounded in time instead."""
-    try:
-        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
-    except ValueError:
-        yield
-        return
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 # --- the running stack --------------------------------------------------------------------------------------
@@ -458,6 +421,7 @@ class SmokeRun:
     console: Console = field(default_factory=lambda: wide_console(sys.stdout))
     run_id: str = field(default_factory=lambda: secrets.token_hex(4))
     report: dict[str, Any] = field(default_factory=dict)
+    running: str | None = None  # the phase under way: probe, start, traffic, teardown
     results: dict[str, TrafficResult] = field(default_factory=dict)
     """Each traffic run's full result by label ('main', ...), every request included, for callers that
     compare runs (forge sweep); kept even when a gate fails."""
@@ -496,52 +460,93 @@ class SmokeRun:
         error: BaseException | None = None
         replicas_runtime: ReplicaRuntime | None = None
         router_runtime: RouterRuntime | None = None
-        try:
-            with sigterm_as_interrupt():
-                model_dir = workdir / "model"
-                write_tiny_model(
-                    model_dir,
-                    max_position_embeddings=profile.model.max_position_embeddings,
-                    shape=ModelShape(
-                        hidden_size=profile.model.hidden_size,
-                        num_hidden_layers=profile.model.num_hidden_layers,
-                        intermediate_size=profile.model.intermediate_size,
-                    ),
-                )
-                # Replicas may run as another user (the images use uid 1000): everything they read is public.
-                for path in (workdir, model_dir, *model_dir.iterdir()):
-                    path.chmod(0o755 if path.is_dir() else 0o644)
-                logs_dir = workdir / "logs"
-                logs_dir.mkdir()
-                replicas_runtime = self.replicas_runtime_factory(model_dir, logs_dir)
-                router_runtime = self.router_runtime_factory(logs_dir)
-                self.report["replicas_from"] = replicas_runtime.description
-                self.report["router_from"] = router_runtime.description
 
-                self.say(f"asking {replicas_runtime.description} which `vllm serve` arguments it accepts")
-                probe = replicas_runtime.probe(timeout_s=profile.timeouts.probe_s)
-                problems = check_pools(plan.pool_argvs(), probe.spec)
-                self._record_probe(probe, problems)
-                raise_for_problems(problems, profile=source)
+        # Every way the run can end, SIGTERM and SIGHUP included, unwinds through the one `finally` below; a
+        # second signal kills every server at once and ends the process (builders/interrupt.py).
+        def kill_everything() -> None:
+            """A second signal: every server dies now, and the report says so before Forge exits."""
+            _kill_everything(stack, [r for r in (replicas_runtime, router_runtime) if r is not None], self.run_id)
+            if self.report.get("result") in {None, "passed"}:
+                self.report |= {"result": "interrupted", "signal": interrupt.first_signal(), "ended_in": self.running}
+            self.report["ended_at_once"] = "a second signal killed every server and ended Forge before its teardown"
+            shutil.rmtree(workdir, ignore_errors=True)
+            self._finish(started, quiet=True)
 
-                config_dir = workdir / "router"
-                config_dir.mkdir(mode=0o755)
-                config_file = config_dir / ROUTER_CONFIG_NAME
-                config_file.write_text(json.dumps(valid.router_mapping, indent=2), encoding="utf-8")
-                config_file.chmod(0o644)
-                check_ports_free([plan.router_port, *(r.port for r in plan.replicas)])
+        with interrupt.handled(), interrupt.on_second_signal(kill_everything):
+            try:
+                with self._phase("probe"):
+                    model_dir = workdir / "model"
+                    write_tiny_model(
+                        model_dir,
+                        max_position_embeddings=profile.model.max_position_embeddings,
+                        shape=ModelShape(
+                            hidden_size=profile.model.hidden_size,
+                            num_hidden_layers=profile.model.num_hidden_layers,
+                            intermediate_size=profile.model.intermediate_size,
+                        ),
+                    )
+                    # Replicas may run as another user (the images use uid 1000): everything they read is public.
+                    for path in (workdir, model_dir, *model_dir.iterdir()):
+                        path.chmod(0o755 if path.is_dir() else 0o644)
+                    logs_dir = workdir / "logs"
+                    logs_dir.mkdir()
+                    replicas_runtime = self.replicas_runtime_factory(model_dir, logs_dir)
+                    router_runtime = self.router_runtime_factory(logs_dir)
+                    self.report["replicas_from"] = replicas_runtime.description
+                    self.report["router_from"] = router_runtime.description
+
+                    self.say(f"asking {replicas_runtime.description} which `vllm serve` arguments it accepts")
+                    probe = replicas_runtime.probe(timeout_s=profile.timeouts.probe_s)
+                    problems = check_pools(plan.pool_argvs(), probe.spec)
+                    self._record_probe(probe, problems)
+                    raise_for_problems(problems, profile=source)
+
+                    config_dir = workdir / "router"
+                    config_dir.mkdir(mode=0o755)
+                    config_file = config_dir / ROUTER_CONFIG_NAME
+                    config_file.write_text(json.dumps(valid.router_mapping, indent=2), encoding="utf-8")
+                    config_file.chmod(0o644)
+                    check_ports_free([plan.router_port, *(r.port for r in plan.replicas)])
 
                 stack = RunningStack(plan=plan)
-                self._start(stack, replicas_runtime, router_runtime, probe, config_dir, valid.upstream_api_key)
-                self._traffic(stack, valid.traffic, valid.kill_traffic, valid.api_key)
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            with signals_deferred():
-                self._teardown(stack, replicas_runtime, router_runtime, workdir, error)
-                self._finish(started)
+                with self._phase("start"):
+                    self._start(stack, replicas_runtime, router_runtime, probe, config_dir, valid.upstream_api_key)
+                with self._phase("traffic"):
+                    self._traffic(stack, valid.traffic, valid.kill_traffic, valid.api_key)
+                self.report["result"] = "passed"
+            except BaseException as exc:
+                error = exc
+                self._record_end(exc)
+                raise
+            finally:
+                # A first signal during the teardown (bounded in time) waits for it; the report is written before
+                # it starts, so it is true even if a second signal ends everything at once.
+                with interrupt.deferred():
+                    if error is not None:
+                        self._finish(started, quiet=True)
+                    with self._phase("teardown"):
+                        self._teardown(stack, replicas_runtime, router_runtime, workdir, error)
+                    self._finish(started)
         return self.report
+
+    @contextlib.contextmanager
+    def _phase(self, name: str) -> Iterator[None]:
+        """One step of the run, timed in the report; the one running when the run ends is named there."""
+        self.running = name
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            self.report.setdefault("phases", {})[name] = round(time.monotonic() - start, 2)
+
+    def _record_end(self, exc: BaseException) -> None:
+        if isinstance(exc, KeyboardInterrupt):
+            # SIGTERM and SIGHUP arrive as Ctrl-C does (builders/interrupt.py).
+            self.report["result"] = "interrupted"
+            self.report["signal"] = interrupt.signal_of(exc)
+        else:
+            self.report["result"] = "failed"
+        self.report["ended_in"] = self.running
 
     def _record_probe(self, probe: ServeProbe, problems: list[ArgProblem]) -> None:
         self.report["vllm"] = {
@@ -758,14 +763,27 @@ class SmokeRun:
             (logs / f"{launched.name}.log").write_text(launched.logs(tail=400), encoding="utf-8")
         self.report["logs_dir"] = str(logs)
 
-    def _finish(self, started: float) -> None:
+    def _finish(self, started: float, *, quiet: bool = False) -> None:
         self.report["duration_s"] = round(time.time() - started, 1)
         if self.options.report_dir is not None:
             self.options.report_dir.mkdir(parents=True, exist_ok=True)
             path = self.options.report_dir / f"smoke-{self.options.profile.name}-{self.run_id}.json"
-            path.write_text(json.dumps(self.report, indent=2) + "\n", encoding="utf-8")
+            # Staged and renamed: a signal that ends the process mid-write leaves the previous version whole.
+            staged = path.with_name(f".{path.name}.new")
+            staged.write_text(json.dumps(self.report, indent=2) + "\n", encoding="utf-8")
+            staged.replace(path)
             self.report["report_file"] = str(path)
-            self.say(f"report: {path}")
+            if not quiet:
+                self.say(f"report: {path}")
+
+
+def _kill_everything(stack: RunningStack | None, runtimes: list[Any], run_id: str) -> None:
+    """After a second signal: every server of the run dies now (SIGKILL), then whatever carries its label goes."""
+    if stack is not None:
+        for launched in stack.everything():
+            launched.kill()
+    for runtime in runtimes:
+        runtime.sweep(run_id)
 
 
 def _stop_all(launched: list[Launched]) -> list[str]:

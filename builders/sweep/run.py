@@ -11,6 +11,7 @@ from typing import Any
 
 from rich.console import Console
 
+from builders import interrupt
 from builders.errors import SmokeFailed
 from builders.router.classes import ALL_CLASSES
 from builders.smoke.runtimes import ReplicaRuntime, RouterRuntime
@@ -19,6 +20,7 @@ from builders.sweep.definition import SweepProfile
 from builders.sweep.report import class_rows, compare_to, render_markdown, write_plots
 
 REFERENCE = "shared"
+SWEEP_FILES = ("sweep.json", "sweep.md", "ttft-cdf.png", "goodput.png")
 WORK_CONSERVING = "work-conserving"
 
 
@@ -56,6 +58,9 @@ def run_sweep(
     failed with its reason and the sweep goes on."""
     started = datetime.now(UTC)
     options.report_dir.mkdir(parents=True, exist_ok=True)
+    # An earlier sweep's verdict and plots must not sit beside this sweep's runs, whatever ends this one.
+    for name in SWEEP_FILES:
+        (options.report_dir / name).unlink(missing_ok=True)
     report: dict[str, Any] = {
         "started_at": started.isoformat(timespec="seconds"),
         "load": describe_load(options.profiles[0]),
@@ -83,6 +88,12 @@ def run_sweep(
             if "main" not in run.results:
                 report["failed_profiles"][profile.name] = exc.message[:2000]
                 continue
+        except KeyboardInterrupt as exc:
+            # Ctrl-C, SIGTERM or SIGHUP (builders/interrupt.py): the profiles measured so far, and where it stopped.
+            report |= {"result": "interrupted", "signal": interrupt.signal_of(exc), "ended_in": profile.name}
+            report["ended_in_phase"] = run.running
+            (options.report_dir / "sweep.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+            raise
         result = run.results["main"]
         report["profiles"][profile.name] = {
             "file": str(sweep_profile.path),

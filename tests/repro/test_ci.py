@@ -57,6 +57,22 @@ def test_each_image_job_waits_for_its_own_preflight_and_smokes_only_cpu_recipes(
         assert f"docker tag {distro.base.pinned_ref} {distro.base.local_tag}" in runs
 
 
+def test_a_cancelled_job_signals_forge_itself_and_still_uploads_its_report(project: Project) -> None:
+    """GitHub signals only a step's entry process on cancellation: the forge steps exec forge, so it is that
+    process, and the report upload after them runs on cancellation too."""
+    text = render_github(project)
+    assert "SIGINT, then SIGTERM" in text.split("\nname:", 1)[0]
+    for job in _github_jobs(text).values():
+        forge_steps = [
+            s for s in job["steps"] if "forge build" in s.get("run", "") or "forge smoke" in s.get("run", "")
+        ]
+        for step in forge_steps:
+            assert step["run"].strip().startswith("exec forge ") and "\n" not in step["run"].strip(), step
+        if forge_steps:
+            after = job["steps"][job["steps"].index(forge_steps[-1]) + 1 :]
+            assert [s.get("if") for s in after if "upload-artifact" in s.get("uses", "")] == ["always()"]
+
+
 def test_preflight_job_is_fast_and_first(project: Project) -> None:
     jobs = _github_jobs(render_github(project))
     for name, job in jobs.items():

@@ -134,8 +134,11 @@ def processes_mentioning(text: str) -> list[str]:
     return found
 
 
-def interrupt_forge_smoke(args: list[str], sig: signal.Signals, *, after_s: float) -> tuple[int, str, str]:
-    """Start `forge smoke ARGS`, send `sig` `after_s` seconds after its replicas start, and wait for it.
+def interrupt_forge_smoke(
+    args: list[str], sig: signal.Signals, *, after_s: float, once: str | None = None
+) -> tuple[int, str, str]:
+    """Start `forge smoke ARGS`, send `sig` `after_s` seconds after its replicas start (or, with `once`, after
+    the first line matching that pattern), and wait for it.
 
     Returns the exit code, the run id it printed and its whole output.
     """
@@ -164,6 +167,12 @@ def interrupt_forge_smoke(args: list[str], sig: signal.Signals, *, after_s: floa
             if time.monotonic() > deadline:
                 break
         assert run_id, "forge smoke never started replicas:\n" + "".join(output)
+        if once is not None:
+            for line in process.stdout:
+                output.append(line)
+                if re.search(once, line) or time.monotonic() > deadline:
+                    break
+            assert re.search(once, output[-1]), f"forge smoke never printed {once!r}:\n" + "".join(output)
         time.sleep(after_s)
         process.send_signal(sig)
         rest, _ = process.communicate(timeout=120)

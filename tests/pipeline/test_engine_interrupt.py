@@ -1,0 +1,180 @@
+"""Engine-backed: `forge build` stopped from outside (SIGTERM, as CI cancellation, `timeout` and Kubernetes send it)
+in the middle of its build phase leaves a true report, no stale file, no container, no tag, and exits 143."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from builders.engine import Engine
+from builders.report import BuildReport
+
+pytestmark = pytest.mark.engine
+
+ROOT = Path(__file__).resolve().parents[2]
+EARLIER = "from an earlier build"
+
+# One entry per engine Forge drives: the extra `forge build` arguments and environment that select it. Podman
+# joins as a second entry once it is an engine of its own.
+ENGINES = [pytest.param([], {}, id="docker")]
+
+
+def _plant_earlier_build(folder: Path) -> None:
+    """What a finished build leaves (report, summary, SBOM, logs, Containerfile), and a file that is the user's."""
+    folder.mkdir(parents=True)
+    earlier = BuildReport(distro="debian-12", target="router", recipe="router", result="succeeded")
+    earlier.started, earlier.error = "2020-01-01T00:00:00Z", EARLIER
+    earlier.image = {"id": "sha256:" + "e" * 64, "tags": ["forge/debian-12-router:old"], "size": 1}
+    earlier.write(folder)
+    for name in ("sbom.cdx.json", "build.log", "toolchain.log", "Containerfile"):
+        (folder / name).write_text(f"{name} {EARLIER}\n")
+    (folder / "notes.txt").write_text("the user's own file\n")
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def _intermediate_layers(engine: Engine, before: set[str], base_id: str) -> list[str]:
+    """Untagged images made since `before` on top of the base: the legacy builder keeps each finished step of a
+    build as a cache image, a cancelled one too. Leaves first, so removing them in order succeeds."""
+    found = []
+    for image in engine.client.images.list(all=True):
+        if image.id in before or image.tags:
+            continue
+        parent = image.attrs.get("Parent") or ""
+        chain = [image.id]
+        while parent and parent != base_id and parent not in before:
+            chain.append(parent)
+            parent = engine.client.images.get(parent).attrs.get("Parent") or ""
+        if parent == base_id:
+            found.append((len(chain), image.id))
+    return [image_id for _, image_id in sorted(found, reverse=True)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.timeout(300)
+# Twice: the second SIGTERM, sent while the first is still stopping the build client, ends Forge at once.
+@pytest.mark.parametrize(("builder", "signals"), [("buildkit", 1), ("legacy", 1), ("buildkit", 2)])
+@pytest.mark.parametrize(("engine_args", "engine_env"), ENGINES)
+def test_sigterm_mid_build_leaves_a_true_report_and_nothing_else(
+    engine: Engine, tmp_path: Path, engine_args: list[str], engine_env: dict[str, str], builder: str, signals: int
+) -> None:
+    reports, scratch = tmp_path / "reports", tmp_path / "scratch"
+    _plant_earlier_build(reports)
+    scratch.mkdir()
+    tag = "forge/test-router:sigterm"
+    engine.remove_image(tag)
+    latest_before = (
+        engine.image_info("forge/test-router:latest").id if engine.image_exists("forge/test-router:latest") else None
+    )
+    containers_before = {c.id for c in engine.client.containers.list(all=True)}
+    images_before = {i.id for i in engine.client.images.list(all=True, filters={"label": "dev.forge.recipe=router"})}
+    every_image_before = {i.id for i in engine.client.images.list(all=True)}
+    # --no-cache on the cheapest image: its first RUN downloads a compiler from Debian's archive for many
+    # seconds, so the signal, sent a second after that step starts, always lands in the build phase.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "builders.cli", "build", "debian-12", "router", "--no-cache", "--skip-preflight",
+         "--builder", builder, "--tag", tag, "--report-dir", str(reports), "--scratch-dir", str(scratch), *engine_args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **engine_env, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert proc.stdout is not None
+    output: list[str] = []
+    try:
+        for line in proc.stdout:
+            output.append(line)
+            if re.search(r"\] RUN apt-get update|^Step \d+/\d+ : RUN apt-get update", line):
+                break
+        assert proc.poll() is None, "".join(output)
+        time.sleep(1)
+        clients = _children(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        if signals == 2:
+            time.sleep(0.05)
+            proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=90)
+        output.append(rest)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for layer in _intermediate_layers(engine, every_image_before, engine.image_info("forge/base:debian-12").id):
+            engine.remove_image(layer)
+    text = "".join(output)
+
+    assert proc.returncode == 143, text
+    if signals == 1:
+        assert "forge: interrupted by SIGTERM (exit 143)" in text
+    else:
+        assert "forge: second signal (SIGTERM): ending now" in text
+    report = json.loads((reports / "report.json").read_text())
+    assert report["result"] == "interrupted" and report["signal"] == "SIGTERM", report
+    assert report["ended_in"] == "build" and "build" in report["phases"]
+    assert report["image"] == {} and report["sbom"] is None
+    assert ("a second signal ended Forge before its cleanup" in report["error"]) == (signals == 2)
+    assert report["started"] != "2020-01-01T00:00:00Z"
+    summary = (reports / "summary.txt").read_text()
+    assert summary.startswith("forge build debian-12 router: INTERRUPTED") and "ended in: build" in summary
+    assert "image: none" in summary
+
+    # Nothing of the earlier build is left beside this one's report; the user's own file is.
+    assert sorted(p.name for p in reports.iterdir()) == [
+        "Containerfile",
+        "build.log",
+        "notes.txt",
+        "report.json",
+        "summary.txt",
+    ]
+    assert not [p.name for p in reports.iterdir() if EARLIER in p.read_text()]
+    log = (reports / "build.log").read_text()
+    assert "RUN apt-get update" in log
+    if signals == 1:
+        assert log.rstrip().endswith("interrupted by SIGTERM during build")
+    # The staged build context went too, also when the second signal skipped the rest of the cleanup.
+    assert list(scratch.iterdir()) == []
+
+    # The engine's build was stopped: its client is gone (BuildKit's is a process; the legacy builder's is this
+    # process's connection), no image was made, nothing was tagged or left running.
+    assert bool(clients) == (builder == "buildkit")
+    assert not [pid for pid in clients if _alive(pid)]
+    assert not engine.image_exists(tag)
+    latest_after = (
+        engine.image_info("forge/test-router:latest").id if engine.image_exists("forge/test-router:latest") else None
+    )
+    assert latest_after == latest_before
+    images_after = {i.id for i in engine.client.images.list(all=True, filters={"label": "dev.forge.recipe=router"})}
+    assert not [i for i in images_after - images_before if not engine.image_info(i).tags]
+    # The engine removes a cancelled legacy build's step container itself, a moment after the connection closed.
+    deadline = time.monotonic() + (30 if builder == "legacy" else 0)
+    while True:
+        left = [
+            c.name
+            for c in engine.client.containers.list(all=True)
+            if c.status in {"created", "exited"} and c.id not in containers_before
+        ]
+        if not left or time.monotonic() >= deadline:
+            break
+        time.sleep(0.5)
+    assert not left
