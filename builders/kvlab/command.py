@@ -229,37 +229,63 @@ def run_rank(args: argparse.Namespace) -> int:
 
 
 def render_rank(results: Sequence[Any], rows: Sequence[dict[str, Any]], *, quick: bool = False) -> str:
-    """Two Markdown tables: what was measured, then the rank."""
-    from builders.kvlab.rank import CRITERIA, scenarios
+    """Three Markdown tables: the scenarios as measured, what each layout did in them, and the rank."""
+    from builders.kvlab.rank import BATCH, BLOCK_SIZE, CRITERIA, scenarios
 
     chosen = scenarios(quick)
+    first = results[0].measures
+    lines = [
+        f"Scenarios (batch {BATCH}, block size {BLOCK_SIZE}, decode steps; fragmentation and sharing as measured in the pool):",
+        "",
+        "| scenario | context tokens | pool | blocks/request | contiguous runs/request | KV slots in shared blocks |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for s in chosen:
+        m = first[s.name]
+        lines.append(
+            f"| {s.name} | ~{s.seq_len} | {s.fragment or 'fresh'} | {m.blocks_per_request:.1f} | "
+            f"{m.runs_per_request:.1f} | {m.shared_fraction:.0%} |"
+        )
+
+    def label(s: Any) -> str:
+        return {"length": f"L={s.seq_len}", "fragmentation": s.fragment or "fresh", "sharing": f"share {s.label}"}[
+            s.axis
+        ]
+
     head = [
         "layout",
-        *[f"ms {s.axis[:5]} {s.label}" for s in chosen],
+        *[f"ms {label(s)}" for s in chosen],
         "meta B/req (worst)",
-        "indir./req (worst)",
-        "spans/req (shuffled)",
+        "indirections/req (worst)",
         "KV MiB read/step (top share)",
         "KiB copied/step",
     ]
-    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    lines += ["", "Attention ms per decode step (fastest of the steps) and what each layout read:", ""]
+    lines += ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     top_share = next(s.name for s in reversed(chosen) if s.axis == "sharing")
-    shuffled = next(s.name for s in chosen if s.axis == "fragmentation" and s.fragment == "shuffled")
     for r in results:
         ms = r.measures
         cells = [f"{ms[s.name].ms_per_step:.2f}" for s in chosen]
         cells += [
             f"{max(m.metadata_bytes_per_request for m in ms.values()):.0f}",
             f"{max(m.indirections_per_request for m in ms.values()):.0f}",
-            f"{ms[shuffled].spans_per_request:.1f}",
             f"{ms[top_share].kv_bytes_read_per_step / 2**20:.2f}",
-            f"{max(m.kv_bytes_copied_per_step for m in ms.values()) / 1024:.1f}",
+            f"{max(m.kv_bytes_copied_per_step for m in ms.values()) / 1024:.0f}",
         ]
         lines.append("| " + " | ".join([r.layout, *cells]) + " |")
+    units = {"metadata": (1, "B"), "kv_read": (2**20, "MiB"), "indirections": (1, "")}
     rank_head = ["place", "layout", "gate", *[why for _, why in CRITERIA], "score (sum of ranks)", "ms/step at longest"]
-    lines += ["", "| " + " | ".join(rank_head) + " |", "|" + " --- |" * len(rank_head)]
+    lines += ["", "Rank for profiling (gate first, then the sum of the criteria's ranks; CPU time breaks ties):", ""]
+    lines += ["| " + " | ".join(rank_head) + " |", "|" + " --- |" * len(rank_head)]
     for row in rows:
-        crit = [f"{row['values'][k]:.0f} (rank {row['ranks'][k]:g})" for k, _ in CRITERIA]
+        crit = []
+        for key, _ in CRITERIA:
+            scale, unit = units[key]
+            crit.append(
+                f"{row['values'][key] / scale:.{2 if scale > 1 else 0}f} {unit} (rank {row['ranks'][key]:g})".replace(
+                    "  ", " "
+                )
+            )
         place = str(row["place"]) if row["place"] else "—"
         gate = "pass" if row["gate"] else "FAIL"
         lines.append(
