@@ -532,7 +532,7 @@ def _cascade(ctx: Ctx) -> None:
         )
 
 
-@case("cascade-three-level-prefix", ["cascade-merge", "prefix-reuse", "alibi-non-pow2", "gqa"], heads=12, kv_heads=4)
+@case("cascade-nested-prefixes", ["cascade-merge", "prefix-reuse", "alibi-non-pow2", "gqa"], heads=12, kv_heads=4)
 def _cascade_groups(ctx: Ctx) -> None:
     lab = ctx.lab(_spec(12, 4, 64, alibi=True), block_size=8, num_blocks=48)
     system = lab.prompt(24)

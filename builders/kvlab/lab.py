@@ -16,7 +16,7 @@ from builders.kvlab.oracle import Array, AttnSpec, reference_attention
 from builders.kvlab.pool import BlockPool, Request
 from builders.kvlab.store import KVStore
 
-VOCAB = 1000
+VOCAB = 512
 
 
 class TokenKV:

@@ -206,13 +206,16 @@ def spans_of(pages: Sequence[int], *, first_page: int = 0, merge_any_ascending: 
 
 
 class CompactSpans(Layout):
-    """A request as a few (logical block, physical block, length) runs, each read as one contiguous slice."""
+    """A request as a few (logical block, physical block, length) runs, each read as one contiguous slice.
+
+    The runs are read in one pass, as one kernel launch would walk them; how many there are depends on how
+    fragmented the pool is, which is what the ranking measures."""
 
     name = "spans"
     bugs: ClassVar[dict[str, str]] = {
         "merge-across-gap": "merges the next block into a run whenever its id is higher, not only when it follows",
         "last-page-len-mod": "sets kv_last_page_len to seq_len % block_size, 0 for a full last page",
-        "lse-base2-merge": "merges runs with 2^(lse) weights although the kernel's LSE is in natural log",
+        "positions-from-zero": "numbers keys by their place in the runs read, not by each run's logical start",
         "v-scale-is-k-scale": "dequantizes fp8 V with k_scale",
     }
 
@@ -228,20 +231,24 @@ class CompactSpans(Layout):
             self.stats.metadata_bytes += 12 * len(spans) + 8
             self.stats.requests += 1
             self.stats.index_lookups += len(spans)
-            part: Part | None = None
+            ks, vs, positions = [], [], []
             for span in spans:
                 lo = max(first, span.logical_block * b)
                 hi = min(seq_len, (span.logical_block + span.num_blocks) * b)
                 if hi <= lo:
                     continue
                 base = span.logical_block * b
-                k = store.k[span.physical_block : span.physical_block + span.num_blocks].reshape(-1, *store.k.shape[2:])
-                v = store.v[span.physical_block : span.physical_block + span.num_blocks].reshape(-1, *store.v.shape[2:])
-                piece = self._kernel(entry, k[lo - base : hi - base], v[lo - base : hi - base], np.arange(lo, hi))
-                part = piece if part is None else kernel.merge(part, piece, base2=self.bug == "lse-base2-merge")
-            if part is None:
-                part = self._kernel(entry, store.k[0, :0, :, :], store.v[0, :0, :, :], np.arange(0))
-            outs.append(part[0])
+                run = slice(span.physical_block, span.physical_block + span.num_blocks)
+                ks.append(store.k[run].reshape(-1, *store.k.shape[2:])[lo - base : hi - base])
+                vs.append(store.v[run].reshape(-1, *store.v.shape[2:])[lo - base : hi - base])
+                positions.append(np.arange(lo, hi))
+            if not ks:
+                ks, vs, positions = [store.k[0, :0]], [store.v[0, :0]], [np.arange(0)]
+            k_pos = np.concatenate(positions)
+            if self.bug == "positions-from-zero":
+                k_pos = np.arange(len(k_pos))
+            out, _ = self._kernel(entry, np.concatenate(ks), np.concatenate(vs), k_pos)
+            outs.append(out)
         return outs
 
 
@@ -324,6 +331,7 @@ class HybridPrefixShared(Layout):
     name = "hybrid"
     bugs: ClassVar[dict[str, str]] = {
         "merge-mean": "averages the prefix and suffix outputs instead of weighting them by their LSE",
+        "lse-base2-merge": "merges prefix and suffix with 2^(lse) weights although the kernel's LSE is natural log",
         "prefix-assumes-full-blocks": "takes every shared block as full, reading a shared partial block to its end",
         "group-window-from-longest": "starts the group's prefix keys at the longest request's window",
         "alibi-by-kv-head": "gives each query head the ALiBi slope of its KV head",
@@ -399,7 +407,7 @@ class HybridPrefixShared(Layout):
                     if self.bug == "merge-mean":
                         part = (((part[0] + prefix_parts[j][0]) / 2).astype(np.float32), part[1])
                     else:
-                        part = kernel.merge(prefix_parts[j], part)
+                        part = kernel.merge(prefix_parts[j], part, base2=self.bug == "lse-base2-merge")
                 outs[members[j]] = part[0]
         return [o for o in outs if o is not None]
 
