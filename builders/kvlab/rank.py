@@ -143,7 +143,7 @@ def run_ranking(
     *, quick: bool = False, steps: int | None = None, progress: Callable[[str], None] | None = None
 ) -> list[LayoutResult]:
     spec = AttnSpec(num_heads=16, num_kv_heads=4, head_size=128)
-    steps = steps or (3 if quick else 8)
+    steps = steps or (3 if quick else 16)
     results = []
     for name in LAYOUTS:
         result = LayoutResult(name)
