@@ -47,6 +47,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     rank.add_argument("--quick", action="store_true", help="shorter sequences and fewer steps (a smoke run)")
     rank.add_argument("--steps", type=int, default=None, help="decode steps timed per scenario")
     rank.add_argument("--no-plots", action="store_true", help="skip rank.png")
+    rank.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="time NumPy on the CPU (default) or PyTorch's CUDA kernels on a GPU",
+    )
     rank.set_defaults(func=run_rank)
 
 
@@ -201,6 +207,12 @@ def run_rank(args: argparse.Namespace) -> int:
 
     if args.steps is not None and args.steps < 1:
         raise UsageError(f"--steps {args.steps}: time at least one decode step")
+    if args.device == "cuda":
+        from builders.kvlab.cuda import unavailable
+
+        why = unavailable()
+        if why:
+            raise UsageError(f"--device cuda: {why}", hint="run on a machine with a GPU, or leave --device at cpu")
     out = log.Log()
     with out.step("gate: cases and planted bugs per layout"):
         outcomes = run_all()
@@ -211,17 +223,19 @@ def run_rank(args: argparse.Namespace) -> int:
         name: all(o.passed for o in outcomes if o.layout in (name, None)) and name not in survivors for name in LAYOUTS
     }
     with out.step("measure every layout"):
-        results = rank.run_ranking(quick=args.quick, steps=args.steps, progress=lambda line: out.info(line))
+        results = rank.run_ranking(
+            quick=args.quick, steps=args.steps, device=args.device, progress=lambda line: out.info(line)
+        )
     rows = rank.rank(results, gate, quick=args.quick)
     args.report.mkdir(parents=True, exist_ok=True)
-    host = _host()
+    host = _host() + (" — timed on CUDA" if args.device == "cuda" else "")
     tables = render_rank(results, rows, quick=args.quick)
     (args.report / "rank.md").write_text(f"Host: {host}\n\n" + tables)
     (args.report / "rank.json").write_text(
         json.dumps({"host": host, "rank": rows, "measures": rank.as_json(results)}, indent=2) + "\n"
     )
     if not args.no_plots:
-        rank.write_plots(results, args.report, quick=args.quick)
+        rank.write_plots(results, args.report, quick=args.quick, device=args.device)
     print(f"host: {host}\n")
     print(tables)
     out.info(f"report: {args.report / 'rank.md'}, rank.json" + ("" if args.no_plots else ", rank.png"))

@@ -140,10 +140,20 @@ def _runs(block_ids: Sequence[int]) -> int:
 
 
 def run_ranking(
-    *, quick: bool = False, steps: int | None = None, progress: Callable[[str], None] | None = None
+    *,
+    quick: bool = False,
+    steps: int | None = None,
+    device: str = "cpu",
+    progress: Callable[[str], None] | None = None,
 ) -> list[LayoutResult]:
+    """device "cuda": the same scenarios timed by builders/kvlab/cuda.py (PyTorch's CUDA kernels)."""
     spec = AttnSpec(num_heads=16, num_kv_heads=4, head_size=128)
     steps = steps or (3 if quick else 16)
+    timed = measure
+    if device == "cuda":
+        from builders.kvlab.cuda import measure_cuda
+
+        timed = measure_cuda
     results = []
     for name in LAYOUTS:
         result = LayoutResult(name)
@@ -154,7 +164,7 @@ def run_ranking(
             if setting not in done:
                 if progress:
                     progress(f"{name} · {scenario.name}")
-                done[setting] = measure(name, spec, scenario, steps=steps)
+                done[setting] = timed(name, spec, scenario, steps=steps)
             result.measures[scenario.name] = done[setting]
         results.append(result)
     return results
@@ -215,7 +225,7 @@ def rank(results: Sequence[LayoutResult], gate: dict[str, bool], *, quick: bool 
     return rows
 
 
-def write_plots(results: Sequence[LayoutResult], directory: Path, *, quick: bool = False) -> Path:
+def write_plots(results: Sequence[LayoutResult], directory: Path, *, quick: bool = False, device: str = "cpu") -> Path:
     """rank.png: attention time per step against length, fragmentation and prefix share; KV bytes read vs share."""
     import matplotlib
 
@@ -234,7 +244,7 @@ def write_plots(results: Sequence[LayoutResult], directory: Path, *, quick: bool
                 label=result.layout,
             )
         panel.set_xlabel(xlabel)
-        panel.set_ylabel("attention ms per decode step (CPU, NumPy)")
+        panel.set_ylabel("attention ms per decode step " + ("(CUDA events)" if device == "cuda" else "(CPU, NumPy)"))
         panel.grid(True, alpha=0.3)
     axes[0].set_yscale("log")
     sharing = [s for s in scenarios(quick) if s.axis == "sharing"]
