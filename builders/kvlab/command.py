@@ -14,8 +14,9 @@ from typing import Any
 from builders import log
 from builders.errors import ForgeError, UsageError
 from builders.kvlab.cases import CASES, REQUIRED_FEATURES, Case
-from builders.kvlab.check import MutantOutcome, Outcome, mutants, run_all, run_mutant, uncovered
+from builders.kvlab.check import Outcome, run_all, uncovered
 from builders.kvlab.layouts import LAYOUTS
+from builders.kvlab.mutants import MutantOutcome, mutants, run_mutant
 
 
 class KvlabFailed(ForgeError):
