@@ -129,3 +129,10 @@ def bench_preflight(session: nox.Session) -> None:
 def bench_router(session: nox.Session) -> None:
     """CPU per request and added TTFT of Forge's router, vllm-router and sglang-router vs a direct connection."""
     session.run("python", str(ROOT / "benchmarks" / "bench_router.py"), *session.posargs, external=True)
+
+
+@nox.session(python=False, default=False)
+def kvlab(session: nox.Session) -> None:
+    """The Hybrid KV lab: every oracle case and planted bug, then the layouts ranked for profiling (reports/kvlab)."""
+    session.run("forge", "kvlab", "check", "--mutants", external=True)
+    session.run("forge", "kvlab", "rank", "--report", str(ROOT / "reports" / "kvlab"), *session.posargs, external=True)

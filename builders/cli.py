@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "builders.repro.command",
     "builders.commands.schema",
     "builders.sweep.command",
+    "builders.kvlab.command",
 )
 
 Handler = Callable[[argparse.Namespace], int]

@@ -1,0 +1,636 @@
+"""The oracle's cases: each names the features it covers, its tolerance and why that tolerance.
+
+A case with target "layouts" runs once per layout, against the dense fp32 oracle; "pool", "oracle" and
+"format" cases check the block pool, the oracle's own arithmetic and the CSR exchange format. Every feature of
+the study's list (REQUIRED_FEATURES) must be covered by at least one case, or `forge kvlab check` fails.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from builders.kvlab import kernel
+from builders.kvlab.lab import Lab
+from builders.kvlab.layouts import LAYOUTS, Entry, Layout, spans_of, to_csr
+from builders.kvlab.oracle import (
+    FP8_E4M3_MAX,
+    Array,
+    AttnSpec,
+    alibi_slopes,
+    fp8_e4m3,
+    fp8_grid,
+    reference_attention,
+)
+from builders.kvlab.pool import NULL_BLOCK_ID, BlockPool, PoolError, Request
+
+Target = Literal["layouts", "pool", "oracle", "format"]
+
+REQUIRED_FEATURES: dict[str, str] = {
+    "odd-lengths": "odd and boundary lengths (1, 17, kB, kB+1)",
+    "nan-poison": "NaN-poisoned unused slots",
+    "fragmented": "fragmented block tables",
+    "contiguous": "contiguous block tables",
+    "mha": "multi-head attention",
+    "gqa": "grouped-query attention (32/8)",
+    "mqa": "multi-query attention (8/1)",
+    "head-size": "head sizes 64-256",
+    "block-size": "block sizes 1-32",
+    "alibi": "ALiBi, power-of-two head count",
+    "alibi-non-pow2": "ALiBi, head count not a power of two",
+    "sliding-window": "sliding window, edge mid-block",
+    "window-free": "out-of-window blocks freed",
+    "chunked-prefill": "chunked prefill",
+    "prefix-hit": "prefix hit, capped at num_tokens - 1",
+    "prefix-reuse": "prefix reuse across requests",
+    "cow": "copy-on-write of a shared partial block",
+    "partial-final-block": "partial final blocks",
+    "fp8": "fp8 e4m3 with per-tensor scales",
+    "fp8-saturation": "fp8 saturation at ±448",
+    "cascade-merge": "cascade (LSE) merge equals monolithic attention",
+    "pool-invariants": "pool invariants after random allocate/free/evict (Hypothesis)",
+}
+
+# Layouts and oracle both run in fp32, over the same values, but sum in other orders (a grouped einsum vs one
+# matmul per head, span by span with LSE merges vs all keys at once): a few ulps of outputs of magnitude ≤ ~4.
+FP32 = (2e-5, 2e-5, "fp32 both sides, other summation orders and LSE merges: a few ulps at |o| ≤ 4")
+EXACT = (0.0, 0.0, "the same computation on the same values must give the same bits")
+POOL = (0.0, 0.0, "no outputs compared: the pool's state is checked exactly")
+FP8 = (
+    5e-5,
+    5e-5,
+    "the oracle quantizes the same values to the same e4m3 codes; left is fp32 reordering at larger |v|",
+)
+
+
+class CaseFailed(Exception):
+    pass
+
+
+@dataclass
+class Ctx:
+    """What a case runs against: a layout (maybe with a planted bug), a pool bug, and the tolerance."""
+
+    case: Case
+    layout_name: str = "paged"
+    layout_bug: str | None = None
+    pool_bug: str | None = None
+    comparisons: int = 0
+    worst: float = 0.0
+
+    def lab(self, spec: AttnSpec, **options: Any) -> Lab:
+        return Lab(spec, pool_bug=self.pool_bug, **options)
+
+    def layout(self, lab: Lab) -> Layout:
+        return LAYOUTS[self.layout_name](lab.block_size, lab.spec, bug=self.layout_bug)
+
+    def require(self, condition: bool, message: str) -> None:
+        if not condition:
+            raise CaseFailed(message)
+
+    def close(self, label: str, got: Array, expected: Array) -> None:
+        atol, rtol = self.case.atol, self.case.rtol
+        self.comparisons += 1
+        if got.shape != expected.shape:
+            raise CaseFailed(f"{label}: shape {got.shape}, expected {expected.shape}")
+        if not np.all(np.isfinite(got)):
+            raise CaseFailed(f"{label}: {int(np.sum(~np.isfinite(got)))} non-finite outputs (a poisoned slot read?)")
+        error = np.abs(got.astype(np.float64) - expected)
+        self.worst = max(self.worst, float(error.max(initial=0.0)))
+        if np.any(error > atol + rtol * np.abs(expected)):
+            raise CaseFailed(
+                f"{label}: max |error| {float(error.max()):.3g} > atol {atol:g} + rtol {rtol:g}·|expected|"
+            )
+
+    def verify(
+        self, lab: Lab, layout: Layout, requests: Sequence[Request], n_query: int = 1, label: str = ""
+    ) -> list[Array]:
+        """One batch through the layout, each output against the oracle's."""
+        entries = [lab.entry(r, n_query) for r in requests]
+        outs = layout.attend(entries, lab.store)
+        self.require(len(outs) == len(entries), f"{label}: {len(outs)} outputs for {len(entries)} requests")
+        for request, entry, out in zip(requests, entries, outs, strict=True):
+            self.close(f"{label or 'batch'} {request.req_id} (len {entry.seq_len})", out, lab.expected(request, entry))
+        return outs
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    target: Target
+    features: tuple[str, ...]
+    atol: float
+    rtol: float
+    why: str
+    run: Callable[[Ctx], None]
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+CASES: list[Case] = []
+
+
+def case(
+    name: str,
+    features: Sequence[str],
+    *,
+    target: Target = "layouts",
+    tolerance: tuple[float, float, str] = FP32,
+    **params: Any,
+) -> Callable[[Callable[[Ctx], None]], Callable[[Ctx], None]]:
+    unknown = [f for f in features if f not in REQUIRED_FEATURES]
+    if unknown:
+        raise ValueError(f"case {name}: unknown features {unknown}")
+
+    def register(run: Callable[[Ctx], None]) -> Callable[[Ctx], None]:
+        CASES.append(Case(name, target, tuple(features), tolerance[0], tolerance[1], tolerance[2], run, params))
+        return run
+
+    return register
+
+
+def _spec(heads: int = 4, kv_heads: int = 4, head_size: int = 64, **options: Any) -> AttnSpec:
+    return AttnSpec(num_heads=heads, num_kv_heads=kv_heads, head_size=head_size, **options)
+
+
+def _single(ctx: Ctx, spec: AttnSpec, length: int, *, block_size: int = 16, **lab_options: Any) -> Lab:
+    lab = ctx.lab(spec, block_size=block_size, **lab_options)
+    request = lab.admit("r0", lab.prompt(length))
+    ctx.verify(lab, ctx.layout(lab), [request])
+    return lab
+
+
+# -- lengths and slots ----------------------------------------------------------------------------------------
+
+
+@case("len-1", ["odd-lengths", "partial-final-block"], length=1, block_size=16)
+def _len_1(ctx: Ctx) -> None:
+    _single(ctx, _spec(), 1)
+
+
+@case("len-17", ["odd-lengths", "partial-final-block"], length=17, block_size=16)
+def _len_17(ctx: Ctx) -> None:
+    _single(ctx, _spec(), 17)
+
+
+@case("len-kB", ["odd-lengths"], length=48, block_size=16)
+def _len_kb(ctx: Ctx) -> None:
+    _single(ctx, _spec(), 48)
+
+
+@case("len-kB-plus-1", ["odd-lengths", "partial-final-block"], length=49, block_size=16)
+def _len_kb_plus_1(ctx: Ctx) -> None:
+    _single(ctx, _spec(), 49)
+
+
+@case("nan-poisoned-unused-slots", ["nan-poison", "partial-final-block"], length=37, block_size=16)
+def _nan_poison(ctx: Ctx) -> None:
+    lab = ctx.lab(_spec(), block_size=16)
+    request = lab.admit("r0", lab.prompt(37))
+    tail = request.block_ids[-1]
+    ctx.require(bool(np.isnan(lab.store.k[tail, 37 % 16 :]).all()), "the last block's unused slots are not NaN")
+    ctx.require(bool(np.isnan(lab.store.k[NULL_BLOCK_ID]).all()), "the null block is not NaN")
+    ctx.verify(lab, ctx.layout(lab), [request])
+
+
+@case("decode-across-block-boundary", ["partial-final-block", "odd-lengths"], block_size=8)
+def _decode_steps(ctx: Ctx) -> None:
+    lab = ctx.lab(_spec(), block_size=8)
+    layout = ctx.layout(lab)
+    requests = [lab.admit("a", lab.prompt(13)), lab.admit("b", lab.prompt(6))]
+    for step in range(12):
+        ctx.verify(lab, layout, requests, label=f"step {step}")
+        for request in requests:
+            lab.compute(request, lab.prompt(1))
+
+
+# -- tables -----------------------------------------------------------------------------------------------------
+
+
+@case("contiguous-table", ["contiguous"], length=80, block_size=16)
+def _contiguous(ctx: Ctx) -> None:
+    lab = _single(ctx, _spec(), 80)
+    ids = lab.pool.requests["r0"].block_ids
+    ctx.require(list(ids) == list(range(ids[0], ids[0] + len(ids))), f"table {ids} is not contiguous")
+
+
+def _fragmented(ctx: Ctx, kind: str, *, block_size: int, lengths: Sequence[int]) -> None:
+    lab = ctx.lab(_spec(), block_size=block_size, num_blocks=96, fragment=kind)
+    requests = [lab.admit(f"r{i}", lab.prompt(n)) for i, n in enumerate(lengths)]
+    ids = requests[0].block_ids
+    ctx.require(any(b != a + 1 for a, b in itertools.pairwise(ids)), f"table {ids} is not fragmented")
+    ctx.verify(lab, ctx.layout(lab), requests)
+
+
+@case("fragmented-shuffled", ["fragmented"], block_size=16, lengths=[70, 33, 100])
+def _fragmented_shuffled(ctx: Ctx) -> None:
+    _fragmented(ctx, "shuffled", block_size=16, lengths=[70, 33, 100])
+
+
+@case("fragmented-gapped-runs", ["fragmented"], block_size=8, lengths=[61, 40])
+def _fragmented_gapped(ctx: Ctx) -> None:
+    _fragmented(ctx, "gapped", block_size=8, lengths=[61, 40])
+
+
+# -- heads ------------------------------------------------------------------------------------------------------
+
+
+@case("mha-32", ["mha"], heads=32, kv_heads=32, head_size=64, length=40)
+def _mha(ctx: Ctx) -> None:
+    _single(ctx, _spec(32, 32, 64), 40)
+
+
+@case("gqa-32-8", ["gqa", "head-size"], heads=32, kv_heads=8, head_size=128, lengths=[70, 19])
+def _gqa(ctx: Ctx) -> None:
+    lab = ctx.lab(_spec(32, 8, 128), block_size=16)
+    requests = [lab.admit("r0", lab.prompt(70)), lab.admit("r1", lab.prompt(19))]
+    ctx.verify(lab, ctx.layout(lab), requests)
+
+
+@case("mqa-8-1", ["mqa", "head-size"], heads=8, kv_heads=1, head_size=128, length=45)
+def _mqa(ctx: Ctx) -> None:
+    _single(ctx, _spec(8, 1, 128), 45)
+
+
+@case("head-size-96", ["head-size", "gqa"], heads=8, kv_heads=2, head_size=96, length=33)
+def _head_96(ctx: Ctx) -> None:
+    _single(ctx, _spec(8, 2, 96), 33)
+
+
+@case("head-size-256", ["head-size", "gqa"], heads=8, kv_heads=4, head_size=256, length=29)
+def _head_256(ctx: Ctx) -> None:
+    _single(ctx, _spec(8, 4, 256), 29)
+
+
+# -- block sizes ------------------------------------------------------------------------------------------------
+
+
+@case("block-size-1", ["block-size", "fragmented"], block_size=1, length=23)
+def _block_1(ctx: Ctx) -> None:
+    _single(ctx, _spec(), 23, block_size=1, fragment="shuffled")
+
+
+@case("block-size-8", ["block-size", "partial-final-block"], block_size=8, length=35)
+def _block_8(ctx: Ctx) -> None:
+    _single(ctx, _spec(), 35, block_size=8)
+
+
+@case("block-size-32", ["block-size", "partial-final-block"], block_size=32, length=70)
+def _block_32(ctx: Ctx) -> None:
+    _single(ctx, _spec(), 70, block_size=32, num_blocks=16)
+
+
+# -- ALiBi ------------------------------------------------------------------------------------------------------
+
+
+@case("alibi-pow2-gqa", ["alibi", "gqa"], heads=8, kv_heads=2, length=50)
+def _alibi_pow2(ctx: Ctx) -> None:
+    _single(ctx, _spec(8, 2, 64, alibi=True), 50)
+
+
+@case("alibi-non-pow2-gqa", ["alibi-non-pow2", "gqa"], heads=12, kv_heads=4, length=50)
+def _alibi_non_pow2(ctx: Ctx) -> None:
+    _single(ctx, _spec(12, 4, 64, alibi=True), 50)
+
+
+@case("alibi-slopes-as-vllm", ["alibi", "alibi-non-pow2"], target="oracle", tolerance=EXACT)
+def _alibi_slopes(ctx: Ctx) -> None:
+    # ALiBi's geometric sequence 2^(-8i/n); for 12 heads the 4 extra heads take the odd terms of the 16-head one.
+    expected8 = [2.0**-i for i in range(1, 9)]
+    expected12 = [*expected8, *(2.0 ** -(i / 2) for i in (1, 3, 5, 7))]
+    ctx.close("8 heads", alibi_slopes(8), np.asarray(expected8, dtype=np.float32))
+    ctx.close("12 heads", alibi_slopes(12), np.asarray(expected12, dtype=np.float32))
+    ctx.require(len(alibi_slopes(40)) == 40 and len(set(alibi_slopes(40).tolist())) == 40, "40 heads: 40 slopes")
+
+
+# -- sliding window ---------------------------------------------------------------------------------------------
+
+
+def _window_decode(ctx: Ctx, window: int, *, block_size: int, prompt: int, steps: int) -> None:
+    lab = ctx.lab(_spec(8, 2, 64, sliding_window=window), block_size=block_size)
+    layout = ctx.layout(lab)
+    requests = [lab.admit("a", lab.prompt(prompt)), lab.admit("b", lab.prompt(prompt - 7))]
+    free_before = lab.pool.free_queue.num_free
+    for step in range(steps):
+        for request in requests:
+            lab.compute(request, lab.prompt(1))
+        ctx.verify(lab, layout, requests, label=f"step {step}")
+    table = requests[0].block_ids
+    first_needed = (requests[0].num_tokens - 1 - window + 1) // block_size
+    ctx.require(NULL_BLOCK_ID in table, f"no out-of-window block was freed: table {table}")
+    ctx.require(all(b != NULL_BLOCK_ID for b in table[first_needed:]), f"a block in the window was freed: {table}")
+    ctx.require(lab.pool.free_queue.num_free > free_before - 2 * steps, "freed window blocks did not return")
+    lab.pool.check_invariants()
+
+
+@case("sliding-window-edge-mid-block", ["sliding-window", "window-free", "gqa"], window=20, block_size=16)
+def _window_mid(ctx: Ctx) -> None:
+    _window_decode(ctx, 20, block_size=16, prompt=60, steps=6)
+
+
+@case("sliding-window-edge-on-boundary", ["sliding-window", "window-free"], window=16, block_size=8)
+def _window_boundary(ctx: Ctx) -> None:
+    _window_decode(ctx, 16, block_size=8, prompt=41, steps=9)
+
+
+@case("sliding-window-chunked-prefill", ["sliding-window", "chunked-prefill", "window-free"], window=24, chunk=13)
+def _window_chunked(ctx: Ctx) -> None:
+    lab = ctx.lab(_spec(4, 4, 64, sliding_window=24), block_size=8)
+    layout = ctx.layout(lab)
+    prompt = lab.prompt(75)
+    request = lab.admit("r0", prompt, chunk=13)
+    ctx.verify(lab, layout, [request], n_query=13, label="chunk 0")
+    done = 13
+    while done < len(prompt):
+        chunk = prompt[done : done + 13]
+        lab.compute(request, chunk)
+        done += len(chunk)
+        ctx.verify(lab, layout, [request], n_query=len(chunk), label=f"chunk at {done}")
+    ctx.require(NULL_BLOCK_ID in request.block_ids, "no block left the window")
+
+
+# -- prefix caching ---------------------------------------------------------------------------------------------
+
+
+@case("chunked-prefill-after-prefix-hit", ["chunked-prefill", "prefix-hit", "prefix-reuse"], block_size=16, chunk=11)
+def _chunked_after_hit(ctx: Ctx) -> None:
+    lab = ctx.lab(_spec(8, 2, 64), block_size=16)
+    first = lab.prompt(70)
+    lab.pool.free(lab.admit("a", first))
+    prompt = first[:50] + lab.prompt(30)
+    request = lab.admit("b", prompt, chunk=11)
+    ctx.require(request.num_tokens == 48 + 11, f"expected a 48-token hit then 11 computed, have {request.num_tokens}")
+    layout = ctx.layout(lab)
+    ctx.verify(lab, layout, [request], n_query=11, label="first chunk")
+    while request.num_tokens < len(prompt):
+        chunk = prompt[request.num_tokens : request.num_tokens + 11]
+        lab.compute(request, chunk)
+        ctx.verify(lab, layout, [request], n_query=len(chunk), label=f"chunk to {request.num_tokens}")
+
+
+@case("prefix-hit-capped", ["prefix-hit", "prefix-reuse"], block_size=16, length=64)
+def _prefix_capped(ctx: Ctx) -> None:
+    lab = ctx.lab(_spec(), block_size=16)
+    prompt = lab.prompt(64)
+    lab.pool.free(lab.admit("a", prompt))
+    request = lab.pool.add_request("b", prompt)
+    # All 4 blocks are cached, but the last token must be computed to have logits: the hit stops at 48.
+    ctx.require(request.num_tokens == 48, f"prefix hit of {request.num_tokens} tokens for a 64-token prompt, not 48")
+    lab.compute(request, prompt[48:])
+    ctx.verify(lab, ctx.layout(lab), [request])
+
+
+@case("prefix-reuse-live", ["prefix-reuse", "cascade-merge", "partial-final-block"], block_size=16, sharers=4)
+def _prefix_live(ctx: Ctx) -> None:
+    lab = ctx.lab(_spec(8, 2, 64), block_size=16)
+    shared = lab.prompt(40)
+    requests = [lab.admit(f"r{i}", shared + lab.prompt(n)) for i, n in enumerate((3, 17, 30, 1))]
+    blocks = requests[0].block_ids[:2]
+    ctx.require(all(r.block_ids[:2] == blocks for r in requests), "the 2 full prefix blocks are not shared")
+    ctx.require(all(lab.pool.blocks[b].ref_cnt == 4 for b in blocks), "shared blocks do not have ref_cnt 4")
+    ctx.require(len({r.block_ids[2] for r in requests}) == 4, "the partial third block was shared")
+    layout = ctx.layout(lab)
+    for step in range(3):
+        ctx.verify(lab, layout, requests, label=f"step {step}")
+        for request in requests:
+            lab.compute(request, lab.prompt(1))
+    lab.pool.check_invariants()
+
+
+@case("prefix-reuse-after-eviction", ["prefix-reuse", "prefix-hit"], block_size=8, num_blocks=12)
+def _prefix_evicted(ctx: Ctx) -> None:
+    lab = ctx.lab(_spec(), block_size=8, num_blocks=12)
+    prompt = lab.prompt(30)
+    lab.pool.free(lab.admit("a", prompt))
+    survivor = lab.admit("b", prompt[:17] + lab.prompt(5))
+    ctx.require(survivor.num_tokens == 22 and lab.pool.blocks[survivor.block_ids[0]].ref_cnt == 1, "no 16-token hit")
+    filler = lab.admit("filler", lab.prompt(8 * 8))
+    ctx.require(lab.pool.evictions > 0, "nothing was evicted")
+    lab.pool.free(filler)
+    again = lab.admit("c", prompt)
+    # Block 0 and 1 stay cached (b holds them); the evicted third block has to be recomputed.
+    ctx.require(again.block_ids[:2] == survivor.block_ids[:2], "c did not reuse the prefix b holds")
+    ctx.verify(lab, ctx.layout(lab), [survivor, again])
+
+
+@case("window-with-shared-prefix", ["sliding-window", "prefix-reuse", "cascade-merge"], window=30, block_size=8)
+def _window_shared(ctx: Ctx) -> None:
+    lab = ctx.lab(_spec(4, 4, 64, sliding_window=30), block_size=8, num_blocks=32)
+    shared = lab.prompt(32)
+    # Each computed in one step, so no block has left the window yet and the two keep their common prefix.
+    requests = [lab.admit("long", shared + lab.prompt(28)), lab.admit("short", shared + lab.prompt(8))]
+    ctx.require(requests[0].block_ids[:4] == requests[1].block_ids[:4], "the 4 prefix blocks are not shared")
+    ctx.verify(lab, ctx.layout(lab), requests)
+
+
+# -- copy-on-write ----------------------------------------------------------------------------------------------
+
+
+@case("cow-write-to-shared-partial-block", ["cow", "partial-final-block", "prefix-reuse"], block_size=16)
+def _cow(ctx: Ctx) -> None:
+    lab = ctx.lab(_spec(8, 2, 64), block_size=16, cow=True)
+    layout = ctx.layout(lab)
+    parent = lab.admit("parent", lab.prompt(37))
+    child = lab.pool.fork(parent, "child")
+    shared_tail = parent.block_ids[2]
+    ctx.require(lab.pool.blocks[shared_tail].ref_cnt == 2, "the partial block is not shared after fork")
+    ctx.verify(lab, layout, [parent, child], label="after fork")
+    child_entry = lab.entry(child)
+    before = layout.attend([child_entry], lab.store)[0]
+    lab.compute(parent, lab.prompt(20))
+    ctx.require(lab.pool.copies[-1][0] == shared_tail, "the write to the shared block was not copied")
+    ctx.require(parent.block_ids[2] != shared_tail and child.block_ids[2] == shared_tail, "tables after the copy")
+    after = layout.attend([child_entry], lab.store)[0]
+    ctx.require(bool(np.array_equal(before, after)), "the other sharer's output changed after the write")
+    ctx.verify(lab, layout, [parent, child], label="after write")
+    lab.pool.check_invariants()
+
+
+@case("cow-refused-without-option", ["cow"], target="pool", tolerance=POOL)
+def _cow_refused(ctx: Ctx) -> None:
+    lab = ctx.lab(_spec(), block_size=16)
+    request = lab.admit("a", lab.prompt(37))
+    try:
+        lab.pool.fork(request, "b")
+    except PoolError:
+        pass
+    else:
+        raise CaseFailed("V1 semantics: forking a partial block must be refused without cow=True")
+    lab.compute(request, lab.prompt(11))
+    child = lab.pool.fork(request, "b")
+    ctx.require(child.block_ids == request.block_ids, "a fork at a block boundary shares every block")
+    try:
+        lab.compute(child, lab.prompt(1))
+        lab.compute(request, lab.prompt(1))
+    except PoolError:
+        raise CaseFailed("writing a new block after a boundary fork needs no copy") from None
+    lab.pool.check_invariants()
+
+
+# -- fp8 --------------------------------------------------------------------------------------------------------
+
+
+@case("fp8-e4m3-per-tensor-scales", ["fp8", "gqa"], tolerance=FP8, k_scale=0.02, v_scale=0.035)
+def _fp8(ctx: Ctx) -> None:
+    lab = ctx.lab(_spec(8, 2, 64, k_scale=0.02, v_scale=0.035), block_size=16, fragment="gapped", num_blocks=48)
+    requests = [lab.admit("a", lab.prompt(45)), lab.admit("b", lab.prompt(16))]
+    ctx.verify(lab, ctx.layout(lab), requests)
+
+
+@case("fp8-saturation", ["fp8", "fp8-saturation"], tolerance=FP8, k_scale=2 / 448, v_scale=3 / 448)
+def _fp8_saturation(ctx: Ctx) -> None:
+    spec = _spec(4, 4, 64, k_scale=2 / 448, v_scale=3 / 448)
+    lab = ctx.lab(spec, block_size=8, gain=1.5)
+    request = lab.admit("a", lab.prompt(40))
+    k, _ = lab.kv(request.tokens, 0)
+    saturated = int(np.sum(np.abs(k) / (2 / 448) > FP8_E4M3_MAX))
+    ctx.require(saturated > 100, f"only {saturated} K values beyond ±448 · k_scale: no saturation tested")
+    ctx.require(float(np.nanmax(np.abs(lab.store.k))) == FP8_E4M3_MAX, "the cache holds values beyond ±448")
+    ctx.verify(lab, ctx.layout(lab), [request])
+
+
+@case("fp8-e4m3-grid", ["fp8", "fp8-saturation"], target="oracle", tolerance=EXACT)
+def _fp8_grid(ctx: Ctx) -> None:
+    grid = fp8_grid()
+    ctx.require(len(grid) == 127 and grid[-1] == FP8_E4M3_MAX and grid[8] == 2.0**-6, "e4m3fn has 126 positive values")
+    ctx.close("grid values are fixed points", fp8_e4m3(np.concatenate([grid, -grid])), np.concatenate([grid, -grid]))
+    mids = (grid[:-1] + grid[1:]) / 2
+    # A tie goes to the even mantissa; in e4m3 mantissas alternate, so every other midpoint rounds down.
+    even = np.where(np.arange(len(mids)) % 2 == 0, grid[:-1], grid[1:])
+    ctx.close("midpoints round to even", fp8_e4m3(mids), even.astype(np.float32))
+    ctx.close(
+        "beyond 448 saturates", fp8_e4m3(np.asarray([449.0, 1e6, -500.0])), np.asarray([448, 448, -448], np.float32)
+    )
+    ctx.require(bool(np.isnan(fp8_e4m3(np.asarray([np.nan])))[0]), "NaN must stay NaN")
+
+
+# -- cascade ----------------------------------------------------------------------------------------------------
+
+
+@case("cascade-merge-equals-monolithic", ["cascade-merge", "alibi-non-pow2", "gqa"], target="oracle", splits="1-5")
+def _cascade(ctx: Ctx) -> None:
+    spec = _spec(12, 4, 64, alibi=True, sliding_window=40)
+    rng = np.random.default_rng(7)
+    for trial in range(6):
+        length, n_q = int(rng.integers(2, 90)), int(rng.integers(1, 6))
+        n_q = min(n_q, length)
+        q = rng.standard_normal((n_q, 12, 64)).astype(np.float32)
+        k = rng.standard_normal((length, 4, 64)).astype(np.float32)
+        v = rng.standard_normal((length, 4, 64)).astype(np.float32)
+        q_pos = np.arange(length - n_q, length)
+        cuts = sorted({0, length, *(int(c) for c in rng.integers(0, length, int(rng.integers(0, 5))))})
+        part = None
+        for lo, hi in itertools.pairwise(cuts):
+            piece = kernel.attend(q, q_pos, k[lo:hi], v[lo:hi], np.arange(lo, hi), spec)
+            part = piece if part is None else kernel.merge(part, piece)
+        assert part is not None
+        ctx.close(
+            f"trial {trial}: {len(cuts) - 1} parts", part[0], reference_attention(q, k, v, spec, q_start=length - n_q)
+        )
+
+
+@case("cascade-nested-prefixes", ["cascade-merge", "prefix-reuse", "alibi-non-pow2", "gqa"], heads=12, kv_heads=4)
+def _cascade_groups(ctx: Ctx) -> None:
+    lab = ctx.lab(_spec(12, 4, 64, alibi=True), block_size=8, num_blocks=48)
+    system = lab.prompt(24)
+    topic = lab.prompt(16)
+    requests = [lab.admit("a", system + topic + lab.prompt(5)), lab.admit("b", system + topic + lab.prompt(12))]
+    requests += [lab.admit("c", system + lab.prompt(9)), lab.admit("d", lab.prompt(20))]
+    ctx.require(requests[0].block_ids[:5] == requests[1].block_ids[:5], "a and b do not share 5 blocks")
+    ctx.require(requests[0].block_ids[:3] == requests[2].block_ids[:3], "a and c do not share 3 blocks")
+    ctx.verify(lab, ctx.layout(lab), requests, n_query=2)
+
+
+@case("mixed-batch", ["odd-lengths", "fragmented", "gqa", "alibi", "partial-final-block"], heads=16, kv_heads=4)
+def _mixed(ctx: Ctx) -> None:
+    lab = ctx.lab(_spec(16, 4, 64, alibi=True), block_size=16, fragment="shuffled", num_blocks=40)
+    requests = [lab.admit(f"r{n}", lab.prompt(n)) for n in (1, 17, 32, 33, 64, 65)]
+    ctx.verify(lab, ctx.layout(lab), requests)
+
+
+# -- the pool ---------------------------------------------------------------------------------------------------
+
+
+@case("pool-lru-eviction-order", ["prefix-reuse"], target="pool", tolerance=POOL)
+def _lru(ctx: Ctx) -> None:
+    pool = BlockPool(10, 4, bug=ctx.pool_bug)
+    a = pool.add_request("a", [])
+    pool.append(a, list(range(16)))
+    b = pool.add_request("b", [])
+    pool.append(b, list(range(100, 108)))
+    a_ids, b_ids = a.block_ids, b.block_ids
+    pool.free(a)
+    pool.free(b)
+    # Free blocks never used come first; then a's blocks (freed first), tail first; then b's.
+    order = [blk.block_id for blk in pool.free_queue][-6:]
+    ctx.require(order == [*reversed(a_ids), *reversed(b_ids)], f"LRU order {order}, expected a's tail first then b's")
+    c = pool.add_request("c", [])
+    pool.append(c, list(range(200, 220)))
+    ctx.require(c.block_ids[-2:] == tuple(reversed(a_ids))[:2], f"took {c.block_ids}, not a's tail blocks first")
+    ctx.require(pool.evictions == 2, f"{pool.evictions} evictions, expected 2 (a's cached tail blocks)")
+    hit = pool.add_request("a2", list(range(16)))
+    ctx.require(hit.num_tokens == 8, f"a's first two blocks should still hit, got {hit.num_tokens} tokens")
+    pool.check_invariants()
+
+
+@case("pool-null-block", ["window-free"], target="pool", tolerance=POOL)
+def _null(ctx: Ctx) -> None:
+    pool = BlockPool(8, 4, sliding_window=6, bug=ctx.pool_bug)
+    r = pool.add_request("r", [])
+    pool.append(r, list(range(21)))
+    freed = pool.remove_skipped_blocks(r, 21)
+    # The token at 21 sees 16…21: blocks 0-3 hold 0…15, so blocks 0-3 go (block 4 holds 16…19).
+    ctx.require(len(freed) == 4 and r.block_ids[:4] == (NULL_BLOCK_ID,) * 4, f"freed {freed}, table {r.block_ids}")
+    ctx.require(r.block_ids[4] != NULL_BLOCK_ID, "the block holding the window's first key was freed")
+    ctx.require(pool.null_block.ref_cnt == 0 and not pool.null_block.block_hash, "the null block was counted")
+    for i in range(pool.free_queue.num_free):
+        q = pool.add_request(f"q{i}", [])
+        pool.append(q, [1000 + i] * 4)
+        ctx.require(NULL_BLOCK_ID not in q.block_ids, "the null block was handed out")
+    pool.free(r)
+    ctx.require(NULL_BLOCK_ID not in {b.block_id for b in pool.free_queue}, "the null block entered the free queue")
+    pool.check_invariants()
+
+
+@case(
+    "pool-invariants-hypothesis",
+    ["pool-invariants", "prefix-reuse", "cow", "window-free"],
+    target="pool",
+    tolerance=POOL,
+)
+def _pool_invariants(ctx: Ctx) -> None:
+    from builders.kvlab.fuzz import check_pool_invariants
+
+    check_pool_invariants(ctx.pool_bug)
+
+
+# -- the exchange format ----------------------------------------------------------------------------------------
+
+
+@case("csr-round-trip", ["fragmented", "partial-final-block"], target="format", tolerance=EXACT)
+def _csr(ctx: Ctx) -> None:
+    rng = random.Random(3)
+    for trial in range(20):
+        b = rng.choice([1, 8, 16, 32])
+        entries = []
+        for i in range(rng.randint(1, 5)):
+            seq_len = rng.randint(1, 6 * b)
+            ids = tuple(rng.sample(range(1, 400), -(-seq_len // b)))
+            entries.append(Entry(req_id=str(i), block_ids=ids, seq_len=seq_len, query=np.zeros((1, 1, 1), np.float32)))
+        csr = to_csr(entries, b)
+        for i, entry in enumerate(entries):
+            pages = [int(p) for p in csr.kv_indices[csr.kv_indptr[i] : csr.kv_indptr[i + 1]]]
+            ctx.require(pages == list(entry.block_ids), f"trial {trial}: pages {pages} != table {entry.block_ids}")
+            last = int(csr.kv_last_page_len[i])
+            ctx.require(1 <= last <= b, f"trial {trial}: kv_last_page_len {last} outside 1…{b}")
+            expanded = [s.physical_block + j for s in spans_of(pages) for j in range(s.num_blocks)]
+            ctx.require(expanded == pages, f"trial {trial}: spans expand to {expanded}, not {pages}")
+
+
+def coverage() -> dict[str, list[str]]:
+    """Each required feature → the cases that cover it."""
+    return {f: [c.name for c in CASES if f in c.features] for f in REQUIRED_FEATURES}
