@@ -65,6 +65,10 @@ def _sidecar(log: Path) -> dict[str, Any]:
         assert url in (f"https://github.com/{repo}/issues/{number}", f"https://github.com/{repo}/pull/{number}"), (
             f"{path.name}: source.url {url!r} is not {repo}'s issue or pull request {number}"
         )
+        year = source.get("year")
+        assert year is None or (isinstance(year, int) and 2008 <= year <= 2100), (
+            f"{path.name}: source.year {year!r} must be the year the quoted post was written"
+        )
     return data
 
 
