@@ -80,7 +80,7 @@ def split_log(text: str) -> list[LogLine]:
 # A wrapped line's tail never starts a message of its own: a tool's `name: `, a `file:line:` location, a
 # compiler's context lines, a list item, a log record, a prompt, a box glyph or a BuildKit/CMake marker.
 _MESSAGE_START = re.compile(
-    r"^(?:[\w.+-]+: |[\w.+-]+ +-|\S+:\d+(?::\d+)?[:,]|[/~.]|[A-Za-z]:[\\/]|In file included|\s*from \S+:\d+|[-*•+#>$│╰├×|]|\[|\(|"
+    r"^(?:[\w.+\[\]-]+: |[\w.+-]+ +-|\S+ +(?:fatal|error|warning) *:|\S+:\d+(?::\d+)?[:,]|[/~.]|[A-Za-z]:[\\/]|In file included|\s*from \S+:\d+|[-*•+#>$│╰├×|]|\[|\(|"
     r"(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL|Error|Warning|Note|Traceback|File \"|CMake |Call Stack|"
     r"Step \d|Collecting |Building |Running |Installing |Downloading |Requirement |Successfully |"
     r"Cloning |Get:|Hit:|Err:|Ign:|E: |W: |N: )\b)"
@@ -113,17 +113,22 @@ def _wrap_width(lines: list[LogLine], index: int) -> int | None:
     return width
 
 
-def _is_tail(head: LogLine, tail: LogLine, width: int) -> bool:
-    """Whether `tail` is the rest of `head`, cut by a wrapper: the head filled the width (the tail's first word
-    would not have fitted on it), its sentence is unfinished, and the tail, no longer than the width, starts no
-    message of its own at the head's indent (pip's indented subprocess output) or at column 0 (a terminal's or a
-    viewer's wrap)."""
-    if not head.text or not tail.text or len(head.raw) < WRAP_MIN_CHARS or len(tail.raw) > width:
+def _is_tail(head: LogLine, tail: LogLine, width: int | None) -> bool:
+    """Whether `tail` is the rest of `head`, cut by a wrapper. Both: the head is long and its sentence
+    unfinished, and the tail starts no message of its own at the head's indent (pip's indented subprocess
+    output) or at column 0 (a terminal's, an issue body's or a viewer's wrap). Then either the head filled the
+    width its neighbours show (the tail's first word would not have fitted on it, and the tail is no wider),
+    or, where a short excerpt shows no width, the tail goes on in lower case: the middle of a sentence."""
+    if not head.text or not tail.text or len(head.raw) < WRAP_MIN_CHARS:
         return False
     if _ENDS_MESSAGE.search(head.text) or tail.indent not in (0, head.indent) or _MESSAGE_START.match(tail.text):
         return False
-    first_word = tail.text.split(" ", 1)[0]
-    return len(head.raw) + 1 + len(first_word) > width
+    if width is not None and len(tail.raw) <= width:
+        first_word = tail.text.split(" ", 1)[0]
+        if len(head.raw) + 1 + len(first_word) > width:
+            return True
+    last_word, first_word = head.text.rsplit(" ", 1)[-1], tail.text.split(" ", 1)[0]
+    return last_word.isalpha() and first_word.isalpha() and first_word.islower()
 
 
 def _rejoin(lines: list[LogLine]) -> list[LogLine]:
@@ -135,13 +140,14 @@ def _rejoin(lines: list[LogLine]) -> list[LogLine]:
         head = joined[index]
         width = _wrap_width(joined, index) if head.text else None
         text, end = head.text, index
-        while width is not None and end + 1 < len(joined) and end - index < MAX_WRAPPED_TAILS:
+        while end + 1 < len(joined) and end - index < MAX_WRAPPED_TAILS:
             last = joined[end]
             nxt = joined[end + 1]
             if not _is_tail(last, nxt, width):
                 break
             # A wrapper that cut inside a word leaves no blank at the cut: join those halves without one.
-            glue = "" if len(last.raw) >= width and last.raw[-1:].isalnum() and nxt.text[:1].islower() else " "
+            cut_in_word = width is not None and len(last.raw) >= width and last.raw[-1:].isalnum()
+            glue = "" if cut_in_word and nxt.text[:1].islower() else " "
             text = f"{text}{glue}{nxt.text}"
             end += 1
         if end > index:
