@@ -32,10 +32,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from builders.diagnose import UNKNOWN, Rule, RuleBook, diagnose_text, load_rules
-from builders.diagnose.loglines import split_log
-
 ROOT = Path(__file__).resolve().parents[1]
+# The rules and engine measured are this checkout's, not those of wherever Forge was last installed from.
+sys.path.insert(0, str(ROOT))
+
+from builders.diagnose import UNKNOWN, Rule, RuleBook, diagnose_text, load_rules  # noqa: E402
+from builders.diagnose.loglines import split_log  # noqa: E402
+
 LOGS = ROOT / "tests" / "logs"
 LOCAL_SOURCE = "forge (own captures)"
 
