@@ -115,7 +115,7 @@ def ci_matrix(session: nox.Session) -> None:
 
 @nox.session(python=False, name="bench-diagnose", default=False)
 def bench_diagnose(session: nox.Session) -> None:
-    """Diagnosis on tests/logs: per-category precision and recall, and the leave-one-source-out figure."""
+    """Diagnosis on tests/logs: per-category precision and recall, leave-one-source-out and leave-one-year-out."""
     session.run("python", str(ROOT / "benchmarks" / "bench_diagnose.py"), *session.posargs, external=True)
 
 

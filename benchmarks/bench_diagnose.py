@@ -14,6 +14,10 @@ Three figures, all measured here in one run over the labelled corpus (the file n
    category. A pattern written for one project's wording therefore does not count for that project, and a
    cause only one project reported is not recognised there. The same is done holding out whole
    organisations (the repository's owner: all of pytorch/*, all of vllm-project/*), which is stricter.
+4. Leave-one-year-out, over the public logs whose sidecar dates the post they were quoted from
+   (`source.year`): each year's logs are diagnosed with the patterns that logs of other years justify, so
+   a wording that only one year's tools printed does not count for that year. Undated logs stay in the
+   evidence and are not scored here.
 
 Run: `nox -s bench-diagnose` (or `python benchmarks/bench_diagnose.py [--json]`).
 """
@@ -28,10 +32,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from builders.diagnose import UNKNOWN, Rule, RuleBook, diagnose_text, load_rules
-from builders.diagnose.loglines import split_log
-
 ROOT = Path(__file__).resolve().parents[1]
+# The rules and engine measured are this checkout's, not those of wherever Forge was last installed from.
+sys.path.insert(0, str(ROOT))
+
+from builders.diagnose import UNKNOWN, Rule, RuleBook, diagnose_text, load_rules  # noqa: E402
+from builders.diagnose.loglines import split_log  # noqa: E402
+
 LOGS = ROOT / "tests" / "logs"
 LOCAL_SOURCE = "forge (own captures)"
 
@@ -44,7 +51,8 @@ class Log:
     public: bool
     text: str
     line_number: int
-    lines: tuple[str, ...]  # what rules match against: prefixes stripped
+    lines: tuple[str, ...]  # what rules match against: prefixes stripped, wrapped lines rejoined
+    year: int | None  # when the quoted post was written, where the sidecar says
 
     @property
     def organisation(self) -> str:
@@ -66,6 +74,7 @@ def load_corpus() -> list[Log]:
                     text=text,
                     line_number=sidecar["line_number"],
                     lines=tuple(line.text for line in split_log(text)),
+                    year=sidecar["source"].get("year") if public else None,
                 )
             )
     return logs
@@ -135,29 +144,35 @@ def per_category(outcomes: list[Outcome], categories: Iterable[str]) -> list[tup
     return rows
 
 
-def _sources_matching(pattern: str, evidence: list[Log], group: Callable[[Log], str]) -> frozenset[str]:
+def _sources_matching(pattern: str, evidence: list[Log], group: Callable[[Log], str | None]) -> frozenset[str | None]:
     compiled = re.compile(pattern)
     return frozenset(group(log) for log in evidence if any(compiled.search(line) for line in log.lines))
 
 
-def leave_one_out(logs: list[Log], book: RuleBook, group: Callable[[Log], str]) -> tuple[list[Outcome], int]:
+def leave_one_out(logs: list[Log], book: RuleBook, group: Callable[[Log], str | None]) -> tuple[list[Outcome], int]:
     """Diagnose each group's logs with the patterns that logs of *other* groups justify: a pattern survives
     for group g only if a log outside g, labelled with the pattern's rule, has a line it matches. Context
-    patterns stay: they only weigh a line that a surviving pattern already chose."""
+    patterns stay: they only weigh a line that a surviving pattern already chose. Logs whose group is None
+    are evidence for every group and are not scored."""
     support = {
         (rule.id, pattern): _sources_matching(pattern, [log for log in logs if log.label == rule.id], group)
         for rule in book.rules
-        for pattern in (*rule.patterns, *rule.gated_patterns)
+        for pattern in (*rule.patterns, *rule.gated_patterns, *rule.warning_patterns)
     }
     outcomes: list[Outcome] = []
-    groups = sorted({group(log) for log in logs})
+    groups = sorted({name for log in logs if (name := group(log)) is not None})
     for name in groups:
         rules: list[Rule] = []
         for rule in book.rules:
-            patterns = [p for p in rule.patterns if support[rule.id, p] - {name}]
-            gated = [p for p in rule.gated_patterns if support[rule.id, p] - {name}]
-            if patterns or gated:
-                rules.append(rule.model_copy(update={"patterns": patterns, "gated_patterns": gated}))
+            kept = {
+                field: [p for p in getattr(rule, field) if support[rule.id, p] - {name}]
+                for field in ("patterns", "gated_patterns", "warning_patterns")
+            }
+            if kept["patterns"] or kept["gated_patterns"] or kept["warning_patterns"]:
+                if not (kept["patterns"] or kept["gated_patterns"]):
+                    # A rule needs a plain or gated pattern to be valid; one that cannot match keeps it so.
+                    kept["patterns"] = [r"(?!)"]
+                rules.append(rule.model_copy(update=kept))
         reduced = book.model_copy(update={"rules": rules})
         outcomes += diagnose_all([log for log in logs if group(log) == name], reduced)
     return [o for o in outcomes if o.log.public], len(groups)
@@ -180,6 +195,9 @@ class Figures:
     repositories: int
     by_organisation: Summary
     organisations: int
+    by_year: Summary
+    years: int
+    dated_public_logs: int
     single_source_categories: list[str]
     misses: list[tuple[str, str]]
     misses_held_out: list[tuple[str, str]]
@@ -191,6 +209,7 @@ def measure(logs: list[Log], book: RuleBook) -> Figures:
     pub = summarise(public)
     by_repo, repos = leave_one_out(logs, book, lambda log: log.source)
     by_org, orgs = leave_one_out(logs, book, lambda log: log.organisation)
+    by_year, years = leave_one_out(logs, book, lambda log: str(log.year) if log.year is not None else None)
     missed = {o.log.name for o in public if o.verdict != "right"}
     right = [o for o in public if o.verdict == "right"]
     line_hits = sum(1 for o in right if o.line_number == o.log.line_number)
@@ -209,6 +228,9 @@ def measure(logs: list[Log], book: RuleBook) -> Figures:
         repositories=repos,
         by_organisation=summarise(by_org),
         organisations=orgs,
+        by_year=summarise(by_year),
+        years=years,
+        dated_public_logs=len(by_year),
         single_source_categories=sorted(c for c, sources in sources_of.items() if len(sources) == 1),
         misses=[(o.log.name, o.got) for o in public if o.verdict != "right"],
         misses_held_out=[(o.log.name, o.got) for o in by_org if o.verdict != "right" and o.log.name not in missed],
@@ -245,6 +267,11 @@ def main(argv: list[str]) -> int:
     print(f"                         {_line(figures.by_repository)}")
     print(f"leave one organisation out ({figures.organisations} sources), public logs:")
     print(f"                         {_line(figures.by_organisation)}")
+    print(
+        f"leave one year out ({figures.years} years), the {figures.dated_public_logs} public logs whose "
+        "sidecar dates their post:"
+    )
+    print(f"                         {_line(figures.by_year)}")
     print(f"categories seen from one source only: {', '.join(figures.single_source_categories) or 'none'}")
     for name, got in figures.misses:
         print(f"  not right: {name} -> {got}")

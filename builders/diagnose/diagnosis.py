@@ -10,7 +10,8 @@ severity  how much the line reads like a failure, from `line_kinds` in rules.yam
           generic fallout such as `ninja: build stopped`), error marker 0.7, no marker 0.4. An indented line
           under a less indented one within 4 lines is that message's body (`CMake Error at ...:` then its
           text): below a fatal line it is worth at least 0.9 of it, below a warning it is 0. A line whose
-          earliest marker is a warning or a note is 0 and never a candidate: warnings never decide.
+          earliest marker is a warning or a note is 0 and never a candidate: warnings never decide, except
+          through a rule's `warning_patterns` (messages never harmless at any level), scored as an error line.
 position  closeness to where the build broke, the larger of two halvings: one per 200 lines before the end
           of the log, and one per 25 lines away from the anchor, the first fatal line of the failing step
           that is neither fallout nor also printed by a step that completed (parallel ninja jobs keep
@@ -191,6 +192,7 @@ class _CompiledRule:
     rule: Rule
     patterns: re.Pattern[str] | None
     gated: re.Pattern[str] | None
+    in_warnings: re.Pattern[str] | None
     context: tuple[re.Pattern[str], ...]
 
     @classmethod
@@ -199,6 +201,7 @@ class _CompiledRule:
             rule=rule,
             patterns=_alternation(rule.patterns),
             gated=_alternation(rule.gated_patterns),
+            in_warnings=_alternation(rule.warning_patterns),
             context=tuple(re.compile(p) for p in rule.context_patterns),
         )
 
@@ -337,10 +340,18 @@ def _candidates(
     candidates: list[_Candidate] = []
     for index, line in enumerate(view.lines):
         severity = view.severities[index]
-        if severity == 0.0:
+        # A warning decides only through a rule's warning_patterns, and then as an error line would.
+        in_warning = severity == 0.0 and view.kinds[index] is Kind.WARNING and bool(line.text)
+        if in_warning:
+            severity = _OWN_SEVERITY[Kind.ERROR]
+        elif severity == 0.0:
             continue
         matched: list[tuple[_CompiledRule, int]] = []
         for compiled in compiled_rules:
+            if in_warning:
+                if compiled.in_warnings is not None and compiled.in_warnings.search(line.text) is not None:
+                    matched.append((compiled, sum(1 for n in context_lines[compiled.rule.id] if n - {line.number})))
+                continue
             plain = compiled.patterns is not None and compiled.patterns.search(line.text) is not None
             gated = compiled.gated is not None and compiled.gated.search(line.text) is not None
             if not (plain or gated):

@@ -12,6 +12,8 @@ _PREFIXES = (
     re.compile(r"^#\d+ (?:\d+\.\d+ )?"),
     re.compile(r"^\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\s+"),
     re.compile(r"^\d{1,5}\.\d{3} "),
+    # Jenkins' timestamper and many CI viewers print the wall clock alone.
+    re.compile(r"^\[?\d\d:\d\d:\d\d(?:[.,]\d+)?\]? "),
 )
 # A logging record's own prefix (vLLM's `(EngineCore_DP0 pid=212) ERROR 11-29 23:40:20 [core.py:708] `) makes
 # the same message look different when it is logged and then re-raised; `key` compares messages without it.
@@ -36,6 +38,7 @@ class LogLine:
     text: str  # without BuildKit/timestamp prefixes and surrounding blanks: what rules match against
     indent: int  # leading blanks after the prefixes (box glyphs count): tells a message's body from its header
     key: str  # text without a logging record's prefix: repeats of one message share it
+    continues: int | None = None  # the number of the line this one continues, when it is a wrapped line's tail
 
 
 def _visible(line: str) -> str:
@@ -71,7 +74,92 @@ def split_log(text: str) -> list[LogLine]:
         lines.append(LogLine(number=index, raw=visible, text=text, indent=indent, key=key))
     if lines and not lines[-1].raw:
         lines.pop()
-    return lines
+    return _rejoin(lines)
+
+
+# A wrapped line's tail never starts a message of its own: a tool's `name: `, a `file:line:` location, a
+# compiler's context lines, a list item, a log record, a prompt, a box glyph or a BuildKit/CMake marker.
+_MESSAGE_START = re.compile(
+    r"^(?:[\w.+\[\]-]+: |[\w.+-]+ +-|\S+ +(?:fatal|error|warning) *:|\S+:\d+(?::\d+)?[:,]|[/~.]|[A-Za-z]:[\\/]|In file included|\s*from \S+:\d+|[-*•+#>$│╰├×|]|\[|\(|"
+    r"(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL|Error|Warning|Note|Traceback|File \"|CMake |Call Stack|"
+    r"Step \d|Collecting |Building |Running |Installing |Downloading |Requirement |Successfully |"
+    r"Cloning |Get:|Hit:|Err:|Ign:|E: |W: |N: )\b)"
+)
+# A line ending like this finished its sentence or opens a block; what follows is a new line, not its tail.
+_ENDS_MESSAGE = re.compile(r"[.!?:;{}\]`]$|^\W*$")
+# Wrapping happens at a width; a line much shorter than the lines around it was not wrapped.
+WRAP_MIN_CHARS = 60
+WRAP_WINDOW_LINES = 40
+WRAP_MAX_WIDTH = 240
+WRAP_SLACK_CHARS = 12
+MAX_WRAPPED_TAILS = 3
+
+
+def _wrap_width(lines: list[LogLine], index: int) -> int | None:
+    """The width that a wrapper (a terminal, an issue body, a CI viewer) filled around this line, or None when
+    this line is not at such a width: a wrapper fills every line it cuts to about the same width, so another
+    line nearby must come as close to it as this one."""
+    head = len(lines[index].raw)
+    near = [
+        len(line.raw)
+        for line in lines[max(0, index - WRAP_WINDOW_LINES) : index + WRAP_WINDOW_LINES + 1]
+        if len(line.raw) <= WRAP_MAX_WIDTH
+    ]
+    width = max(near, default=0)
+    if head > WRAP_MAX_WIDTH or head < width - WRAP_SLACK_CHARS:
+        return None
+    if sum(1 for length in near if length >= width - WRAP_SLACK_CHARS) < 2:
+        return None
+    return width
+
+
+def _is_tail(head: LogLine, tail: LogLine, width: int | None) -> bool:
+    """Whether `tail` is the rest of `head`, cut by a wrapper. Both: the head is long and its sentence
+    unfinished, and the tail starts no message of its own at the head's indent (pip's indented subprocess
+    output) or at column 0 (a terminal's, an issue body's or a viewer's wrap). Then either the head filled the
+    width its neighbours show (the tail's first word would not have fitted on it, and the tail is no wider),
+    or, where a short excerpt shows no width, the tail goes on in lower case: the middle of a sentence."""
+    if not head.text or not tail.text or len(head.raw) < WRAP_MIN_CHARS:
+        return False
+    if _ENDS_MESSAGE.search(head.text) or tail.indent not in (0, head.indent) or _MESSAGE_START.match(tail.text):
+        return False
+    if width is not None and len(tail.raw) <= width:
+        first_word = tail.text.split(" ", 1)[0]
+        if len(head.raw) + 1 + len(first_word) > width:
+            return True
+    last_word, first_word = head.text.rsplit(" ", 1)[-1], tail.text.split(" ", 1)[0]
+    return last_word.isalpha() and first_word.isalpha() and first_word.islower()
+
+
+def _rejoin(lines: list[LogLine]) -> list[LogLine]:
+    """Rejoin soft-wrapped lines: the head carries the whole message (what rules match), keeping its own
+    number and raw text for the report; each tail stays in place, blank to the rules, and names its head."""
+    joined = list(lines)
+    index = 0
+    while index < len(joined):
+        head = joined[index]
+        width = _wrap_width(joined, index) if head.text else None
+        text, end = head.text, index
+        while end + 1 < len(joined) and end - index < MAX_WRAPPED_TAILS:
+            last = joined[end]
+            nxt = joined[end + 1]
+            if not _is_tail(last, nxt, width):
+                break
+            # A wrapper that cut inside a word leaves no blank at the cut: join those halves without one.
+            cut_in_word = width is not None and len(last.raw) >= width and last.raw[-1:].isalnum()
+            glue = "" if cut_in_word and nxt.text[:1].islower() else " "
+            text = f"{text}{glue}{nxt.text}"
+            end += 1
+        if end > index:
+            key = _RECORD_PREFIX.sub("", text, count=1).strip()
+            joined[index] = LogLine(number=head.number, raw=head.raw, text=text, indent=head.indent, key=key)
+            for tail in range(index + 1, end + 1):
+                old = joined[tail]
+                joined[tail] = LogLine(
+                    number=old.number, raw=old.raw, text="", indent=old.indent, key="", continues=head.number
+                )
+        index = end + 1
+    return joined
 
 
 def failing_step(lines: list[LogLine]) -> frozenset[int] | None:

@@ -88,6 +88,12 @@ class Rule(BaseModel):
         "matches in the failing step (pip's 'No matching distribution' means a network failure only when "
         "pip also logged connection errors).",
     )
+    warning_patterns: list[str] = Field(
+        default_factory=list,
+        description="Regexes that identify the decisive line even on a line logged as a warning, for the "
+        "few messages that are never harmless whatever level they were logged at (a compiled extension "
+        "whose torch symbols are undefined cannot load). Such a line scores as an error line.",
+    )
     context_patterns: list[str] = Field(
         default_factory=list,
         description="Regexes for supporting lines (any kind, warnings included) that raise confidence.",
@@ -113,7 +119,7 @@ class Rule(BaseModel):
             raise ValueError(f"id {UNKNOWN!r} is reserved for logs no rule explains")
         return value
 
-    @field_validator("patterns", "gated_patterns", "context_patterns")
+    @field_validator("patterns", "gated_patterns", "warning_patterns", "context_patterns")
     @classmethod
     def _valid_regexes(cls, value: list[str], info: Any) -> list[str]:
         return _compile_all(value, str(info.field_name))

@@ -10,6 +10,7 @@ import pytest
 
 from builders.diagnose import CONFIDENCE_THRESHOLD, UNKNOWN, Diagnosis, diagnose_file, diagnose_text
 from builders.diagnose.diagnosis import read_log
+from builders.diagnose.loglines import split_log
 from builders.errors import UsageError
 
 NINJA = [f"[{k}/496] Building CXX object CMakeFiles/_C.dir/csrc/cpu/kernel_{k}.cpp.o" for k in range(1, 301)]
@@ -335,3 +336,45 @@ def test_unknown_confidence_is_the_catch_all_score_not_a_certainty() -> None:
     assert diagnosis.line_number == 2
     assert 0.0 < diagnosis.confidence < CONFIDENCE_THRESHOLD
     assert f"no known cause reached {CONFIDENCE_THRESHOLD:.2f}" in diagnosis.render()
+
+
+def test_a_soft_wrapped_message_is_matched_whole_and_reported_at_its_first_line() -> None:
+    # An 80-column wrapper cut nvcc's gate after "unsupported"; the neighbouring lines show that width.
+    log = (
+        "Executing '/usr/local/cuda/bin/nvcc -m64 --host-compilation C -Xcompiler -fPIC'\n"
+        "In file included from /usr/local/cuda/bin/../include/cuda_runtime.h:59:0,\n"
+        "/usr/local/cuda/bin/../include/host_config.h:82:2: error: #error -- unsupported\n"
+        "GNU version! gcc 4.5 and up are not supported!\n"
+        "error: command 'nvcc' failed with exit status 1\n"
+    )
+    lines = split_log(log)
+    assert lines[2].text.endswith("unsupported GNU version! gcc 4.5 and up are not supported!")
+    assert (lines[3].text, lines[3].continues) == ("", 3)
+    diagnosis = diagnose_text(log)
+    assert (diagnosis.category, diagnosis.line_number) == ("gcc-gate", 3)
+
+
+def test_lines_that_end_their_sentence_or_start_a_message_are_not_joined() -> None:
+    log = (
+        "-- Configuring done, now generating the build files for the project in this directory.\n"
+        "CMake Error at CMakeLists.txt:12 (message): something else went wrong in this configure step\n"
+        "/usr/include/foo.h:3:1: error: expected ';' before '}' token in this translation unit here\n"
+    )
+    assert [line.continues for line in split_log(log)] == [None, None, None]
+
+
+def test_a_compiler_diagnostic_is_read_by_its_structure_in_another_locale() -> None:
+    diagnosis = diagnose_text(
+        "src/numa_array.cpp:4:10: schwerwiegender Fehler: numa.h: Datei oder Verzeichnis nicht gefunden\n"
+        "    4 | #include <numa.h>\n"
+        "Kompilierung beendet.\n"
+    )
+    assert (diagnosis.category, diagnosis.line_number) == ("missing-header", 1)
+    warning = diagnose_text("src/a.cpp:4:10: Warnung: numa.h: Datei oder Verzeichnis nicht gefunden\n")
+    assert warning.category == UNKNOWN
+
+
+def test_only_a_rules_warning_patterns_decide_on_a_warning_line() -> None:
+    symbol = "WARNING 06-13 11:42:20 _custom_ops.py:11] Failed to import from vllm._C with ImportError('x/_C.abi3.so: "
+    assert diagnose_text(symbol + "undefined symbol: _ZN3c104cuda9SetDeviceEi')\n").category == "torch-mismatch"
+    assert diagnose_text("WARNING: Could not resolve host: github.com, retrying\n").category == UNKNOWN
