@@ -73,7 +73,8 @@ class LoadSizer:
     def _calibrate(self, plan: StackPlan, api_key: str, traffic: TrafficPlan) -> float:
         settings = self.options.settings
         replica = plan.replicas[0]
-        prompt = traffic.prompt_tokens_at_most(RequestClass.LONG_PREFILL)
+        # Half the context: a long prompt, with room to spare whatever the tokenizer makes of the words.
+        prompt = min(traffic.prompt_tokens_at_most(RequestClass.LONG_PREFILL), traffic.max_model_len // 2)
         self.console.print(f"calibration: measuring {replica.label} (cpus {replica.cpuset}) of {plan.profile.name}")
         capacity = measure(
             replica, api_key=api_key, traffic=traffic, prompt_tokens=prompt, batch_sizes=self.batch_sizes()
