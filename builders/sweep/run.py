@@ -162,6 +162,8 @@ def run_sweep(
             "stopped_by": result.stopped_by,
             "classes": class_rows(result),
         }
+        # Written after every profile too, so a sweep cut short (Ctrl-C, a CI time limit) keeps what it measured.
+        (options.report_dir / "sweep.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     report["goal"] = compare_to(report["profiles"], reference=REFERENCE, candidate=WORK_CONSERVING)
     report["validity"] = judge_validity(
         report["profiles"], reference=REFERENCE, floor=options.settings.served_floor, names=list(report["profiles"])
