@@ -60,17 +60,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run(args: argparse.Namespace) -> int:
     console = log.console()
     root = Path(args.root).resolve() if getattr(args, "root", None) else find_root()
-    runtimes = Runtimes.choose(image=args.image, local_vllm=args.local_vllm, router_image=args.router_image)
     if args.base_port is not None and not 1024 <= args.base_port <= 65000:
         raise UsageError(f"--base-port {args.base_port}: use a port between 1024 and 65000")
+    if args.rate_scale <= 0:
+        raise UsageError(f"--rate-scale {args.rate_scale}: give a positive factor")
+    if args.load_fraction is not None and not 0 < args.load_fraction <= 4:
+        raise UsageError(f"--load-fraction {args.load_fraction}: give a fraction of capacity in (0, 4]")
+    runtimes = Runtimes.choose(image=args.image, local_vllm=args.local_vllm, router_image=args.router_image)
     names = available_sweep_profiles(root) if args.profiles == "all" else [n for n in args.profiles.split(",") if n]
     changes: dict[str, Any] = {}
     if args.duration_s is not None:
         if args.duration_s <= 0:
             raise UsageError(f"--duration-s {args.duration_s}: give a positive number of seconds")
         changes["traffic"] = {"deadline_s": args.duration_s}
-    if args.rate_scale <= 0:
-        raise UsageError(f"--rate-scale {args.rate_scale}: give a positive factor")
     sweep_changes: dict[str, Any] = {}
     if args.no_calibrate:
         sweep_changes["calibrate"] = False

@@ -95,3 +95,22 @@ def test_a_reference_sent_nothing_or_absent_is_never_valid() -> None:
         {"shared": {"classes": class_rows(nothing)}}, reference="shared", floor=0.0, names=["shared"]
     )
     assert not verdict["valid"] and verdict["served_fraction"] == 0.0
+
+
+def test_an_invalid_sweep_has_an_exit_code_of_its_own() -> None:
+    import builders.repro.errors  # noqa: F401  (its error kinds count too)
+    from builders.errors import ForgeError, SweepInvalid
+
+    def kinds(cls: type[ForgeError]) -> list[type[ForgeError]]:
+        return [cls, *(k for sub in cls.__subclasses__() for k in kinds(sub))]
+
+    others = {k.exit_code for k in kinds(ForgeError) if k is not SweepInvalid and "exit_code" in vars(k)}
+    assert SweepInvalid.exit_code == 15 and SweepInvalid.exit_code not in others
+
+
+@pytest.mark.parametrize("flag", [["--rate-scale", "0"], ["--load-fraction", "-1"]])
+def test_bad_load_flags_are_refused_before_anything_starts(flag: list[str]) -> None:
+    from builders.cli import main
+    from builders.errors import UsageError
+
+    assert main(["--root", str(ROOT), "sweep", "no-such-image", *flag]) == UsageError.exit_code
