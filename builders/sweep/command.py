@@ -36,6 +36,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--duration-s", type=float, default=None, help="override the traffic's duration (traffic.deadline_s)"
     )
+    parser.add_argument(
+        "--startup-s",
+        type=float,
+        default=None,
+        help="override how long replicas and router may take to start (timeouts.startup_s): a busy host needs more",
+    )
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument(
         "--no-calibrate",
@@ -73,6 +79,10 @@ def run(args: argparse.Namespace) -> int:
         if args.duration_s <= 0:
             raise UsageError(f"--duration-s {args.duration_s}: give a positive number of seconds")
         changes["traffic"] = {"deadline_s": args.duration_s}
+    if args.startup_s is not None:
+        if args.startup_s <= 0:
+            raise UsageError(f"--startup-s {args.startup_s}: give a positive number of seconds")
+        changes["timeouts"] = {"startup_s": args.startup_s}
     sweep_changes: dict[str, Any] = {}
     if args.no_calibrate:
         sweep_changes["calibrate"] = False
