@@ -113,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
     for line in summary_lines(report):
         console.print(line)
     console.print(f"report: {args.report / 'sweep.json'}")
-    if not report["validity"]["valid"]:
+    # A sweep where nothing ran is a failed sweep (exit 1, reasons above), not an overloaded one.
+    if report["profiles"] and not report["validity"]["valid"]:
         raise SweepInvalid(
             report["validity"]["why"],
             hint="run where the model fits (or lower sweep.load_fraction); do not read this table as a ranking",
