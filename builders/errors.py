@@ -91,3 +91,12 @@ class ListenFailed(ForgeError):
     # 9 is PreflightIncomplete; 10-13 are builders/repro/errors.py's.
     exit_code = 14
     kind = "cannot listen"
+
+
+class SweepInvalid(ForgeError):
+    """A sweep ran, but its reference profile answered under the floor of what it was sent: every profile was
+    overloaded on this host, so the table ranks failures, not policies."""
+
+    # 15: after ListenFailed's 14.
+    exit_code = 15
+    kind = "sweep invalid"

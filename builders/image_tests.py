@@ -118,12 +118,15 @@ def check_tcmalloc(engine: Engine, image: str, plan: BuildPlan) -> CheckResult:
 
 
 def check_serve(engine: Engine, image: str, plan: BuildPlan) -> CheckResult:
-    from builders.smoke.tiny_model import write_tiny_model
+    from builders.serving_dtype import choose_dtype, this_host
+    from builders.smoke.tiny_model import ModelShape, write_tiny_model
 
     start = time.monotonic()
     port = free_port()
+    # The test stage serves on the engine's host, this one: the same choice a smoke run makes here.
+    dtype = choose_dtype("auto", this_host())
     with tempfile.TemporaryDirectory(prefix="forge-tiny-model-") as tmp:
-        model = write_tiny_model(Path(tmp) / "model")
+        model = write_tiny_model(Path(tmp) / "model", shape=ModelShape(torch_dtype=dtype.dtype))
         model.chmod(0o755)
         for child in model.iterdir():
             child.chmod(0o644)
@@ -145,7 +148,7 @@ def check_serve(engine: Engine, image: str, plan: BuildPlan) -> CheckResult:
                 "--served-model-name",
                 "tiny",
                 "--dtype",
-                "float32",
+                dtype.dtype,
             ],
             volumes={str(model): "/model"},
             env={"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"},
@@ -170,7 +173,7 @@ def check_serve(engine: Engine, image: str, plan: BuildPlan) -> CheckResult:
                             name="serve-models",
                             ok="tiny" in ids,
                             seconds=time.monotonic() - start,
-                            detail=f"/v1/models -> {ids}",
+                            detail=f"/v1/models -> {ids} (dtype {dtype.dtype}: {dtype.reason})",
                         )
                 except requests.RequestException:
                     pass

@@ -22,8 +22,8 @@ from builders.kvlab.mutants import MutantOutcome, mutants, run_mutant
 class KvlabFailed(ForgeError):
     """A case failed, a feature of the study's list has no case, or a planted bug survived."""
 
-    # 1-14 are builders/errors.py's and builders/repro/errors.py's.
-    exit_code = 15
+    # 1-15 are builders/errors.py's and builders/repro/errors.py's.
+    exit_code = 16
     kind = "kv lab failed"
 
 

@@ -18,6 +18,7 @@ from builders.preflight.findings import Finding, blocker, passed, unchecked, war
 from builders.preflight.host import GIB, Memory, Mount, derive_max_jobs
 from builders.preflight.source_facts import CompilerGate, FetchedDependency, SourceFacts
 from builders.preflight.torch_index import IndexListing, matching_wheels, pythons_offered, versions_offered
+from builders.serving_dtype import NATIVE_BF16_FLAGS, CpuHost, choose_dtype
 
 
 def _version(text: str) -> Version | None:
@@ -580,6 +581,20 @@ def isa_gate(
             f"the test stage would hit illegal instructions ({found_settings})",
         )
     return passed("isa", found_settings, required, source, f"run host flags from {run_source}")
+
+
+def runtime_dtype_gate(*, arch: str, run_flags: frozenset[str], run_source: str) -> Finding:
+    """Which dtype the run host's replicas will serve (builders/serving_dtype.py), said before the build:
+    bfloat16 with native BF16, float32 without it, never a silent fifty-fold slowdown."""
+    needed = " or ".join(NATIVE_BF16_FLAGS.get(arch, ("bf16",)))
+    required = f"{needed} for bfloat16 serving"
+    source = f"run host {run_source}; builders/serving_dtype.py NATIVE_BF16_FLAGS"
+    if not run_flags:
+        # As the ISA gate: nothing to judge; the replicas make the same choice when they start.
+        return passed("runtime-dtype", "no CPU flags read", required, source, "the replicas choose when they start")
+    choice = choose_dtype("auto", CpuHost(arch=arch, model="the run host", flags=run_flags, source=run_source))
+    found = " ".join(choice.host.bf16_flags) or f"none of {needed}"
+    return passed("runtime-dtype", found, required, source, f"replicas serve {choice.dtype} ({choice.reason})")
 
 
 # --- fetched sources -------------------------------------------------------------------------------------

@@ -544,6 +544,13 @@ def run_preflight(
                 serve_test=recipe.serve_test,
             )
         )
+        findings.append(
+            gates.runtime_dtype_gate(
+                arch=arch,
+                run_flags=run_host_flags if run_host_flags is not None else host.cpu_flags,
+                run_source=run_host_source or "build host /proc/cpuinfo",
+            )
+        )
 
     return PreflightReport.from_findings(
         findings,

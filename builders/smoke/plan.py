@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from builders.serving_dtype import DtypeChoice, choose_dtype, this_host
 from builders.smoke.profile import PoolSettings, StackProfile, format_cpuset, parse_cpuset
 from builders.smoke.vllm_args import PoolArgv
 
@@ -44,6 +45,8 @@ class StackPlan:
     profile: StackProfile
     router_port: int
     replicas: tuple[ReplicaPlan, ...]
+    dtype: DtypeChoice
+    """The dtype every replica serves in, and why (the host's CPU or the profile)."""
 
     @property
     def router_url(self) -> str:
@@ -75,7 +78,9 @@ class StackPlan:
         }
 
 
-def _pool_args(profile: StackProfile, name: str, pool: PoolSettings, port: int) -> tuple[list[str], list[str]]:
+def _pool_args(
+    profile: StackProfile, name: str, pool: PoolSettings, port: int, dtype: str
+) -> tuple[list[str], list[str]]:
     model = profile.model
     args: list[str] = []
     keys: list[str] = []
@@ -87,7 +92,7 @@ def _pool_args(profile: StackProfile, name: str, pool: PoolSettings, port: int) 
     add("(run)", "--host", LOOPBACK, "--port", str(port))
     add("(run)", "--load-format", "dummy")
     add("model.served_model_name", "--served-model-name", model.served_model_name)
-    add("model.dtype", "--dtype", model.dtype)
+    add("model.dtype", "--dtype", dtype)
     add("model.seed", "--seed", str(model.seed))
     add("model.kv_cache_memory", "--kv-cache-memory-bytes", model.kv_cache_memory)
     if model.enforce_eager:
@@ -107,8 +112,17 @@ def _pool_args(profile: StackProfile, name: str, pool: PoolSettings, port: int) 
     return args, keys
 
 
-def plan_stack(profile: StackProfile, *, run_id: str, base_port: int | None = None, cpus: int = 1) -> StackPlan:
-    """Ports, arguments and environment of every replica, in pool order; the router takes the base port."""
+def plan_stack(
+    profile: StackProfile,
+    *,
+    run_id: str,
+    base_port: int | None = None,
+    cpus: int = 1,
+    dtype: DtypeChoice | None = None,
+) -> StackPlan:
+    """Ports, arguments and environment of every replica, in pool order; the router takes the base port.
+    `dtype` is the run's choice; without one it is made for this host's CPU."""
+    choice = dtype if dtype is not None else choose_dtype(profile.model.dtype, this_host())
     base = base_port if base_port is not None else profile.ports.base
     port = base
     replicas: list[ReplicaPlan] = []
@@ -116,7 +130,7 @@ def plan_stack(profile: StackProfile, *, run_id: str, base_port: int | None = No
     for name, pool in profile.pools.items():
         for index in range(pool.replicas):
             port += 1
-            args, keys = _pool_args(profile, name, pool, port)
+            args, keys = _pool_args(profile, name, pool, port, choice.dtype)
             env = {
                 # The model directory is all there is; a hub lookup would hang on this network.
                 "HF_HUB_OFFLINE": "1",
@@ -147,4 +161,4 @@ def plan_stack(profile: StackProfile, *, run_id: str, base_port: int | None = No
                 )
             )
             ordinal += 1
-    return StackPlan(run_id=run_id, profile=profile, router_port=base, replicas=tuple(replicas))
+    return StackPlan(run_id=run_id, profile=profile, router_port=base, replicas=tuple(replicas), dtype=choice)

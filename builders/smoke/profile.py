@@ -39,8 +39,11 @@ class ModelSettings(_Strict):
         ge=64,
         description="Positions the generated model config declares; must cover every max_model_len.",
     )
-    dtype: Literal["bfloat16", "float32", "float16"] = Field(
-        default="bfloat16", description="Weights and activations dtype; bfloat16 is native to vLLM's CPU backend."
+    dtype: Literal["auto", "bfloat16", "float32", "float16"] = Field(
+        default="auto",
+        description="Weights and activations dtype. 'auto': bfloat16 where the serving CPU has native BF16 "
+        "(AVX512-BF16, AMX or Arm BF16), float32 elsewhere (builders/serving_dtype.py). An explicit dtype wins; "
+        "bfloat16 without native support is warned about, it served ~55x slower here.",
     )
     enforce_eager: bool = Field(
         default=True,

@@ -33,6 +33,7 @@ from builders.errors import ConfigError, ForgeError, SmokeFailed, UsageError
 from builders.log import console as wide_console
 from builders.router.classes import ALL_CLASSES, RequestClass
 from builders.router.config import RouterConfig, config_from_mapping
+from builders.serving_dtype import choose_dtype, this_host
 from builders.smoke.plan import ReplicaPlan, StackPlan, plan_stack
 from builders.smoke.profile import StackProfile, check_cpus_available, explain
 from builders.smoke.runtimes import Launched, ReplicaRuntime, RouterRuntime
@@ -123,7 +124,8 @@ def validate_profile(
     """Plan the stack and validate the traffic plans and the router config the run would use."""
     available = sorted(os.sched_getaffinity(0))
     check_cpus_available(profile, source=source, available=available)
-    plan = plan_stack(profile, run_id=run_id, base_port=base_port, cpus=len(available))
+    dtype = choose_dtype(profile.model.dtype, this_host())
+    plan = plan_stack(profile, run_id=run_id, base_port=base_port, cpus=len(available), dtype=dtype)
     traffic = traffic_plan(profile, source)
     kill = profile.checks.kill_replica
     kill_traffic = (
@@ -425,6 +427,9 @@ class SmokeRun:
     results: dict[str, TrafficResult] = field(default_factory=dict)
     """Each traffic run's full result by label ('main', ...), every request included, for callers that
     compare runs (forge sweep); kept even when a gate fails."""
+    before_traffic: Callable[[StackPlan, str, TrafficPlan], TrafficPlan] | None = None
+    """Called with the plan, the replicas' API key and the main traffic plan once the replicas are warm;
+    returns the plan to drive (forge sweep measures a replica here and scales its load to it)."""
 
     def say(self, text: str) -> None:
         self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {text}")
@@ -455,6 +460,10 @@ class SmokeRun:
                 hint="set traffic.slow_stream.count above 0",
             )
         plan = valid.plan
+        self.report["dtype"] = plan.dtype.as_json()
+        self.say(f"dtype {plan.dtype.dtype}: {plan.dtype.reason}")
+        if plan.dtype.warning:
+            self.say(f"[yellow]warning:[/yellow] {plan.dtype.warning}")
         workdir = Path(tempfile.mkdtemp(prefix=f"forge-smoke-{self.run_id}-"))
         stack: RunningStack | None = None
         error: BaseException | None = None
@@ -483,6 +492,7 @@ class SmokeRun:
                             hidden_size=profile.model.hidden_size,
                             num_hidden_layers=profile.model.num_hidden_layers,
                             intermediate_size=profile.model.intermediate_size,
+                            torch_dtype=plan.dtype.dtype,
                         ),
                     )
                     # Replicas may run as another user (the images use uid 1000): everything they read is public.
@@ -512,7 +522,10 @@ class SmokeRun:
                 with self._phase("start"):
                     self._start(stack, replicas_runtime, router_runtime, probe, config_dir, valid.upstream_api_key)
                 with self._phase("traffic"):
-                    self._traffic(stack, valid.traffic, valid.kill_traffic, valid.api_key)
+                    traffic = valid.traffic
+                    if self.before_traffic is not None:
+                        traffic = self.before_traffic(plan, valid.upstream_api_key, traffic)
+                    self._traffic(stack, traffic, valid.kill_traffic, valid.api_key)
                 self.report["result"] = "passed"
             except BaseException as exc:
                 error = exc

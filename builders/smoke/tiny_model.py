@@ -140,8 +140,8 @@ def _model_config(
         "bos_token_id": bos_id,
         "eos_token_id": eos_id,
         "pad_token_id": pad_id,
-        # bfloat16 is what vLLM's CPU backend runs natively on x86 and aarch64; float32 doubles KV memory.
-        "torch_dtype": "bfloat16",
+        # What `--dtype auto` would serve: the run passes its host-chosen dtype (builders/serving_dtype.py).
+        "torch_dtype": shape.torch_dtype,
         "use_cache": True,
     }
 
@@ -153,6 +153,7 @@ class ModelShape:
     hidden_size: int = 128
     num_hidden_layers: int = 2
     intermediate_size: int | None = None
+    torch_dtype: str = "float32"
 
 
 def write_tiny_model(dest: Path, *, max_position_embeddings: int = 4096, shape: ModelShape | None = None) -> Path:

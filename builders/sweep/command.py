@@ -8,10 +8,10 @@ from typing import Any
 
 from builders import log
 from builders.config.project import find_root
-from builders.errors import UsageError
+from builders.errors import SweepInvalid, UsageError
 from builders.smoke.runtimes import Runtimes
-from builders.sweep.definition import available_sweep_profiles, load_sweep
-from builders.sweep.report import render_table
+from builders.sweep.definition import available_sweep_profiles, load_sweep, load_sweep_settings
+from builders.sweep.report import render_table, summary_lines
 from builders.sweep.run import SweepOptions, run_sweep
 
 
@@ -36,25 +36,71 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--duration-s", type=float, default=None, help="override the traffic's duration (traffic.deadline_s)"
     )
+    parser.add_argument(
+        "--startup-s",
+        type=float,
+        default=None,
+        help="override how long replicas and router may take to start (timeouts.startup_s): a busy host needs more",
+    )
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument(
+        "--no-calibrate",
+        action="store_true",
+        help="drive the configured rates as they are, without measuring a replica first (sweep.calibrate)",
+    )
+    parser.add_argument(
+        "--load-fraction",
+        type=float,
+        default=None,
+        help="offered load as a fraction of the measured capacity (sweep.load_fraction, default 0.5)",
+    )
+    parser.add_argument(
+        "--rate-scale",
+        type=float,
+        default=1.0,
+        help="multiply every rate after calibration (10 with --no-calibrate forces an overload)",
+    )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     console = log.console()
     root = Path(args.root).resolve() if getattr(args, "root", None) else find_root()
-    runtimes = Runtimes.choose(image=args.image, local_vllm=args.local_vllm, router_image=args.router_image)
     if args.base_port is not None and not 1024 <= args.base_port <= 65000:
         raise UsageError(f"--base-port {args.base_port}: use a port between 1024 and 65000")
+    if args.rate_scale <= 0:
+        raise UsageError(f"--rate-scale {args.rate_scale}: give a positive factor")
+    if args.load_fraction is not None and not 0 < args.load_fraction <= 4:
+        raise UsageError(f"--load-fraction {args.load_fraction}: give a fraction of capacity in (0, 4]")
+    runtimes = Runtimes.choose(image=args.image, local_vllm=args.local_vllm, router_image=args.router_image)
     names = available_sweep_profiles(root) if args.profiles == "all" else [n for n in args.profiles.split(",") if n]
     changes: dict[str, Any] = {}
     if args.duration_s is not None:
         if args.duration_s <= 0:
             raise UsageError(f"--duration-s {args.duration_s}: give a positive number of seconds")
         changes["traffic"] = {"deadline_s": args.duration_s}
+    if args.startup_s is not None:
+        if args.startup_s <= 0:
+            raise UsageError(f"--startup-s {args.startup_s}: give a positive number of seconds")
+        changes["timeouts"] = {"startup_s": args.startup_s}
+    sweep_changes: dict[str, Any] = {}
+    if args.no_calibrate:
+        sweep_changes["calibrate"] = False
+    if args.load_fraction is not None:
+        sweep_changes["load_fraction"] = args.load_fraction
+    if sweep_changes:
+        changes["sweep"] = sweep_changes
     profiles = load_sweep(names, root=root, changes=changes)
+    settings = load_sweep_settings(root, changes=changes)
     report = run_sweep(
-        SweepOptions(profiles=profiles, report_dir=args.report, base_port=args.base_port, plots=not args.no_plots),
+        SweepOptions(
+            profiles=profiles,
+            report_dir=args.report,
+            base_port=args.base_port,
+            plots=not args.no_plots,
+            settings=settings,
+            rate_scale=args.rate_scale,
+        ),
         replicas=runtimes.replicas,
         router=runtimes.router,
         console=console,
@@ -64,5 +110,13 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[red]profile {name} did not run:[/red] {why}")
     if report["goal"] is not None:
         console.print(f"work-conserving vs shared: {report['goal']}")
+    for line in summary_lines(report):
+        console.print(line)
     console.print(f"report: {args.report / 'sweep.json'}")
+    # A sweep where nothing ran is a failed sweep (exit 1, reasons above), not an overloaded one.
+    if report["profiles"] and not report["validity"]["valid"]:
+        raise SweepInvalid(
+            report["validity"]["why"],
+            hint="run where the model fits (or lower sweep.load_fraction); do not read this table as a ranking",
+        )
     return 1 if report["failed_profiles"] else 0

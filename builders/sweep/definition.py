@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from builders.config.loading import load_yaml
 from builders.errors import ConfigError, UsageError
 from builders.smoke.profile import StackProfile, _suggest, parse_cpuset, profile_from_mapping
@@ -19,7 +21,36 @@ from builders.smoke.stack import merged
 
 COMMON = "common.yaml"
 # Keys a sweep profile may not set itself: they are what makes the comparison fair.
-SHARED_KEYS = ("model", "traffic")
+SHARED_KEYS = ("model", "traffic", "sweep")
+SETTINGS_KEY = "sweep"
+
+
+class SweepSettings(BaseModel):
+    """How a sweep sizes its load and when it calls its own result invalid (common.yaml's `sweep` section)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    calibrate: bool = Field(
+        default=True,
+        description="Measure one replica first and scale every open-loop rate so that the estimated work is "
+        "load_fraction of the profile's replicas' capacity (builders/sweep/calibrate.py).",
+    )
+    load_fraction: float = Field(
+        default=0.5, gt=0, le=4, description="Offered load as a fraction of the measured capacity."
+    )
+    max_scale: float = Field(
+        default=4.0, gt=0, description="Largest factor calibration may raise the configured rates by."
+    )
+    min_scale: float = Field(
+        default=0.01, gt=0, description="Smallest factor calibration may lower the configured rates by."
+    )
+    served_floor: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="The run is invalid when the reference profile answers fewer than this fraction of the "
+        "requests it was sent without error: then every profile was overloaded and the table ranks failures.",
+    )
 
 
 def sweep_dir(root: Path) -> Path:
@@ -68,6 +99,7 @@ def load_sweep(names: list[str], *, root: Path, changes: dict[str, Any] | None =
         raise UsageError("name at least one profile to sweep", hint="e.g. --profiles shared,class-aware")
     directory = sweep_dir(root)
     common = merged(_load_common(directory), changes or {})
+    common.pop(SETTINGS_KEY, None)
     known = available_sweep_profiles(root)
     loaded: list[SweepProfile] = []
     for name in names:
@@ -91,6 +123,20 @@ def load_sweep(names: list[str], *, root: Path, changes: dict[str, Any] | None =
         loaded.append(SweepProfile(profile=profile, path=path))
     _check_budget(loaded)
     return loaded
+
+
+def load_sweep_settings(root: Path, *, changes: dict[str, Any] | None = None) -> SweepSettings:
+    """common.yaml's `sweep` section (with `changes`), validated; errors name the file and key."""
+    path = sweep_dir(root) / COMMON
+    data = merged(_load_common(sweep_dir(root)), changes or {}).get(SETTINGS_KEY) or {}
+    try:
+        return SweepSettings.model_validate(data)
+    except ValidationError as exc:
+        problems = [f"{path}: {SETTINGS_KEY}.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
+        raise ConfigError(
+            "\n  ".join(problems),
+            hint=f"the {SETTINGS_KEY} section takes builders/sweep/definition.py's SweepSettings fields",
+        ) from None
 
 
 def _check_budget(profiles: list[SweepProfile]) -> None:

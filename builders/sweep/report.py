@@ -88,6 +88,54 @@ def compare_to(
     }
 
 
+def judge_validity(
+    profiles: Mapping[str, Mapping[str, Any]], *, reference: str, floor: float, names: list[str]
+) -> dict[str, Any]:
+    """Whether the run compares anything: the reference profile (or the first that ran) must answer at least
+    `floor` of the requests it was sent without error. Below it every profile is overloaded, and a ranking of
+    their failures says nothing about their policies."""
+    name = reference if reference in profiles else (names[0] if names else None)
+    if name is None:
+        return {"valid": False, "reference": None, "served_fraction": None, "floor": floor, "why": "no profile ran"}
+    rows = profiles[name]["classes"].values()
+    sent = sum(row["requests"] for row in rows)
+    answered = sum(row["requests"] - row["errors"] for row in rows)
+    fraction = answered / sent if sent else 0.0
+    valid = sent > 0 and fraction >= floor
+    why = (
+        f"{name} answered {answered} of {sent} requests ({fraction:.0%}), at least the floor of {floor:.0%}"
+        if valid
+        else f"{name} answered {answered} of {sent} requests ({fraction:.0%}), under the floor of {floor:.0%}: "
+        "the offered load is beyond this host, every profile is overloaded and the table ranks failures"
+    )
+    return {"valid": valid, "reference": name, "served_fraction": round(fraction, 4), "floor": floor, "why": why}
+
+
+def summary_lines(report: Mapping[str, Any]) -> list[str]:
+    """What the table alone does not say: the dtype served, the calibration, and whether the run is valid."""
+    lines = []
+    dtype = report.get("dtype") or {}
+    if dtype:
+        lines.append(f"dtype {dtype['dtype']} on {dtype['cpu']} ({dtype['isa']}): {dtype['reason']}")
+    calibration = report.get("calibration") or {}
+    if calibration.get("calibrated"):
+        capacity = calibration["capacity"]
+        decode = ", ".join(f"{v} tok/s at batch {b}" for b, v in capacity["decode_tokens_per_s"].items())
+        lines.append(
+            f"calibration on {capacity['replica']} (cpus {capacity['cpus']}): prefill "
+            f"{capacity['prefill_tokens_per_s']} tok/s, decode {decode}; configured load "
+            f"{calibration['configured_utilisation']}x of {calibration['replicas_worth']:g} replica(s), rates "
+            f"x{calibration['applied_factor']:g} for {calibration['load_fraction']:g} of capacity"
+            + (" (clamped)" if calibration.get("clamped") else "")
+        )
+    elif calibration:
+        lines.append(f"calibration off: configured rates x{calibration.get('applied_factor', 1.0):g}")
+    validity = report.get("validity") or {}
+    if validity:
+        lines.append(("valid: " if validity["valid"] else "INVALID RUN: ") + validity["why"])
+    return lines
+
+
 def _pair(values: Mapping[str, float | None] | None) -> str:
     values = values or {}
     return " / ".join("-" if values.get(q) is None else f"{values[q]:.0f}" for q in ("p50", "p99"))
@@ -137,13 +185,17 @@ def render_table(report: Mapping[str, Any]) -> Table:
         table.add_column(column, justify="left" if column in ("profile", "class", "gate") else "right")
     for row in table_rows(report):
         table.add_row(*row)
+    validity = report.get("validity") or {}
+    if validity and not validity["valid"]:
+        table.caption = f"INVALID RUN: {validity['why']}"
     return table
 
 
 def render_markdown(report: Mapping[str, Any]) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + " --- |" * len(COLUMNS)]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(report)]
-    return "\n".join(lines) + "\n"
+    notes = summary_lines(report)
+    return "\n".join(lines) + "\n" + ("\n" + "\n".join(f"- {n}" for n in notes) + "\n" if notes else "")
 
 
 def write_plots(report: Mapping[str, Any], directory: Path) -> list[Path]:

@@ -1,5 +1,5 @@
 """`forge kvlab check --mutants --json` for real: every case passes on every layout, every planted bug is caught,
-every feature of the study's list has a case; and a failing case turns into exit code 15."""
+every feature of the study's list has a case; and a failing case turns into exit code 16."""
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def test_a_failing_case_fails_the_check(monkeypatch: pytest.MonkeyPatch, capsys:
     monkeypatch.setattr("builders.kvlab.check.CASES", [broken])
     code = main(["kvlab", "check", "--layout", "paged"])
     err = capsys.readouterr().err
-    assert code == KvlabFailed.exit_code == 15
+    assert code == KvlabFailed.exit_code == 16
     assert "fp8-is-not-fp32 on paged" in err
     assert "no case covers" in err  # with one case, most of the study's list is uncovered
 

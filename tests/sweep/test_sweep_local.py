@@ -11,7 +11,7 @@ from rich.console import Console
 
 from builders.router.classes import ALL_CLASSES
 from builders.smoke.runtimes import LocalReplicas, LocalRouter, ReplicaRuntime, RouterRuntime
-from builders.sweep.definition import load_sweep
+from builders.sweep.definition import SweepSettings, load_sweep
 from builders.sweep.report import ROW_KEYS
 from builders.sweep.run import SweepOptions, run_sweep
 
@@ -54,7 +54,14 @@ def test_a_short_sweep_writes_table_json_and_plots_for_each_profile(tmp_path: Pa
         return LocalRouter(log_dir=logs_dir)
 
     report = run_sweep(
-        SweepOptions(profiles=profiles, report_dir=tmp_path, base_port=free_base_port(3)),
+        # Calibration runs as in a full sweep; the tiny model is fast enough that it would raise the rates,
+        # which only costs CI time here, so the factor is capped at 1.
+        SweepOptions(
+            profiles=profiles,
+            report_dir=tmp_path,
+            base_port=free_base_port(3),
+            settings=SweepSettings(max_scale=1.0),
+        ),
         replicas=replicas,
         router=router,
         console=Console(stderr=True, width=160),
@@ -63,6 +70,13 @@ def test_a_short_sweep_writes_table_json_and_plots_for_each_profile(tmp_path: Pa
     written = json.loads((tmp_path / "sweep.json").read_text(encoding="utf-8"))
     assert list(written["profiles"]) == ["shared", "work-conserving"]
     assert written["cpu_budget"] == 2 and "4 s" in written["load"]
+    calibration = written["calibration"]
+    assert calibration["calibrated"] and calibration["capacity"]["replica"] == "shared/0"
+    assert calibration["capacity"]["prefill_tokens_per_s"] > 0
+    assert set(calibration["capacity"]["decode_tokens_per_s"]) == {"1", "16"}
+    assert 0 < calibration["applied_factor"] <= 1.0
+    assert written["validity"]["valid"] and written["validity"]["reference"] == "shared"
+    assert written["dtype"]["dtype"] in ("float32", "bfloat16") and written["dtype"]["source"]
     for profile in written["profiles"].values():
         assert set(profile["classes"]) == {c.value for c in ALL_CLASSES}
         for row in profile["classes"].values():
@@ -71,7 +85,7 @@ def test_a_short_sweep_writes_table_json_and_plots_for_each_profile(tmp_path: Pa
     assert set(written["goal"]) == {"interactive_ttft_p99_ratio", "long_prefill_good_ratio", "batch_good_ratio"}
     served = written["profiles"]["shared"]["classes"]["batch"]["served_by"]
     assert sum(served.values()) == written["profiles"]["shared"]["classes"]["batch"]["requests"]
-    table = (tmp_path / "sweep.md").read_text(encoding="utf-8").splitlines()
+    table = (tmp_path / "sweep.md").read_text(encoding="utf-8").split("\n\n")[0].splitlines()
     assert len(table) == 2 + 2 * len(ALL_CLASSES)
     for name in ("ttft-cdf.png", "goodput.png"):
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
