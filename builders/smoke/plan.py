@@ -75,7 +75,11 @@ class StackPlan:
         }
 
 
-def _pool_args(profile: StackProfile, name: str, pool: PoolSettings, port: int) -> tuple[list[str], list[str]]:
+def pool_args(
+    profile: StackProfile, name: str, pool: PoolSettings, port: int, *, host: str = LOOPBACK
+) -> tuple[list[str], list[str]]:
+    """The `vllm serve` arguments of pool `name` (without model and entry point) and, for each token, the
+    profile key it comes from."""
     model = profile.model
     args: list[str] = []
     keys: list[str] = []
@@ -84,7 +88,7 @@ def _pool_args(profile: StackProfile, name: str, pool: PoolSettings, port: int) 
         args.extend(tokens)
         keys.extend([key] * len(tokens))
 
-    add("(run)", "--host", LOOPBACK, "--port", str(port))
+    add("(run)", "--host", host, "--port", str(port))
     add("(run)", "--load-format", "dummy")
     add("model.served_model_name", "--served-model-name", model.served_model_name)
     add("model.dtype", "--dtype", model.dtype)
@@ -116,7 +120,7 @@ def plan_stack(profile: StackProfile, *, run_id: str, base_port: int | None = No
     for name, pool in profile.pools.items():
         for index in range(pool.replicas):
             port += 1
-            args, keys = _pool_args(profile, name, pool, port)
+            args, keys = pool_args(profile, name, pool, port)
             env = {
                 # The model directory is all there is; a hub lookup would hang on this network.
                 "HF_HUB_OFFLINE": "1",
