@@ -129,3 +129,16 @@ def bench_preflight(session: nox.Session) -> None:
 def bench_router(session: nox.Session) -> None:
     """CPU per request and added TTFT of Forge's router, vllm-router and sglang-router vs a direct connection."""
     session.run("python", str(ROOT / "benchmarks" / "bench_router.py"), *session.posargs, external=True)
+
+
+@nox.session(python=False, name="kube-play", default=False)
+def kube_play(session: nox.Session) -> None:
+    """Render the ci profile, play it with podman kube play, smoke it through --endpoint, kube down (minutes)."""
+    session.run(
+        "pytest",
+        "tests/deploy/test_deploy_kube_play.py",
+        "-s",
+        *session.posargs,
+        env={"FORGE_KUBE_PLAY": "1"},
+        external=True,
+    )

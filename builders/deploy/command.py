@@ -46,6 +46,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="cluster: pod networking, the router finds replicas by DNS (default); host: every pod on the "
         "node's 127.0.0.1 at the profile's ports, for one machine (podman kube play)",
     )
+    rend.add_argument("--base-port", type=int, default=None, help="with --network host: router port, replicas after it")
     rend.add_argument("--router-replicas", type=int, default=None, help="router pods (default: 2; 1 with host)")
     rend.add_argument(
         "--dns-interval", type=float, default=5.0, metavar="S", help="seconds between DNS resolutions (default 5)"
@@ -79,12 +80,15 @@ def run_render(args: argparse.Namespace) -> int:
         raise UsageError(f"--router-replicas {replicas}: give at least 1")
     if args.dns_interval <= 0:
         raise UsageError(f"--dns-interval {args.dns_interval}: give a positive number of seconds")
+    if args.base_port is not None and (args.network != "host" or not 1024 <= args.base_port <= 65000):
+        raise UsageError("--base-port goes with --network host and takes a port between 1024 and 65000")
     options = DeployOptions(
         image=args.image,
         router_image=args.router_image,
         network=args.network,
         router_replicas=replicas,
         dns_interval_s=args.dns_interval,
+        base_port=args.base_port,
     )
     rendered = render(profile, str(path), options)
     out: Path = args.output

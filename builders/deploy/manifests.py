@@ -59,6 +59,8 @@ class DeployOptions:
     network: Network = "cluster"
     router_replicas: int = 2
     dns_interval_s: float = 5.0
+    base_port: int | None = None
+    """With network host: the router's port, replicas on the ports after it (default: the profile's ports.base)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,7 +113,7 @@ def render(profile: StackProfile, source: str, options: DeployOptions) -> Render
     host = options.network == "host"
     if host and options.router_replicas != 1:
         raise UsageError("--network host runs one router: two would listen on the same host port")
-    plan = plan_stack(profile, run_id="deploy")
+    plan = plan_stack(profile, run_id="deploy", base_port=options.base_port)
     files: dict[str, list[Object]] = {"model.yaml": [_model_configmap(profile, prefix)]}
     keys = f"{prefix}-keys"
     for name, settings in profile.pools.items():
@@ -278,7 +280,7 @@ def _pool_objects(
             {"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {"name": keys, "key": "upstream-api-key"}}},
         ],
         "resources": {"requests": dict(resources), "limits": dict(resources)},
-        **_probes("http", startup_s=profile.timeouts.startup_s, startup_period_s=5),
+        **_probes(port if host else "http", startup_s=profile.timeouts.startup_s, startup_period_s=5),
         # vLLM and torch write compile and kernel caches under $HOME at start: the root filesystem stays writable.
         "securityContext": _container_security(read_only_root=False),
         "volumeMounts": [
@@ -300,7 +302,7 @@ def _pool_objects(
         ],
     }
     if host:
-        pod["hostNetwork"] = True
+        _on_host_network(pod)
     deployment: Object = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -370,6 +372,7 @@ def _router_config(
 def _router_objects(
     profile: StackProfile, *, prefix: str, keys: str, options: DeployOptions, config: dict[str, Any], port: int
 ) -> list[Object]:
+    host = options.network == "host"
     labels = _labels(prefix, "router")
     selector = {k: labels[k] for k in ("app.kubernetes.io/instance", "app.kubernetes.io/component")}
     name = f"{prefix}-router"
@@ -395,7 +398,7 @@ def _router_objects(
         ],
         # One event loop: a core is what it can use; memory is its buffers (stream_buffer_bytes per stream).
         "resources": {"requests": {"cpu": "1", "memory": "512Mi"}, "limits": {"cpu": "2", "memory": "512Mi"}},
-        **_probes("http", startup_s=30, startup_period_s=1),
+        **_probes(port if host else "http", startup_s=30, startup_period_s=1),
         "securityContext": _container_security(read_only_root=True),
         "volumeMounts": [{"name": "config", "mountPath": ROUTER_CONFIG_DIR, "readOnly": True}],
     }
@@ -407,8 +410,8 @@ def _router_objects(
         "containers": [container],
         "volumes": [{"name": "config", "configMap": {"name": name}}],
     }
-    if options.network == "host":
-        pod["hostNetwork"] = True
+    if host:
+        _on_host_network(pod)
     deployment: Object = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -439,6 +442,13 @@ def _router_objects(
         "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector}},
     }
     return [configmap, deployment, service, budget]
+
+
+def _on_host_network(pod: Object) -> None:
+    pod["hostNetwork"] = True
+    # On the node's network a port is not published, only listened on (Podman refuses port mappings there).
+    for container in pod["containers"]:
+        container.pop("ports", None)
 
 
 def _secret(prefix: str, name: str) -> Object:
