@@ -105,9 +105,9 @@ def test_the_ci_profile_played_by_podman_passes_its_gates_through_the_endpoint(
     played: tuple[str, str, list[dict[str, Any]]], tmp_path: Path
 ) -> None:
     url, key, _ = played
-    # Twice the profile's startup bound: on this shared 2-core machine, with other builds beside it, one replica
-    # took over 5 minutes to import vLLM under its 1-CPU limit.
-    deadline = time.monotonic() + 2 * 300
+    # Four times the profile's startup bound: on this shared 2-core machine under a load average of 15-20 (other
+    # builds, smoke runs and sweeps beside it) the replicas had not answered /health after 10 minutes.
+    deadline = time.monotonic() + 4 * 300
     serving: dict[str, bool] = {}
     while time.monotonic() < deadline:
         try:
