@@ -449,6 +449,11 @@ def _on_host_network(pod: Object) -> None:
     # On the node's network a port is not published, only listened on (Podman refuses port mappings there).
     for container in pod["containers"]:
         container.pop("ports", None)
+        # Podman 4.3 makes an emptyDir a root-owned 0755 volume and ignores fsGroup, so uid 1000 could not
+        # create vLLM's shared-memory segments in it (PermissionError: '/psm_...'); the engine's own /dev/shm
+        # (tmpfs, 1777) serves on one machine. In a cluster the emptyDir is world-writable, as vLLM needs.
+        container["volumeMounts"] = [m for m in container.get("volumeMounts", []) if m["name"] != "dshm"]
+    pod["volumes"] = [v for v in pod.get("volumes", []) if v["name"] != "dshm"]
 
 
 def _secret(prefix: str, name: str) -> Object:
