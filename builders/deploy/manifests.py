@@ -450,10 +450,12 @@ def _on_host_network(pod: Object) -> None:
     for container in pod["containers"]:
         container.pop("ports", None)
         # Podman 4.3 makes an emptyDir a root-owned 0755 volume and ignores fsGroup, so uid 1000 could not
-        # create vLLM's shared-memory segments in it (PermissionError: '/psm_...'); the engine's own /dev/shm
-        # (tmpfs, 1777) serves on one machine. In a cluster the emptyDir is world-writable, as vLLM needs.
+        # create vLLM's shared-memory segments in it (PermissionError: '/psm_...'), and the engine's own
+        # /dev/shm is 64 MiB where ci's replicas ask for 160 MiB: on one machine they use the host's, as forge
+        # smoke's containers share the host network. In a cluster the emptyDir is world-writable.
         container["volumeMounts"] = [m for m in container.get("volumeMounts", []) if m["name"] != "dshm"]
     pod["volumes"] = [v for v in pod.get("volumes", []) if v["name"] != "dshm"]
+    pod["hostIPC"] = True
 
 
 def _secret(prefix: str, name: str) -> Object:
