@@ -451,8 +451,8 @@ def _on_host_network(pod: Object) -> None:
         container.pop("ports", None)
         # Podman 4.3 makes an emptyDir a root-owned 0755 volume and ignores fsGroup, so uid 1000 could not
         # create vLLM's shared-memory segments in it (PermissionError: '/psm_...'), and the engine's own
-        # /dev/shm is 64 MiB where ci's replicas ask for 160 MiB: on one machine they use the host's, as forge
-        # smoke's containers share the host network. In a cluster the emptyDir is world-writable.
+        # /dev/shm is 64 MiB where ci's replicas ask for 160 MiB: hostIPC asks for the host's. Podman 4.3's kube
+        # play was seen to ignore it (docs/deploy.md). In a cluster the emptyDir is world-writable.
         container["volumeMounts"] = [m for m in container.get("volumeMounts", []) if m["name"] != "dshm"]
     pod["volumes"] = [v for v in pod.get("volumes", []) if v["name"] != "dshm"]
     pod["hostIPC"] = True

@@ -10,6 +10,7 @@ and DNS discovery are not exercised here (--network host: the router lists the r
 proven by the schema tests and tests/router/test_router_discovery.py.
 
 Minutes (two vLLM replicas start), so not in CI's default run: `nox -s kube-play` sets FORGE_KUBE_PLAY=1.
+It has not passed here yet: Podman 4.3 gives each pod 64 MiB of /dev/shm and vLLM asks 160 MiB (docs/deploy.md).
 """
 
 from __future__ import annotations
