@@ -136,3 +136,16 @@ def kvlab(session: nox.Session) -> None:
     """The Hybrid KV lab: every oracle case and planted bug, then the layouts ranked for profiling (reports/kvlab)."""
     session.run("forge", "kvlab", "check", "--mutants", external=True)
     session.run("forge", "kvlab", "rank", "--report", str(ROOT / "reports" / "kvlab"), *session.posargs, external=True)
+
+
+@nox.session(python=False, name="kube-play", default=False)
+def kube_play(session: nox.Session) -> None:
+    """Render the ci profile, play it with podman kube play, smoke it through --endpoint, kube down (minutes)."""
+    session.run(
+        "pytest",
+        "tests/deploy/test_deploy_kube_play.py",
+        "-s",
+        *session.posargs,
+        env={"FORGE_KUBE_PLAY": "1"},
+        external=True,
+    )

@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "builders.preflight.command",
     "builders.diagnose.command",
     "builders.smoke.command",
+    "builders.deploy.command",
     "builders.repro.command",
     "builders.commands.schema",
     "builders.sweep.command",

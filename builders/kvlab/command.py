@@ -224,8 +224,13 @@ def run_rank(args: argparse.Namespace) -> int:
         name: all(o.passed for o in outcomes if o.layout in (name, None)) and name not in survivors for name in LAYOUTS
     }
     with out.step("measure every layout"):
+        timed = None
+        if args.device == "cuda":
+            from builders.kvlab.cuda import measure_cuda
+
+            timed = measure_cuda
         results = rank.run_ranking(
-            quick=args.quick, steps=args.steps, device=args.device, progress=lambda line: out.info(line)
+            quick=args.quick, steps=args.steps, timed=timed, progress=lambda line: out.info(line)
         )
     rows = rank.rank(results, gate, quick=args.quick)
     args.report.mkdir(parents=True, exist_ok=True)

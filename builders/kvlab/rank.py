@@ -143,17 +143,15 @@ def run_ranking(
     *,
     quick: bool = False,
     steps: int | None = None,
-    device: str = "cpu",
+    timed: Callable[..., Measure] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> list[LayoutResult]:
-    """device "cuda": the same scenarios timed by builders/kvlab/cuda.py (PyTorch's CUDA kernels)."""
+    """timed: how one scenario is measured; `measure` (NumPy on the CPU) unless the caller passes
+    builders/kvlab/cuda.py's `measure_cuda`, which times the same scenarios with PyTorch's CUDA kernels. The
+    caller chooses, so that this module does not import the CUDA one, which reads its helpers from here."""
     spec = AttnSpec(num_heads=16, num_kv_heads=4, head_size=128)
     steps = steps or (3 if quick else 16)
-    timed = measure
-    if device == "cuda":
-        from builders.kvlab.cuda import measure_cuda
-
-        timed = measure_cuda
+    timed = timed or measure
     results = []
     for name in LAYOUTS:
         result = LayoutResult(name)

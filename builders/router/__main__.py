@@ -4,24 +4,33 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
 
 from builders.errors import ForgeError
-from builders.router.config import load_config
+from builders.router.config import config_from_mapping, load_config
 from builders.router.server import serve
+
+# Keys from the environment rather than the config file, so a Kubernetes Secret can supply them
+# (builders/deploy renders the router that way) while the config stays a plain ConfigMap.
+KEY_ENVIRONMENT = {"api_key": "FORGE_ROUTER_API_KEY", "upstream_api_key": "FORGE_ROUTER_UPSTREAM_API_KEY"}
 
 
 async def _run_until_signalled(config_path: str, host: str | None, port: int | None) -> None:
     config = load_config(config_path)
-    overrides: dict[str, object] = {}
+    overrides: dict[str, object] = {
+        field: os.environ[variable] for field, variable in KEY_ENVIRONMENT.items() if os.environ.get(variable)
+    }
     if host is not None:
         overrides["host"] = host
     if port is not None:
         overrides["port"] = port
     if overrides:
-        config = config.model_validate({**config.model_dump(), **overrides})
+        config = config_from_mapping(
+            {**config.model_dump(mode="json"), **overrides}, source=f"{config_path} (and environment)"
+        )
     stop, hurry = asyncio.Event(), asyncio.Event()
 
     def on_signal(sig: signal.Signals) -> None:
@@ -60,7 +69,9 @@ def event_loop() -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m builders.router", description="Run Forge's class-aware router in front of vLLM pools."
+        prog="python -m builders.router",
+        description="Run Forge's class-aware router in front of vLLM pools. FORGE_ROUTER_API_KEY and "
+        "FORGE_ROUTER_UPSTREAM_API_KEY, where set, replace the config's api_key and upstream_api_key.",
     )
     parser.add_argument("--config", required=True, help="router config file (JSON or YAML)")
     parser.add_argument("--host", default=None, help="override the config's listen address")

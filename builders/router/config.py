@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
@@ -32,6 +32,25 @@ class SlowClientDetection(BaseModel):
     max_clients: int = Field(default=10_000, ge=1, description="Bound on remembered slow clients (oldest forgotten).")
 
 
+class DnsDiscovery(BaseModel):
+    """A pool whose replicas are every address its DNS name resolves to (a Kubernetes headless Service)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dns: str = Field(
+        min_length=1,
+        description="Name whose A records are the pool's replicas, e.g. forge-pool-bulk.NAMESPACE.svc.cluster.local.",
+    )
+    port: int = Field(ge=1, le=65535, description="Port every replica listens on.")
+    scheme: Literal["http", "https"] = Field(default="http", description="Scheme of the replica base URLs.")
+    interval_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="Seconds between resolutions: a replica that stops resolving leaves the pool (its running "
+        "streams go on), a new address joins it.",
+    )
+
+
 class RouterConfig(BaseModel):
     """Everything the class-aware router needs: where to listen, which pools exist, how to protect itself."""
 
@@ -40,7 +59,13 @@ class RouterConfig(BaseModel):
     host: str = Field(default="127.0.0.1", description="Address to listen on; loopback by default.")
     port: int = Field(default=8000, ge=0, le=65535, description="Port to listen on; 0 picks a free one.")
     pools: dict[str, list[str]] = Field(
-        description="Pool name -> base URLs of its vLLM replicas (http://127.0.0.1:PORT, no /v1 suffix)."
+        description="Pool name -> base URLs of its vLLM replicas (http://127.0.0.1:PORT, no /v1 suffix); "
+        "empty for a pool found through `discovery`."
+    )
+    discovery: dict[str, DnsDiscovery] = Field(
+        default_factory=dict,
+        description="Pool name -> how its replicas are found at run time instead of a fixed list "
+        "(builders/router/discovery.py); such a pool lists no URLs in `pools`.",
     )
     class_pools: dict[RequestClass, str] = Field(
         default_factory=dict,
@@ -175,8 +200,6 @@ class RouterConfig(BaseModel):
         if not pools:
             raise ValueError("at least one pool is needed")
         for name, urls in pools.items():
-            if not urls:
-                raise ValueError(f"pool {name!r} has no replicas; list at least one base URL")
             for url in urls:
                 parts = urlsplit(url)
                 if parts.username is not None or parts.password is not None:
@@ -207,6 +230,16 @@ class RouterConfig(BaseModel):
 
     @model_validator(mode="after")
     def _every_class_has_a_pool(self) -> RouterConfig:
+        for name in self.discovery:
+            if name not in self.pools:
+                close = difflib.get_close_matches(name, list(self.pools), n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ValueError(f"discovery.{name}: unknown pool{hint}; add it to pools with an empty list")
+        for name, urls in self.pools.items():
+            if not urls and name not in self.discovery:
+                raise ValueError(f"pool {name!r} has no replicas; list at least one base URL or give it discovery")
+            if urls and name in self.discovery:
+                raise ValueError(f"pool {name!r} lists replicas and has discovery; use one or the other")
         if self.default_pool is not None and self.default_pool not in self.pools:
             raise ValueError(f"default_pool {self.default_pool!r} is not a pool; pools: {sorted(self.pools)}")
         for request_class, pool in self.class_pools.items():
@@ -245,6 +278,8 @@ def _explain(exc: ValidationError, data: Any, source: str) -> str:
             model: type[BaseModel] = RouterConfig
             if len(err["loc"]) > 1 and err["loc"][0] == "slow_client":
                 model = SlowClientDetection
+            elif len(err["loc"]) > 2 and err["loc"][0] == "discovery":
+                model = DnsDiscovery
             close = difflib.get_close_matches(str(err["loc"][-1]), list(model.model_fields), n=1)
             if close:
                 msg += f"; did you mean {close[0]!r}?"

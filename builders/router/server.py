@@ -28,6 +28,7 @@ import hmac
 import json
 import re
 import socket
+import sys
 import time
 from bisect import bisect_left
 from collections.abc import AsyncIterator, Mapping
@@ -41,6 +42,7 @@ from builders.errors import ListenFailed
 from builders.router.classes import ALL_CLASSES, RequestClass
 from builders.router.classify import Classifier, Decision
 from builders.router.config import RouterConfig
+from builders.router.discovery import Change, Membership, Resolver, discoverers, system_resolver
 from builders.router.front import FastRequest, FastStream, Front
 from builders.router.native import NativeRelay, native_relay, relay_name
 from builders.router.openai_request import BadRequest, Endpoint, ParsedRequest, parse_request
@@ -190,7 +192,7 @@ class _Opened:
 class Router:
     """State shared by the handlers: config, pools, classifier memories, metrics, the upstream session."""
 
-    def __init__(self, config: RouterConfig) -> None:
+    def __init__(self, config: RouterConfig, *, resolver: Resolver = system_resolver) -> None:
         self.config = config
         self.classifier = Classifier(config)
         self.pools = {
@@ -202,6 +204,8 @@ class Router:
             )
             for name, urls in config.pools.items()
         }
+        self.membership = Membership(self.pools, discoverers(config, resolver=resolver), self._membership_changed)
+        self._discovery_task: asyncio.Task[None] | None = None
         self.metrics = RouterMetrics({c.value: config.pool_for(c) for c in ALL_CLASSES})
         self._session: aiohttp.ClientSession | None = None
         self._health_session: aiohttp.ClientSession | None = None
@@ -243,15 +247,22 @@ class Router:
         self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
         # Health checks get connections of their own: queued behind busy streams for a pooled connection,
         # a check would time out and mark a healthy replica down exactly when it is serving most.
-        replicas = sum(len(pool.replicas) for pool in self.pools.values())
-        self._health_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=replicas, limit_per_host=1))
+        # One connection per replica (limit_per_host), however many discovery finds.
+        self._health_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=1))
         self._upstream = UpstreamPool(
             limit=self.config.upstream_connection_limit, track_chunks=self.native_relay is not None
         )
+        if self.membership.dynamic:
+            await self.membership.refresh_all()
+            self._discovery_task = asyncio.create_task(self.membership.run())
         self._health_task = asyncio.create_task(self._health_loop())
         try:
             yield
         finally:
+            if self._discovery_task is not None:
+                self._discovery_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._discovery_task
             self._health_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._health_task
@@ -300,6 +311,14 @@ class Router:
             quiet_since = time.monotonic() - self.config.health_timeout_s
             for call in [c for c in self.calls if c.replica is replica and c.last_upstream <= quiet_since]:
                 self.interrupt(call, REPLICA_DOWN, f"replica {replica.url} was marked down by its health check")
+
+    async def _membership_changed(self, change: Change) -> None:
+        added = ", ".join(r.url for r in change.added) or "none"
+        removed = ", ".join(f"{r.url} ({r.in_flight} in flight, left to finish)" for r in change.removed) or "none"
+        print(f"forge router: pool {change.pool}: joined {added}; left {removed}", file=sys.stderr, flush=True)
+        # A new replica is checked at once rather than at the next round, so a wrong address is not chosen
+        # for a whole health interval.
+        await asyncio.gather(*(self.check_replica(r) for r in change.added))
 
     async def check_all(self) -> None:
         replicas = [r for pool in self.pools.values() for r in pool.replicas]
@@ -1353,8 +1372,8 @@ SHUTDOWN_TIMEOUT_S = 5.0
 """How long stop() lets requests still being served finish before cancelling them (aiohttp's as well)."""
 
 
-async def start_router(config: RouterConfig) -> RunningRouter:
-    router = Router(config)
+async def start_router(config: RouterConfig, *, resolver: Resolver = system_resolver) -> RunningRouter:
+    router = Router(config, resolver=resolver)
     # handler_cancellation: a client that disconnects must free its replica too, streamed or not.
     # keepalive_timeout: aiohttp's timer runs from connect and from each response until the next request
     # head is complete, so it bounds idle, slow-header and never-speaking connections alike.

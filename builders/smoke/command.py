@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
+
+from rich.console import Console
 
 from builders import log
 from builders.config.project import find_root
 from builders.errors import UsageError
+from builders.smoke.endpoint import EndpointOptions, smoke_endpoint
 from builders.smoke.profile import load_profile
 from builders.smoke.runtimes import Runtimes
 from builders.smoke.stack import SmokeOptions, SmokeRun, summary_table, validate_profile
@@ -22,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "in front, drive the profile's traffic plan, judge each class's gate, write a report, and tear "
         "everything down, also on failure or Ctrl-C.",
     )
-    parser.add_argument("image", nargs="?", help="image with vLLM to test (omit with --local-vllm)")
+    parser.add_argument("image", nargs="?", help="image with vLLM to test (omit with --local-vllm or --endpoint)")
     parser.add_argument("--profile", default="ci", help="profile name in profiles/ or a YAML path (default: ci)")
     parser.add_argument("--report", type=Path, default=None, metavar="DIR", help="write the JSON report here")
     parser.add_argument(
@@ -37,6 +41,22 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=None,
         metavar="PATH",
         help="run replicas as host processes of this `vllm` executable instead of containers of IMAGE",
+    )
+    parser.add_argument(
+        "--endpoint",
+        default=None,
+        metavar="URL",
+        help="judge a stack Forge did not start (a deployed router's base URL): start nothing, run the profile's "
+        "traffic against it, report each class's gate and where its requests were served",
+    )
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        metavar="KEY",
+        help="Bearer key of the --endpoint (default: $FORGE_API_KEY)",
+    )
+    parser.add_argument(
+        "--model", default=None, help="model name to request from the --endpoint (default: the profile's)"
     )
     parser.add_argument("--base-port", type=int, default=None, help="router port; replicas use the ports after it")
     parser.add_argument(
@@ -62,6 +82,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run(args: argparse.Namespace) -> int:
     console = log.console()
     root = Path(args.root).resolve() if getattr(args, "root", None) else find_root()
+    if args.endpoint is not None:
+        return run_endpoint(args, root, console)
+    if (args.api_key is not None and "FORGE_API_KEY" not in os.environ) or args.model is not None:
+        raise UsageError("--api-key and --model go with --endpoint; a stack Forge starts makes its own keys")
     runtimes = Runtimes.choose(image=args.image, local_vllm=args.local_vllm, router_image=args.router_image)
     if args.base_port is not None and not 1024 <= args.base_port <= 65000:
         raise UsageError(f"--base-port {args.base_port}: use a port between 1024 and 65000")
@@ -99,4 +123,41 @@ def run(args: argparse.Namespace) -> int:
     report = smoke.execute()
     console.print(summary_table(report))
     console.print(f"[green]smoke passed[/green]: profile {profile.name}, report {report.get('report_file', '(none)')}")
+    return 0
+
+
+def run_endpoint(args: argparse.Namespace, root: Path, console: Console) -> int:
+    given = [
+        flag
+        for flag, value in (
+            ("IMAGE", args.image),
+            ("--local-vllm", args.local_vllm),
+            ("--router-image", args.router_image),
+            ("--base-port", args.base_port),
+            ("--validate-only", args.validate_only or None),
+            ("--check-slow-clients", args.check_slow_clients or None),
+            ("--check-kill-replica", args.check_kill_replica or None),
+        )
+        if value is not None
+    ]
+    if given:
+        raise UsageError(
+            f"--endpoint judges a stack Forge did not start: {', '.join(given)} cannot go with it",
+            hint="drop them, or drop --endpoint to have Forge start the stack",
+        )
+    profile, path = load_profile(args.profile, root=root)
+    options = EndpointOptions(
+        profile=profile,
+        profile_path=path,
+        url=args.endpoint,
+        api_key=args.api_key if args.api_key is not None else os.environ.get("FORGE_API_KEY") or None,
+        model=args.model,
+        report_dir=args.report,
+    )
+    report = smoke_endpoint(options, console)
+    console.print(summary_table(report))
+    console.print(
+        f"[green]smoke passed[/green]: profile {profile.name} against {report['endpoint']}, "
+        f"report {report.get('report_file', '(none)')}"
+    )
     return 0

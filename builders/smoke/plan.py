@@ -78,9 +78,11 @@ class StackPlan:
         }
 
 
-def _pool_args(
-    profile: StackProfile, name: str, pool: PoolSettings, port: int, dtype: str
+def pool_args(
+    profile: StackProfile, name: str, pool: PoolSettings, port: int, dtype: str, *, host: str = LOOPBACK
 ) -> tuple[list[str], list[str]]:
+    """The `vllm serve` arguments of pool `name` (without model and entry point) and, for each token, the
+    profile key it comes from."""
     model = profile.model
     args: list[str] = []
     keys: list[str] = []
@@ -89,7 +91,7 @@ def _pool_args(
         args.extend(tokens)
         keys.extend([key] * len(tokens))
 
-    add("(run)", "--host", LOOPBACK, "--port", str(port))
+    add("(run)", "--host", host, "--port", str(port))
     add("(run)", "--load-format", "dummy")
     add("model.served_model_name", "--served-model-name", model.served_model_name)
     add("model.dtype", "--dtype", dtype)
@@ -130,7 +132,7 @@ def plan_stack(
     for name, pool in profile.pools.items():
         for index in range(pool.replicas):
             port += 1
-            args, keys = _pool_args(profile, name, pool, port, choice.dtype)
+            args, keys = pool_args(profile, name, pool, port, choice.dtype)
             env = {
                 # The model directory is all there is; a hub lookup would hang on this network.
                 "HF_HUB_OFFLINE": "1",

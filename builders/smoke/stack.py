@@ -831,9 +831,12 @@ def _with_env(replica: ReplicaPlan, extra: dict[str, str]) -> ReplicaPlan:
 def summary_table(report: dict[str, Any]) -> Table:
     """The main run per class, with the pool that served it."""
     table = Table(title=f"forge smoke {report.get('profile')} (run {report.get('run_id')})")
-    for column in ("class", "pool", "req", "err", "TTFT p50/p99 ms", "ITL p50/p99 ms", "goodput", "gate"):
-        table.add_column(column)
     classes = report.get("traffic", {}).get("main", {}).get("classes", {})
+    # A stack Forge did not start (--endpoint) is described by where its answers came from.
+    where = any("served_where" in row for row in classes.values())
+    columns = ["class", "pool", "req", "err", "TTFT p50/p99 ms", "ITL p50/p99 ms", "goodput", "gate"]
+    for column in [*columns, "served where"] if where else columns:
+        table.add_column(column)
     for name, row in classes.items():
 
         def pair(key: str, row: dict[str, Any] = row) -> str:
@@ -849,5 +852,6 @@ def summary_table(report: dict[str, Any]) -> Table:
             pair("itl_ms"),
             f"{row.get('goodput', 0):.2f}",
             "pass" if row.get("gate_passed") else "FAIL",
+            *([", ".join(f"{k} {v}" for k, v in row.get("served_where", {}).items())] if where else []),
         )
     return table

@@ -72,6 +72,9 @@ class FakeReplica:
     url: str = ""
     abort_seen: asyncio.Event = field(default_factory=asyncio.Event)
     hung: bool = False
+    host: str = "127.0.0.1"
+    port: int = 0
+    """Where to listen: a DNS discovery test puts replicas at the same port on different loopback addresses."""
     _runner: web.AppRunner | None = None
 
     async def start(self) -> FakeReplica:
@@ -83,7 +86,7 @@ class FakeReplica:
         # Like vLLM, a replica learns of a vanished client by its handler being cancelled.
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
         host, port = self._runner.addresses[0][:2]
         self.url = f"http://{host}:{port}"

@@ -1,0 +1,1 @@
+"""`forge deploy`: the smoke stack of a profile as Kubernetes objects."""

@@ -1,0 +1,120 @@
+"""`forge deploy render`: write a profile's pools and router as plain Kubernetes YAML, ready for kustomize."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from builders import log
+from builders.config.project import find_root
+from builders.deploy.manifests import DeployOptions, Object, kustomization, render
+from builders.errors import UsageError
+from builders.smoke.profile import load_profile
+
+DEFAULT_ROUTER_IMAGE = "forge/debian-12-router:latest"
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "deploy", help="the smoke stack of a profile as Kubernetes objects", description=__doc__
+    )
+    sub = parser.add_subparsers(dest="deploy_command", metavar="ACTION", required=True)
+    rend = sub.add_parser(
+        "render",
+        help="write the profile's pools and router as Kubernetes YAML with a kustomization.yaml",
+        description="One Deployment, headless Service and PodDisruptionBudget per pool; the router as a "
+        "Deployment with its config in a ConfigMap, its keys from a Secret, a Service and a "
+        "PodDisruptionBudget. The pools' vLLM arguments, the model and the router config are those `forge "
+        "smoke` derives from the same profile.",
+    )
+    rend.add_argument("--profile", default="ci", help="profile name in profiles/ or a YAML path (default: ci)")
+    rend.add_argument("--image", required=True, metavar="REF", help="vLLM image of the pools (best by digest)")
+    rend.add_argument(
+        "--router-image",
+        default=DEFAULT_ROUTER_IMAGE,
+        metavar="REF",
+        help=f"router image, one with Forge installed (default: {DEFAULT_ROUTER_IMAGE})",
+    )
+    rend.add_argument("-o", "--output", type=Path, required=True, metavar="DIR", help="directory to write")
+    rend.add_argument(
+        "--network",
+        choices=("cluster", "host"),
+        default="cluster",
+        help="cluster: pod networking, the router finds replicas by DNS (default); host: every pod on the "
+        "node's 127.0.0.1 at the profile's ports, for one machine (podman kube play)",
+    )
+    rend.add_argument("--base-port", type=int, default=None, help="with --network host: router port, replicas after it")
+    rend.add_argument("--router-replicas", type=int, default=None, help="router pods (default: 2; 1 with host)")
+    rend.add_argument(
+        "--dns-interval", type=float, default=5.0, metavar="S", help="seconds between DNS resolutions (default 5)"
+    )
+    rend.set_defaults(func=run_render)
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+def _str(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+    # Multi-line values (the router config, the model files) as literal blocks, readable in review.
+    style = "|" if "\n" in text else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def dump(objects: list[Object]) -> str:
+    return yaml.dump_all(objects, Dumper=_Dumper, sort_keys=False, width=120)
+
+
+def run_render(args: argparse.Namespace) -> int:
+    console = log.console()
+    root = Path(args.root).resolve() if getattr(args, "root", None) else find_root()
+    profile, path = load_profile(args.profile, root=root)
+    replicas = args.router_replicas if args.router_replicas is not None else (1 if args.network == "host" else 2)
+    if replicas < 1:
+        raise UsageError(f"--router-replicas {replicas}: give at least 1")
+    if args.dns_interval <= 0:
+        raise UsageError(f"--dns-interval {args.dns_interval}: give a positive number of seconds")
+    if args.base_port is not None and (args.network != "host" or not 1024 <= args.base_port <= 65000):
+        raise UsageError("--base-port goes with --network host and takes a port between 1024 and 65000")
+    options = DeployOptions(
+        image=args.image,
+        router_image=args.router_image,
+        network=args.network,
+        router_replicas=replicas,
+        dns_interval_s=args.dns_interval,
+        base_port=args.base_port,
+    )
+    rendered = render(profile, str(path), options)
+    out: Path = args.output
+    out.mkdir(parents=True, exist_ok=True)
+    header = (
+        f"# Rendered by `forge deploy render` from {path.name} (profile {profile.name}), network {args.network}.\n"
+        "# Do not edit: change the profile and render again, or patch it from a kustomize overlay.\n"
+    )
+    written: list[str] = []
+    for name, objects in rendered.files.items():
+        target = out / name
+        target.write_text(header + dump(objects), encoding="utf-8")
+        if name == "secret.yaml":
+            target.chmod(0o600)
+        written.append(f"{name} ({', '.join(str(o['kind']) for o in objects)})")
+    (out / "kustomization.yaml").write_text(header + dump([kustomization(rendered, profile)]), encoding="utf-8")
+    for note in rendered.notes:
+        console.print(f"[yellow]note:[/yellow] {note}")
+    console.print(f"wrote {out}: kustomization.yaml, " + "; ".join(written))
+    return 0
+
+
+def load_dir(directory: Path) -> list[dict[str, Any]]:
+    """Every object in a rendered directory, in kustomization order (what tests and `kube play` read)."""
+    order = yaml.safe_load((directory / "kustomization.yaml").read_text(encoding="utf-8"))["resources"]
+    objects: list[dict[str, Any]] = []
+    for name in order:
+        objects.extend(o for o in yaml.safe_load_all((directory / name).read_text(encoding="utf-8")) if o)
+    return objects

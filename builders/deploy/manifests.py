@@ -1,0 +1,488 @@
+"""A stack profile as Kubernetes objects: one Deployment, headless Service and PodDisruptionBudget per pool, the
+router as a Deployment with its config in a ConfigMap, its keys in a Secret, a Service and a PodDisruptionBudget.
+
+Pure: profile + images -> typed mappings, checked here and written by builders/deploy/command.py. The pools'
+`vllm serve` arguments, the model and the router config are the ones `forge smoke` derives from the same
+profile (builders/smoke/plan.py, tiny_model.py, builders/router/config.py), so a deployed stack and a smoke
+stack differ only in where they run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import secrets
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from builders.errors import ConfigError, UsageError
+from builders.router.config import RouterConfig, config_from_mapping
+from builders.serving_dtype import AUTO
+from builders.smoke.plan import CONTAINER_MODEL_DIR, plan_stack, pool_args
+from builders.smoke.profile import StackProfile, parse_cpuset
+from builders.smoke.tiny_model import ModelShape, write_tiny_model
+from builders.smoke.vllm_args import SERVE_ENTRIES
+
+Object = dict[str, Any]
+Network = Literal["cluster", "host"]
+
+PORT = 8000
+"""Every replica and the router listen here inside their pods; Services keep the same number."""
+ROUTER_CONFIG_DIR = "/forge/router"
+ROUTER_CONFIG_FILE = "router.json"
+UID = 1000
+"""The user Forge's images run as (containers/*.Containerfile.j2: USER 1000)."""
+
+# Memory of one replica: what a CPU vLLM server takes before any model (Python, torch, the engine core
+# process; 1.6-2.1 GiB RSS in forge smoke runs), plus weights, plus the KV cache the profile sets. The limit
+# is the request: a replica that outgrows it is OOM-killed rather than squeezing its neighbours.
+VLLM_BASE_MEMORY = 2 * 1024**3
+MEMORY_STEP = 256 * 1024**2
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+# /dev/shm of a replica: vLLM's CPU backend passes tensors between its processes there (forge smoke gives
+# containers 2 GiB; a tiny model uses a few MiB). Memory-backed, so it counts against the limit when used.
+SHM_BYTES = 512 * 1024**2
+
+_IMAGE = re.compile(
+    r"^[a-z0-9]+(?:[._/-][a-z0-9]+)*(?::[0-9]+)?(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*(?::[\w.-]{1,128})?"
+    r"(?:@sha256:[0-9a-f]{64})?$"
+)
+_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeployOptions:
+    image: str
+    router_image: str
+    network: Network = "cluster"
+    router_replicas: int = 2
+    dns_interval_s: float = 5.0
+    base_port: int | None = None
+    """With network host: the router's port, replicas on the ports after it (default: the profile's ports.base)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rendered:
+    """The objects of one stack, grouped into the files they are written to (file name -> objects)."""
+
+    files: dict[str, list[Object]]
+    notes: list[str]
+
+    def objects(self) -> list[Object]:
+        return [obj for objs in self.files.values() for obj in objs]
+
+
+def check_image(flag: str, ref: str) -> list[str]:
+    """UsageError for a reference no registry could accept; a note when it is a tag rather than a digest."""
+    if not _IMAGE.match(ref):
+        raise UsageError(f"{flag} {ref!r} is not an image reference like registry/name:tag or name@sha256:DIGEST")
+    if "@sha256:" in ref:
+        return []
+    return [f"{flag} {ref} is a tag: every node pulls whatever it names then; pass NAME@sha256:DIGEST to pin it"]
+
+
+def memory_bytes(profile: StackProfile, pool: str) -> int:
+    """A replica's memory request and limit, rounded up to 256 MiB."""
+    model = profile.model
+    vocab = 1024  # the tiny model's tokenizer (builders/smoke/tiny_model.py VOCAB_SIZE)
+    hidden = model.hidden_size
+    intermediate = model.intermediate_size or 2 * hidden
+    # Embeddings and LM head, then per layer the four attention projections and the three MLP matrices.
+    params = 2 * vocab * hidden + model.num_hidden_layers * (4 * hidden * hidden + 3 * hidden * intermediate)
+    total = (
+        VLLM_BASE_MEMORY + params * DTYPE_BYTES[_rendered_dtype(profile)] + _bytes(model.kv_cache_memory) + SHM_BYTES
+    )
+    return math.ceil(total / MEMORY_STEP) * MEMORY_STEP
+
+
+def cpus_of(profile: StackProfile, pool: str) -> int:
+    """Whole CPUs per replica: as many as the pool's CPU set names (1 when it names none)."""
+    cpuset = profile.pools[pool].cpuset_of(0)
+    return len(parse_cpuset(cpuset)) if cpuset is not None else 1
+
+
+def _rendered_dtype(profile: StackProfile) -> str:
+    """The dtype the manifests serve. The node that will run them is unknown when they are rendered, and
+    bfloat16 without native BF16 serves tens of times slower than float32 (builders/serving_dtype.py), while
+    float32 on a BF16 node costs about 2x: so float32, unless the profile names a dtype for its nodes."""
+    return "float32" if profile.model.dtype == AUTO else profile.model.dtype
+
+
+def render(profile: StackProfile, source: str, options: DeployOptions) -> Rendered:
+    notes = check_image("--image", options.image) + check_image("--router-image", options.router_image)
+    prefix = f"forge-{profile.name}"
+    if not _NAME.match(prefix) or len(prefix) + 1 + max(len(p) for p in profile.pools) > 63:
+        raise UsageError(
+            f"profile name {profile.name!r} does not make Kubernetes names ({prefix}-POOL must be lowercase "
+            "letters, digits and '-', at most 63 characters)",
+            hint="rename the profile file",
+        )
+    host = options.network == "host"
+    if host and options.router_replicas != 1:
+        raise UsageError("--network host runs one router: two would listen on the same host port")
+    plan = plan_stack(profile, run_id="deploy", base_port=options.base_port)
+    files: dict[str, list[Object]] = {"model.yaml": [_model_configmap(profile, prefix)]}
+    keys = f"{prefix}-keys"
+    for name, settings in profile.pools.items():
+        replica = next(r for r in plan.replicas if r.pool == name)
+        port = replica.port if host else PORT
+        args, _ = pool_args(
+            profile, name, settings, port, _rendered_dtype(profile), host="127.0.0.1" if host else "0.0.0.0"
+        )
+        env = dict(replica.env)
+        if not host:
+            # The profile's CPU numbers are this host's; in a cluster the kubelet picks the cores (whole CPUs
+            # with requests = limits get exclusive ones under the static CPU manager), and vLLM's OpenMP
+            # threads follow the container's CPU set instead of named cores.
+            env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+            env["OMP_NUM_THREADS"] = str(cpus_of(profile, name))
+        files[f"pool-{name}.yaml"] = _pool_objects(
+            profile, name, prefix=prefix, keys=keys, options=options, args=args, env=env, port=port
+        )
+    router = _router_config(
+        profile,
+        source,
+        plan_ports=plan.pool_urls(),
+        prefix=prefix,
+        options=options,
+        port=plan.router_port if host else PORT,
+    )
+    files["router.yaml"] = _router_objects(
+        profile,
+        prefix=prefix,
+        keys=keys,
+        options=options,
+        config=router,
+        port=plan.router_port if host else PORT,
+    )
+    files["secret.yaml"] = [_secret(prefix, keys)]
+    if host:
+        notes.append(
+            "--network host: replicas and the router share the node's network on 127.0.0.1 and the router lists "
+            "them by port (no DNS discovery); for a single machine (podman kube play), not a cluster"
+        )
+    return Rendered(files=files, notes=notes)
+
+
+def kustomization(rendered: Rendered, profile: StackProfile) -> Object:
+    return {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": sorted(rendered.files),
+        "labels": [{"pairs": {"app.kubernetes.io/part-of": f"forge-{profile.name}"}, "includeSelectors": False}],
+    }
+
+
+# --- objects ------------------------------------------------------------------------------------------------
+
+
+def _labels(prefix: str, component: str, pool: str | None = None) -> dict[str, str]:
+    labels = {
+        "app.kubernetes.io/name": "forge",
+        "app.kubernetes.io/instance": prefix,
+        "app.kubernetes.io/component": component,
+    }
+    if pool is not None:
+        labels["forge/pool"] = pool
+    return labels
+
+
+def _meta(name: str, labels: dict[str, str]) -> Object:
+    return {"name": name, "labels": dict(labels)}
+
+
+def _pod_security() -> Object:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": UID,
+        "runAsGroup": UID,
+        "fsGroup": UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _container_security(*, read_only_root: bool) -> Object:
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": read_only_root,
+        "runAsNonRoot": True,
+    }
+
+
+def _probes(port: int | str, *, startup_s: float, startup_period_s: int) -> Object:
+    def probe(period: int, failures: int, timeout: int) -> Object:
+        return {
+            "httpGet": {"path": "/health", "port": port},
+            "periodSeconds": period,
+            "failureThreshold": failures,
+            "timeoutSeconds": timeout,
+        }
+
+    return {
+        # Liveness and readiness start counting only once /health first answers: a slow model load is not a
+        # crash loop, however long startup_s allows.
+        "startupProbe": probe(startup_period_s, max(1, math.ceil(startup_s / startup_period_s)), 3),
+        # Not ready after two missed checks: the headless Service drops the pod, so the router's next
+        # resolution stops sending it new requests (the streams it runs go on).
+        "readinessProbe": probe(5, 2, 3),
+        "livenessProbe": probe(10, 3, 5),
+    }
+
+
+def _grace_s(profile: StackProfile) -> int:
+    """Seconds between SIGTERM and SIGKILL: the router's drain grace plus time to send its error events."""
+    drain = RouterConfig.model_fields["drain_grace_s"].default
+    drain = float(profile.router.get("drain_grace_s", drain))
+    return math.ceil(drain) + 5
+
+
+def _model_configmap(profile: StackProfile, prefix: str) -> Object:
+    with tempfile.TemporaryDirectory(prefix="forge-deploy-model-") as tmp:
+        model = Path(tmp) / "model"
+        write_tiny_model(
+            model,
+            max_position_embeddings=profile.model.max_position_embeddings,
+            shape=ModelShape(
+                hidden_size=profile.model.hidden_size,
+                num_hidden_layers=profile.model.num_hidden_layers,
+                intermediate_size=profile.model.intermediate_size,
+            ),
+        )
+        data = {path.name: path.read_text(encoding="utf-8") for path in sorted(model.iterdir())}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(f"{prefix}-model", _labels(prefix, "model")),
+        "data": data,
+    }
+
+
+def _pool_objects(
+    profile: StackProfile,
+    name: str,
+    *,
+    prefix: str,
+    keys: str,
+    options: DeployOptions,
+    args: list[str],
+    env: dict[str, str],
+    port: int,
+) -> list[Object]:
+    settings = profile.pools[name]
+    labels = _labels(prefix, "pool", name)
+    selector = {k: labels[k] for k in ("app.kubernetes.io/instance", "app.kubernetes.io/component", "forge/pool")}
+    cpu = str(cpus_of(profile, name))
+    memory = f"{memory_bytes(profile, name) // 1024**2}Mi"
+    resources = {"cpu": cpu, "memory": memory}
+    host = options.network == "host"
+    entry = list(SERVE_ENTRIES[0])
+    container: Object = {
+        "name": "vllm",
+        "image": options.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": entry,
+        "args": [CONTAINER_MODEL_DIR, *args],
+        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
+        "env": [
+            *({"name": k, "value": v} for k, v in sorted(env.items())),
+            {"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {"name": keys, "key": "upstream-api-key"}}},
+        ],
+        "resources": {"requests": dict(resources), "limits": dict(resources)},
+        **_probes(port if host else "http", startup_s=profile.timeouts.startup_s, startup_period_s=5),
+        # vLLM and torch write compile and kernel caches under $HOME at start: the root filesystem stays writable.
+        "securityContext": _container_security(read_only_root=False),
+        "volumeMounts": [
+            {"name": "model", "mountPath": CONTAINER_MODEL_DIR, "readOnly": True},
+            {"name": "dshm", "mountPath": "/dev/shm"},
+        ],
+    }
+    pod: Object = {
+        "terminationGracePeriodSeconds": _grace_s(profile),
+        "automountServiceAccountToken": False,
+        # Service links would put variables like FORGE_CI_BULK_PORT in every pod, and a Service named
+        # `vllm` would set VLLM_PORT, which vLLM reads as its own setting.
+        "enableServiceLinks": False,
+        "securityContext": _pod_security(),
+        "containers": [container],
+        "volumes": [
+            {"name": "model", "configMap": {"name": f"{prefix}-model"}},
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{SHM_BYTES // 1024**2}Mi"}},
+        ],
+    }
+    if host:
+        _on_host_network(pod)
+    deployment: Object = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(f"{prefix}-{name}", labels),
+        "spec": {
+            "replicas": settings.replicas,
+            "selector": {"matchLabels": selector},
+            # A new replica is ready before an old one goes: the pool never serves with fewer than it has.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            "template": {"metadata": {"labels": dict(labels)}, "spec": pod},
+        },
+    }
+    service: Object = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(f"{prefix}-{name}", labels),
+        "spec": {
+            # Headless: the name resolves to every ready pod's address, which the router's DNS discovery reads.
+            "clusterIP": "None",
+            "publishNotReadyAddresses": False,
+            "selector": selector,
+            "ports": [{"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+    budget: Object = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _meta(f"{prefix}-{name}", labels),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector}},
+    }
+    return [deployment, service, budget]
+
+
+def _router_config(
+    profile: StackProfile,
+    source: str,
+    *,
+    plan_ports: dict[str, list[str]],
+    prefix: str,
+    options: DeployOptions,
+    port: int,
+) -> dict[str, Any]:
+    """The router's config file: the profile's router section, pools found by DNS (or by port on one host).
+    The keys are not in it: they come from the Secret through the environment (builders/router/__main__.py)."""
+    host = options.network == "host"
+    mapping: dict[str, Any] = {
+        **profile.router,
+        "host": "127.0.0.1" if host else "0.0.0.0",
+        "port": port,
+        "class_pools": {c.value: pool for c, pool in profile.classes.items()},
+    }
+    if host:
+        mapping["pools"] = plan_ports
+    else:
+        mapping["pools"] = {name: [] for name in profile.pools}
+        mapping["discovery"] = {
+            name: {"dns": f"{prefix}-{name}", "port": PORT, "interval_s": options.dns_interval_s}
+            for name in profile.pools
+        }
+    try:
+        config_from_mapping(mapping, source=f"{source}: router")
+    except ConfigError as exc:
+        raise ConfigError(exc.message, hint="the router section takes builders/router/config.py's fields") from None
+    return mapping
+
+
+def _router_objects(
+    profile: StackProfile, *, prefix: str, keys: str, options: DeployOptions, config: dict[str, Any], port: int
+) -> list[Object]:
+    host = options.network == "host"
+    labels = _labels(prefix, "router")
+    selector = {k: labels[k] for k in ("app.kubernetes.io/instance", "app.kubernetes.io/component")}
+    name = f"{prefix}-router"
+    configmap: Object = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(name, labels),
+        "data": {ROUTER_CONFIG_FILE: json.dumps(config, indent=2) + "\n"},
+    }
+    container: Object = {
+        "name": "router",
+        "image": options.router_image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["python3", "-m", "builders.router"],
+        "args": ["--config", f"{ROUTER_CONFIG_DIR}/{ROUTER_CONFIG_FILE}"],
+        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
+        "env": [
+            {"name": "FORGE_ROUTER_API_KEY", "valueFrom": {"secretKeyRef": {"name": keys, "key": "api-key"}}},
+            {
+                "name": "FORGE_ROUTER_UPSTREAM_API_KEY",
+                "valueFrom": {"secretKeyRef": {"name": keys, "key": "upstream-api-key"}},
+            },
+        ],
+        # One event loop: a core is what it can use; memory is its buffers (stream_buffer_bytes per stream).
+        "resources": {"requests": {"cpu": "1", "memory": "512Mi"}, "limits": {"cpu": "2", "memory": "512Mi"}},
+        **_probes(port if host else "http", startup_s=30, startup_period_s=1),
+        "securityContext": _container_security(read_only_root=True),
+        "volumeMounts": [{"name": "config", "mountPath": ROUTER_CONFIG_DIR, "readOnly": True}],
+    }
+    pod: Object = {
+        "terminationGracePeriodSeconds": _grace_s(profile),
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": _pod_security(),
+        "containers": [container],
+        "volumes": [{"name": "config", "configMap": {"name": name}}],
+    }
+    if host:
+        _on_host_network(pod)
+    deployment: Object = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(name, labels),
+        "spec": {
+            "replicas": options.router_replicas,
+            "selector": {"matchLabels": selector},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            "template": {"metadata": {"labels": dict(labels)}, "spec": pod},
+        },
+    }
+    service: Object = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(name, labels),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector,
+            "ports": [{"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+    budget: Object = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _meta(name, labels),
+        # One router at a time: with two or more (the default), a drain never leaves the Service empty. With
+        # one, minAvailable 1 would block every node drain for good, so it too may go.
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector}},
+    }
+    return [configmap, deployment, service, budget]
+
+
+def _on_host_network(pod: Object) -> None:
+    pod["hostNetwork"] = True
+    # On the node's network a port is not published, only listened on (Podman refuses port mappings there).
+    for container in pod["containers"]:
+        container.pop("ports", None)
+        # Podman 4.3 makes an emptyDir a root-owned 0755 volume and ignores fsGroup, so uid 1000 could not
+        # create vLLM's shared-memory segments in it (PermissionError: '/psm_...'), and the engine's own
+        # /dev/shm is 64 MiB where ci's replicas ask for 160 MiB: hostIPC asks for the host's. Podman 4.3's kube
+        # play was seen to ignore it (docs/deploy.md). In a cluster the emptyDir is world-writable.
+        container["volumeMounts"] = [m for m in container.get("volumeMounts", []) if m["name"] != "dshm"]
+    pod["volumes"] = [v for v in pod.get("volumes", []) if v["name"] != "dshm"]
+    pod["hostIPC"] = True
+
+
+def _secret(prefix: str, name: str) -> Object:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _meta(name, _labels(prefix, "keys")),
+        "type": "Opaque",
+        # Fresh for each render: replace them (or this file) with the cluster's own secret management.
+        "stringData": {"api-key": secrets.token_urlsafe(24), "upstream-api-key": secrets.token_urlsafe(24)},
+    }
+
+
+def _bytes(text: str) -> int:
+    """vLLM's human-readable size (ModelSettings.kv_cache_memory, already checked): 128M = 128 MiB."""
+    units = {"k": 1024, "m": 1024**2, "g": 1024**3}
+    scale = units.get(text[-1].lower(), 1)
+    return int(float(text.rstrip("kKmMgG")) * scale)
