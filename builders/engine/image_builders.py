@@ -1,4 +1,5 @@
-"""Image builders: BuildKit through a Docker CLI that has it, or the engine API's legacy builder.
+"""Docker's image builders: BuildKit through a Docker CLI that has it, or the engine API's legacy builder.
+(Podman's, buildah through `podman build`, lives with its engine in podman_engine.py.)
 
 BuildKit is preferred because it has cache mounts (a compiler cache that survives between builds) and build
 secrets (a CA bundle that never lands in a layer). The Docker SDK's build call is the legacy builder, which
@@ -17,11 +18,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, get_args
+from typing import TYPE_CHECKING, Protocol, get_args
 
-from builders.engine.docker_engine import Engine
 from builders.errors import EngineError
 from builders.options import BuilderChoice
+
+if TYPE_CHECKING:
+    from builders.engine.base import Engine
+    from builders.engine.docker_engine import DockerEngine
 
 LineSink = Callable[[str], None]
 
@@ -58,6 +62,7 @@ class Builder(Protocol):
     name: str
     supports_secrets: bool
     supports_cache_mounts: bool
+    version: str | None
 
     def build(self, request: BuildRequest, sink: LineSink) -> BuildResult: ...
 
@@ -91,6 +96,7 @@ class BuildKitCliBuilder:
     name = "buildkit"
     supports_secrets = True
     supports_cache_mounts = True
+    version: str | None = None
 
     def __init__(self, cli: str) -> None:
         self.cli = cli
@@ -134,6 +140,11 @@ class BuildKitCliBuilder:
             returncode=rc,
             step_times=step_times,
         )
+
+
+def stream_build(cmd: list[str], env: dict[str, str], log_path: Path | None, sink: LineSink) -> int:
+    """Run a build command, teeing each line to the sink and the log; a Ctrl-C stops it. Returns its exit code."""
+    return _stream(cmd, env, log_path, sink)[0]
 
 
 _STEP_DONE = re.compile(r"^#\d+ \[(?P<stage>[\w.-]+) +\d+/\d+\].*|^#\d+ DONE (?P<secs>[\d.]+)s")
@@ -184,8 +195,9 @@ class LegacySdkBuilder:
     name = "legacy"
     supports_secrets = False
     supports_cache_mounts = False
+    version: str | None = None
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: DockerEngine) -> None:
         self.engine = engine
 
     def build(self, request: BuildRequest, sink: LineSink) -> BuildResult:
@@ -239,9 +251,18 @@ class LegacySdkBuilder:
 
 
 def choose_builder(engine: Engine, preference: str = "auto") -> Builder:
-    """Pick the builder deliberately: BuildKit when a client offers it, else the legacy API builder."""
+    """The engine's builder for `preference` (--builder): each engine knows its own."""
     if preference not in get_args(BuilderChoice):
-        raise EngineError(f"unknown builder {preference!r}", hint="use auto, buildkit or legacy")
+        raise EngineError(f"unknown builder {preference!r}", hint=f"use one of {', '.join(get_args(BuilderChoice))}")
+    return engine.choose_builder(preference)
+
+
+def docker_builder(engine: DockerEngine, preference: str) -> Builder:
+    """Pick Docker's builder deliberately: BuildKit when a client offers it, else the legacy API builder."""
+    if preference == "buildah":
+        raise EngineError(
+            "--builder buildah is Podman's builder, and the engine here is Docker", hint="use --engine podman"
+        )
     if preference in {"auto", "buildkit"}:
         cli = _buildkit_cli()
         if cli:
@@ -261,6 +282,7 @@ def describe(builder: Builder) -> dict[str, object]:
         "secrets": builder.supports_secrets,
         "cache_mounts": builder.supports_cache_mounts,
         "cli": getattr(builder, "cli", None),
+        "version": builder.version,
     }
 
 
