@@ -84,7 +84,7 @@ START_FAILURES: tuple[tuple[re.Pattern[str], str, str], ...] = (
         "`ulimit -Hu` and /proc/sys/kernel/pid_max (.ci/engines writes this)",
     ),
     (
-        re.compile(r"crun: .*cgroup|cgroup.*crun", re.I),
+        re.compile(r"cgroups in hybrid mode not supported|crun: .*cgroup", re.I),
         "crun cannot place containers in this host's cgroups (hybrid v1 + v2 hierarchy)",
         'use runc: [engine] runtime = "runc" in containers.conf (.ci/engines writes this), with runc installed',
     ),
