@@ -16,7 +16,7 @@ sys.path.insert(0, str(ROOT))
 
 from builders.config import Project  # noqa: E402
 
-nox.options.sessions = ["lint", "render", "tests"]
+nox.options.sessions = ["engines", "lint", "render", "tests"]
 nox.options.default_venv_backend = "none"
 
 PROJECT = Project.load(ROOT)
@@ -76,6 +76,12 @@ for _distro, _recipe in PROJECT.pairs():
 
 
 @nox.session(python=False)
+def engines(session: nox.Session) -> None:
+    """Set up the engines the tests use (Docker, rootful and rootless Podman) for this host: .ci/engines."""
+    session.run("bash", str(ROOT / ".ci" / "engines"), external=True)
+
+
+@nox.session(python=False)
 def render(session: nox.Session) -> None:
     """Render every distro × target Containerfile into rendered/ and lint each with hadolint."""
     out = ROOT / "rendered"
@@ -97,7 +103,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=False)
 def tests(session: nox.Session) -> None:
-    """All tests, engine- and server-backed ones included (they need Docker: see .ci/run)."""
+    """All tests, engine- and server-backed ones included (they need the engines: `nox -s engines` first)."""
     session.run("pytest", *session.posargs, external=True)
 
 
