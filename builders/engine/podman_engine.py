@@ -59,6 +59,9 @@ def facts_from_info(info: dict[str, Any]) -> EngineFacts:
     controllers = set(host.get("cgroupControllers") or [])
     # Rootless Podman on cgroups v1 cannot confine anything; on v2 only the controllers delegated to the user.
     cpuset = "cpuset" in controllers and not (rootless and cgroup_version == "v1")
+    # Rootless without a subuid range maps one UID only: a base whose files have other owners cannot be stored.
+    uidmap = (host.get("idMappings") or {}).get("uidmap") or []
+    subids = not rootless or any(int(m.get("size", 0)) > 1 for m in uidmap)
     return EngineFacts(
         kind="podman",
         version=str((info.get("version") or {}).get("Version") or "unknown"),
@@ -69,7 +72,7 @@ def facts_from_info(info: dict[str, Any]) -> EngineFacts:
         runtime=str((host.get("ociRuntime") or {}).get("name") or "") or None,
         cgroups=f"{cgroup_version} {host.get('cgroupManager') or '?'}",
         builder_version=buildah or None,
-        capabilities={"secrets": mounts, "cache_mounts": mounts, "cpuset": cpuset},
+        capabilities={"secrets": mounts, "cache_mounts": mounts, "cpuset": cpuset, "subids": subids},
     )
 
 
@@ -89,7 +92,7 @@ START_FAILURES: tuple[tuple[re.Pattern[str], str, str], ...] = (
         'use runc: [engine] runtime = "runc" in containers.conf (.ci/engines writes this), with runc installed',
     ),
     (
-        re.compile(r"(no subuid ranges|no subgid ranges|cannot find UID/GID|newuidmap|newgidmap)", re.I),
+        re.compile(r"insufficient UIDs or GIDs|no sub[ug]id ranges|cannot find UID/GID|newuidmap|newgidmap", re.I),
         "rootless Podman found no subordinate UID/GID range for this user",
         "add one: `usermod --add-subuids 100000-165535 --add-subgids 100000-165535 $USER` (as root), install "
         "uidmap (newuidmap), then `podman system migrate`",
@@ -148,6 +151,14 @@ class PodmanEngine(Engine):
     def check(self) -> None:
         """Start one container from a one-file rootfs (a static binary of the host): runtime, cgroups, rlimits
         and ID mapping are all exercised before any image exists, in about a second."""
+        if not self.facts.capabilities.get("subids", True):
+            user = os.environ.get("USER") or str(os.getuid())
+            reason, remedy = explain_start_failure("no subuid ranges")
+            raise EngineError(
+                f"rootless Podman for user {user} has no subordinate UID/GID range in /etc/subuid and /etc/subgid: "
+                "every base image has files of other owners (/etc/gshadow is group shadow), which cannot be stored",
+                hint=remedy,
+            )
         static = next((p for p in ("/sbin/ldconfig", "/usr/sbin/ldconfig", "/bin/busybox") if Path(p).exists()), None)
         if static is None:  # no static binary to start: the base's first container will say what is wrong
             return
