@@ -74,7 +74,9 @@ class BuildOptions:
     max_jobs: Annotated[int | None, Flag("parallel compile jobs (default: derived from RAM)", scope="plan")] = None
     builder: Annotated[
         BuilderChoice,
-        Flag("image builder: Docker's BuildKit or legacy API, Podman's buildah (auto: the engine's best)", scope="plan"),
+        Flag(
+            "image builder: Docker's BuildKit or legacy API, Podman's buildah (auto: the engine's best)", scope="plan"
+        ),
     ] = "auto"
     torch_version: Annotated[str | None, Flag("override vLLM's torch pin", scope="plan")] = None
     torch_index: Annotated[

@@ -68,9 +68,7 @@ class BuildReport:
             lines.append(f"  engine: {self.engine.get('kind')} {self.engine.get('version')} ({mode})")
         if self.builder:
             version = f" {self.builder['version']}" if self.builder.get("version") else ""
-            lines.append(
-                f"  builder: {self.builder.get('name')}{version} ({self.builder.get('cli') or 'engine API'})"
-            )
+            lines.append(f"  builder: {self.builder.get('name')}{version} ({self.builder.get('cli') or 'engine API'})")
         if self.image:
             size = self.image.get("size", 0) / 1e9
             lines.append(

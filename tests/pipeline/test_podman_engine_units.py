@@ -87,7 +87,7 @@ def test_a_refused_start_names_reason_and_remedy(log: str, reason: str, remedy: 
 def test_a_missing_subuid_range_is_named(tmp_path: Path) -> None:
     # Podman 4.3 as user nobody (no /etc/subuid line) loading Debian 12's base, on this machine.
     reason, remedy = explain_start_failure(
-        'ApplyLayer stdout:  stderr: potentially insufficient UIDs or GIDs available in user namespace (requested '
+        "ApplyLayer stdout:  stderr: potentially insufficient UIDs or GIDs available in user namespace (requested "
         "0:42 for /etc/gshadow): Check /etc/subuid and /etc/subgid if configured locally and run "
         "podman-system-migrate: lchown /etc/gshadow: invalid argument exit status 1"
     )
