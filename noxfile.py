@@ -105,6 +105,13 @@ def lint(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """All tests, engine- and server-backed ones included (they need the engines: `nox -s engines` first)."""
     session.run("pytest", *session.posargs, external=True)
+    # No test leaves a Podman container behind, Forge's or anyone's: `podman ps -a` is empty after the suite.
+    session.run(
+        "bash",
+        "-c",
+        'left=$(podman ps --all --format "{{.Names}}"); test -z "$left" || { echo "left: $left"; exit 1; }',
+        external=True,
+    )
 
 
 @nox.session(python=False, name="tests-fast")
