@@ -11,6 +11,7 @@ import pwd
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import tomllib
 from collections.abc import Iterator
@@ -55,14 +56,30 @@ def _report(target: str) -> dict[str, object]:
     return report
 
 
+def test_an_imported_rootfs_is_found_by_its_short_name(podman: Engine, tmp_path: Path) -> None:
+    # What `forge bootstrap --engine podman` does with mmdebstrap's tarball, on a one-file rootfs.
+    rootfs = tmp_path / "rootfs.tar"
+    with tarfile.open(rootfs, "w") as tar:
+        tar.add("/sbin/ldconfig", arcname="probe")
+    ref = "forge/podman-import-test:1"
+    try:
+        podman.import_rootfs(str(rootfs), ref, changes=['CMD ["/probe", "--version"]'])
+        assert podman.image_exists(ref) and "localhost/" + ref in podman.image_info(ref).tags
+        rc, out = podman.run_once(ref, [], timeout=60)
+        assert rc == 0 and "ldconfig" in out
+    finally:
+        podman.remove_image(ref)
+    assert not podman.image_exists(ref)
+
+
 def test_the_engine_check_names_rlimits_above_the_hard_limit(
     podman: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    podman.check()  # as .ci/engines set it up: a container starts
     status = Path("/proc/self/status").read_text().splitlines()
     bounding = int(next(line for line in status if line.startswith("CapBnd:")).split()[1], 16)
     if bounding & (1 << CAP_SYS_RESOURCE):
         pytest.skip("root here may raise rlimits (CAP_SYS_RESOURCE): no start for this check to refuse")
-    podman.check()  # as .ci/engines set it up: a container starts
     # Podman's own default, nproc above what Podman caps itself to (pid_max), in an otherwise working config.
     nproc = 2 * int(Path("/proc/sys/kernel/pid_max").read_text())
     assert podman.facts.cgroups is not None
