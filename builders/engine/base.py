@@ -8,11 +8,55 @@ outside builders/engine/ asks which engine it has: what differs is a capability,
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO, TYPE_CHECKING, Any
+from pathlib import Path
+from typing import IO, Any, Protocol
 
-if TYPE_CHECKING:
-    from builders.engine.image_builders import Builder
+LineSink = Callable[[str], None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildRequest:
+    context_dir: Path
+    containerfile: Path
+    target: str | None = None
+    build_args: dict[str, str] = field(default_factory=dict)
+    secrets: dict[str, Path] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    network_host: bool = True
+    no_cache: bool = False
+    log_path: Path | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildResult:
+    ok: bool
+    image_id: str | None
+    builder: str
+    seconds: float
+    log_path: Path | None
+    returncode: int
+    step_times: dict[str, float] = field(default_factory=dict)
+
+
+class Builder(Protocol):
+    name: str
+    supports_secrets: bool
+    supports_cache_mounts: bool
+    version: str | None
+
+    def build(self, request: BuildRequest, sink: LineSink) -> BuildResult: ...
+
+
+# select.py registers how `Engine.connect()` picks an engine: the implementations import this module, so this
+# module cannot import them.
+_CONNECT: list[Callable[[str | None], Engine]] = []
+
+
+def register_connector(connect: Callable[[str | None], Engine]) -> None:
+    _CONNECT[:] = [connect]
+
 
 # Every container Forge starts carries this label, so a cleanup can find what a crashed run left behind.
 OWNER_LABEL = "forge.owner"
@@ -69,9 +113,9 @@ class Engine(ABC):
     @classmethod
     def connect(cls, choice: str | None = None) -> Engine:
         """The engine `choice` names (docker, podman, auto), else FORGE_ENGINE's, else auto."""
-        from builders.engine.select import connect
-
-        return connect(choice)
+        # Importing any module of builders.engine runs the package's __init__ first, which imports select.py.
+        assert _CONNECT, "builders/engine/select.py registers the connector when builders.engine is imported"
+        return _CONNECT[0](choice)
 
     @property
     def kind(self) -> str:

@@ -13,18 +13,15 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 import docker
 import docker.errors
 import docker.types
 import requests
 
-from builders.engine.base import OWNER_LABEL, Engine, EngineFacts, ImageInfo
+from builders.engine.base import OWNER_LABEL, Builder, Engine, EngineFacts, ImageInfo
 from builders.errors import EngineError
-
-if TYPE_CHECKING:
-    from builders.engine.image_builders import Builder
 
 
 def gpu_device_requests(gpus: bool) -> list[docker.types.DeviceRequest]:

@@ -15,56 +15,28 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, get_args
+from typing import TYPE_CHECKING, Any, Protocol, get_args
 
+from builders.engine.base import Builder, BuildRequest, BuildResult, LineSink
 from builders.errors import EngineError
 from builders.options import BuilderChoice
 
 if TYPE_CHECKING:
     from builders.engine.base import Engine
-    from builders.engine.docker_engine import DockerEngine
 
-LineSink = Callable[[str], None]
+__all__ = ["BuildRequest", "BuildResult", "Builder", "LineSink", "choose_builder", "describe", "stream_build"]
+
+
+class _DockerClient(Protocol):
+    """What the legacy builder needs of Docker's engine (docker_engine.DockerEngine): its SDK client."""
+
+    client: Any
+
 
 # Debian's docker.io client (20.10) still speaks BuildKit with DOCKER_BUILDKIT=1; a newer static client earlier
 # on PATH may lack buildx and fall back to the legacy builder silently, so look for one that has it.
 CLI_CANDIDATES = ("/usr/bin/docker", "/usr/local/bin/docker", "docker")
-
-
-@dataclass(frozen=True, kw_only=True)
-class BuildRequest:
-    context_dir: Path
-    containerfile: Path
-    target: str | None = None
-    build_args: dict[str, str] = field(default_factory=dict)
-    secrets: dict[str, Path] = field(default_factory=dict)
-    labels: dict[str, str] = field(default_factory=dict)
-    network_host: bool = True
-    no_cache: bool = False
-    log_path: Path | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class BuildResult:
-    ok: bool
-    image_id: str | None
-    builder: str
-    seconds: float
-    log_path: Path | None
-    returncode: int
-    step_times: dict[str, float] = field(default_factory=dict)
-
-
-class Builder(Protocol):
-    name: str
-    supports_secrets: bool
-    supports_cache_mounts: bool
-    version: str | None
-
-    def build(self, request: BuildRequest, sink: LineSink) -> BuildResult: ...
 
 
 def _buildkit_cli() -> str | None:
@@ -197,7 +169,7 @@ class LegacySdkBuilder:
     supports_cache_mounts = False
     version: str | None = None
 
-    def __init__(self, engine: DockerEngine) -> None:
+    def __init__(self, engine: _DockerClient) -> None:
         self.engine = engine
 
     def build(self, request: BuildRequest, sink: LineSink) -> BuildResult:
@@ -257,7 +229,7 @@ def choose_builder(engine: Engine, preference: str = "auto") -> Builder:
     return engine.choose_builder(preference)
 
 
-def docker_builder(engine: DockerEngine, preference: str) -> Builder:
+def docker_builder(engine: _DockerClient, preference: str) -> Builder:
     """Pick Docker's builder deliberately: BuildKit when a client offers it, else the legacy API builder."""
     if preference == "buildah":
         raise EngineError(

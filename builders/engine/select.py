@@ -12,7 +12,7 @@ import shutil
 import subprocess
 from typing import Literal, get_args
 
-from builders.engine.base import Engine
+from builders.engine.base import Engine, register_connector
 from builders.engine.docker_engine import DockerEngine, docker_host, is_podman_service, open_client
 from builders.engine.podman_engine import PodmanEngine
 from builders.errors import EngineError, UsageError
@@ -69,3 +69,6 @@ def connect(choice: str | None = None) -> Engine:
             hint="start Docker (`dockerd --bridge=none --iptables=false`) or install Podman; .ci/engines does both",
         ) from docker_error
     return PodmanEngine.open() if is_podman_service(opened[2]) else DockerEngine.open(opened)
+
+
+register_connector(connect)
