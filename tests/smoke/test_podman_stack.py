@@ -23,8 +23,10 @@ import pytest
 from smoke_helpers import ROOT, free_base_port, marked_ca_bundle, podman_base, podman_image
 
 from builders.cli import main
+from builders.config import Project
 from builders.engine import Engine
 from builders.errors import EngineError
+from builders.preflight import run_preflight
 from builders.repro.image_export import export_image
 from builders.smoke.plan import RUN_LABEL
 from builders.smoke.profile import load_profile
@@ -93,6 +95,35 @@ def test_the_engine_check_names_rlimits_above_the_hard_limit(
         Engine.connect("podman").check()
     text = err.value.render()
     assert "rlimits above" in text and "default_ulimits" in text and "rlimit type" in text
+
+
+def test_preflight_checks_buildahs_scratch_dir_where_it_is_a_small_tmpfs(
+    project: Project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    small = tmp_path / "small"
+    small.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(small)], check=False)
+    assert mounted.returncode == 0, "mounting a tmpfs needs root, as CI has"
+    try:
+        monkeypatch.setenv("TMPDIR", str(small))  # where buildah stages layers, as `podman info` reports it
+        engine = Engine.connect("podman")
+        assert engine.facts.scratch_dirs == (str(small),)
+        report = run_preflight(
+            project,
+            project.distro("debian-12"),
+            project.recipe_for("cpu"),
+            engine=engine,
+            source=ROOT / "tests" / "preflight" / "fixtures" / "vllm-0.33.0",
+            max_jobs=None,
+            scratch_dir=tmp_path / "scratch",
+            probe=False,
+        )
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+    found = {f.gate: f for f in (*report.findings, *report.passed)}
+    assert found["disk-builder-scratch"].blocking and str(small) in found["disk-builder-scratch"].found
+    assert "tmpfs" in found["builder-scratch-tmpfs"].found and "TMPDIR" in found["builder-scratch-tmpfs"].remedy
+    assert found["disk-layers"].found.endswith("/var/lib/containers/storage")
 
 
 @pytest.mark.timeout(1200)
