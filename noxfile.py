@@ -16,7 +16,7 @@ sys.path.insert(0, str(ROOT))
 
 from builders.config import Project  # noqa: E402
 
-nox.options.sessions = ["lint", "render", "tests"]
+nox.options.sessions = ["engines", "lint", "render", "tests"]
 nox.options.default_venv_backend = "none"
 
 PROJECT = Project.load(ROOT)
@@ -76,6 +76,12 @@ for _distro, _recipe in PROJECT.pairs():
 
 
 @nox.session(python=False)
+def engines(session: nox.Session) -> None:
+    """Set up the engines the tests use (Docker, rootful and rootless Podman) for this host: .ci/engines."""
+    session.run("bash", str(ROOT / ".ci" / "engines"), external=True)
+
+
+@nox.session(python=False)
 def render(session: nox.Session) -> None:
     """Render every distro × target Containerfile into rendered/ and lint each with hadolint."""
     out = ROOT / "rendered"
@@ -97,8 +103,15 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=False)
 def tests(session: nox.Session) -> None:
-    """All tests, engine- and server-backed ones included (they need Docker: see .ci/run)."""
+    """All tests, engine- and server-backed ones included (they need the engines: `nox -s engines` first)."""
     session.run("pytest", *session.posargs, external=True)
+    # No test leaves a Podman container behind, Forge's or anyone's: `podman ps -a` is empty after the suite.
+    session.run(
+        "bash",
+        "-c",
+        'left=$(podman ps --all --format "{{.Names}}"); test -z "$left" || { echo "left: $left"; exit 1; }',
+        external=True,
+    )
 
 
 @nox.session(python=False, name="tests-fast")
@@ -136,6 +149,20 @@ def kvlab(session: nox.Session) -> None:
     """The Hybrid KV lab: every oracle case and planted bug, then the layouts ranked for profiling (reports/kvlab)."""
     session.run("forge", "kvlab", "check", "--mutants", external=True)
     session.run("forge", "kvlab", "rank", "--report", str(ROOT / "reports" / "kvlab"), *session.posargs, external=True)
+
+
+@nox.session(python=False, name="podman-smoke", default=False)
+def podman_smoke(session: nox.Session) -> None:
+    """Build the Debian 12 cpu-wheel and router images with Podman and smoke the ci profile on them (minutes)."""
+    session.run(
+        "pytest",
+        "tests/smoke/test_podman_stack.py",
+        "-k",
+        "smoke_on_podman",
+        *session.posargs,
+        env={"FORGE_PODMAN_SMOKE": "1"},
+        external=True,
+    )
 
 
 @nox.session(python=False, name="kube-play", default=False)

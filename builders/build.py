@@ -260,9 +260,12 @@ def clear_report(folder: Path) -> None:
 def _engine(ctx: Context) -> None:
     ctx.engine_ = engine = Engine.connect()
     ctx.builder_ = builder = choose_builder(engine, ctx.options.builder)
-    ctx.report.engine = {"kind": engine.kind, "version": engine.version, "root_dir": engine.root_dir}
+    ctx.report.engine = engine.facts.as_report()
     ctx.report.builder = describe(builder)
-    ctx.log.info(f"engine {engine.kind} {engine.version}; builder {builder.name}")
+    # A container that cannot start here fails now, named, not 90 s into the build or at its test stage.
+    engine.check()
+    version = f" {builder.version}" if builder.version else ""
+    ctx.log.info(f"engine {engine.facts.describe()}; builder {builder.name}{version}")
 
 
 def _base(ctx: Context) -> None:

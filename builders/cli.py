@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -44,6 +45,15 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         module.register(subparsers)
+    for sub in subparsers.choices.values():
+        # Every command that meets an engine takes the same choice; Engine.connect() reads it from FORGE_ENGINE,
+        # so processes a command starts (a test stage, a nox session) inherit it.
+        sub.add_argument(
+            "--engine",
+            choices=("auto", "docker", "podman"),
+            default=None,
+            help="container engine (default: $FORGE_ENGINE, else auto: Podman when `docker` or DOCKER_HOST is Podman)",
+        )
     return parser
 
 
@@ -51,6 +61,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Handler = args.func
+    if getattr(args, "engine", None):
+        os.environ["FORGE_ENGINE"] = args.engine
     try:
         # SIGTERM and SIGHUP unwind as Ctrl-C does, in every command (builders/interrupt.py).
         with interrupt.handled():

@@ -20,8 +20,9 @@ from builders.config.models import GpuMode, TorchIndex
 from builders.errors import UsageError
 from builders.plan import PlanOptions
 
-# --builder: auto takes BuildKit when a client offers it, else the legacy API builder.
-BuilderChoice = Literal["auto", "buildkit", "legacy"]
+# --builder: auto takes the engine's best (Docker: BuildKit when a client offers it, else the legacy API builder;
+# Podman: buildah through `podman build`).
+BuilderChoice = Literal["auto", "buildkit", "legacy", "buildah"]
 
 # One CUDA compute capability as TORCH_CUDA_ARCH_LIST spells it: 9.0, 10.0a, 12.0f, 8.0+PTX.
 CUDA_ARCH = re.compile(r"\d+\.\d+[af]?(\+PTX)?")
@@ -72,7 +73,10 @@ class BuildOptions:
     # Shape the plan: the order here is the order of `forge build --help`.
     max_jobs: Annotated[int | None, Flag("parallel compile jobs (default: derived from RAM)", scope="plan")] = None
     builder: Annotated[
-        BuilderChoice, Flag("image builder: BuildKit when a client offers it, or the engine's legacy API", scope="plan")
+        BuilderChoice,
+        Flag(
+            "image builder: Docker's BuildKit or legacy API, Podman's buildah (auto: the engine's best)", scope="plan"
+        ),
     ] = "auto"
     torch_version: Annotated[str | None, Flag("override vLLM's torch pin", scope="plan")] = None
     torch_index: Annotated[

@@ -67,8 +67,12 @@ class BuildReport:
             )
         if self.preflight:
             lines.append(f"  preflight: {preflight_line(self.preflight)}")
+        if self.engine:
+            mode = "rootless" if self.engine.get("rootless") else "rootful"
+            lines.append(f"  engine: {self.engine.get('kind')} {self.engine.get('version')} ({mode})")
         if self.builder:
-            lines.append(f"  builder: {self.builder.get('name')} ({self.builder.get('cli') or 'engine API'})")
+            version = f" {self.builder['version']}" if self.builder.get("version") else ""
+            lines.append(f"  builder: {self.builder.get('name')}{version} ({self.builder.get('cli') or 'engine API'})")
         if self.image:
             size = self.image.get("size", 0) / 1e9
             lines.append(

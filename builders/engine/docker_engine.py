@@ -1,37 +1,27 @@
-"""Containers and images through the Docker Engine API (the `docker` SDK).
+"""Docker: containers and images through the Docker Engine API (the `docker` SDK), builds through BuildKit.
 
-Podman serves the same API on its socket (`DOCKER_HOST=unix:///run/podman/podman.sock`), so one code path
-covers both engines.
+Podman serves a look-alike of this API on its socket, but not BuildKit's session endpoint nor build secrets
+for a Docker client: Podman is its own engine (podman_engine.py), and select.py hands a socket that turns out
+to be Podman's to it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import uuid
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import docker
 import docker.errors
 import docker.types
 import requests
 
+from builders.engine.base import OWNER_LABEL, Builder, Engine, EngineFacts, ImageInfo
 from builders.errors import EngineError
-
-# Every container Forge starts carries this label, so a cleanup can find what a crashed run left behind.
-OWNER_LABEL = "forge.owner"
-
-
-@dataclass(frozen=True, kw_only=True)
-class ImageInfo:
-    id: str
-    tags: tuple[str, ...]
-    digests: tuple[str, ...]
-    size: int
-    labels: dict[str, str]
-    created: str
 
 
 def gpu_device_requests(gpus: bool) -> list[docker.types.DeviceRequest]:
@@ -48,36 +38,61 @@ def _volume_specs(volumes: dict[str, str] | None) -> dict[str, dict[str, str]]:
     return specs
 
 
-class Engine:
-    """A connected engine. Construct with `Engine.connect()`."""
+def docker_host() -> str:
+    return os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
 
-    def __init__(self, client: Any, *, kind: str, root_dir: str | None, version: str) -> None:
+
+def open_client() -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """(client, info, version) of whatever answers at DOCKER_HOST; EngineError when nothing does."""
+    try:
+        client = docker.from_env(timeout=600)
+        return client, client.info(), client.version()
+    except (docker.errors.DockerException, requests.RequestException) as exc:
+        raise EngineError(
+            f"no Docker engine answers at {docker_host()}: {exc}",
+            hint="start Docker (`dockerd --bridge=none --iptables=false`, as .ci/engines does), "
+            "or choose Podman with --engine podman",
+        ) from exc
+
+
+def is_podman_service(version: dict[str, Any]) -> bool:
+    """Podman's API service names itself among the version's components; Docker's never does."""
+    return any("podman" in str(c.get("Name", "")).lower() for c in version.get("Components") or [])
+
+
+class DockerEngine(Engine):
+    """Docker through its Engine API. Construct with `Engine.connect("docker")`."""
+
+    def __init__(self, client: Any, *, facts: EngineFacts) -> None:
         self.client = client
-        self.kind = kind
-        self.root_dir = root_dir
-        self.version = version
+        self.facts = facts
 
     @classmethod
-    def connect(cls) -> Engine:
-        try:
-            client = docker.from_env(timeout=600)
-            info = client.info()
-        except (docker.errors.DockerException, requests.RequestException) as exc:
-            raise EngineError(
-                f"no container engine answers at {os.environ.get('DOCKER_HOST', 'unix:///var/run/docker.sock')}: {exc}",
-                hint="start Docker (`dockerd --bridge=none --iptables=false`) or Podman's API service "
-                "(`podman system service`) and set DOCKER_HOST to its socket",
-            ) from exc
-        name = str(info.get("Name", ""))
-        version = client.version()
-        components = {c.get("Name", "").lower() for c in version.get("Components", [])}
-        kind = "podman" if any("podman" in c for c in components) else "docker"
+    def open(cls, opened: tuple[Any, dict[str, Any], dict[str, Any]] | None = None) -> DockerEngine:
+        """From open_client()'s answer, when the caller already has it."""
+        client, info, version = opened or open_client()
+        security = " ".join(str(o) for o in info.get("SecurityOptions") or [])
         return cls(
             client,
-            kind=kind,
-            root_dir=info.get("DockerRootDir") or name or None,
-            version=str(version.get("Version", "unknown")),
+            facts=EngineFacts(
+                kind="docker",
+                version=str(version.get("Version", "unknown")),
+                rootless="rootless" in security,
+                root_dir=info.get("DockerRootDir") or str(info.get("Name", "")) or None,
+                runtime=str(info.get("DefaultRuntime") or "") or None,
+                cgroups=f"v{info.get('CgroupVersion', '?')} {info.get('CgroupDriver', '?')}",
+            ),
         )
+
+    def check(self) -> None:
+        # Docker answered info and version: its containers have started here since CI began. What fails
+        # later (a GPU runtime, a full disk) is named where it fails.
+        return None
+
+    def choose_builder(self, preference: str) -> Builder:
+        from builders.engine.image_builders import docker_builder
+
+        return docker_builder(self, preference)
 
     # --- images -------------------------------------------------------------------------------------------
 
@@ -120,6 +135,23 @@ class Engine:
     def remove_image(self, ref: str) -> None:
         with contextlib.suppress(docker.errors.ImageNotFound, docker.errors.APIError):
             self.client.images.remove(ref, force=True)
+
+    def save_stream(self, ref: str) -> IO[bytes]:
+        try:
+            image = self.client.images.get(ref)
+            chunks: Iterator[bytes] = iter(image.save(named=False))
+        except (docker.errors.DockerException, requests.RequestException) as exc:
+            raise EngineError(
+                f"cannot export image {ref!r}: {exc}", hint="is it in the engine? `docker images`"
+            ) from exc
+        return io.BufferedReader(_ChunkReader(chunks), buffer_size=1 << 20)
+
+    def rootfs_layers(self, ref: str) -> tuple[str, ...]:
+        try:
+            attrs = self.client.images.get(ref).attrs
+        except (docker.errors.DockerException, requests.RequestException) as exc:
+            raise EngineError(f"image {ref!r} is not in the engine: {exc}") from exc
+        return tuple(str(layer) for layer in (attrs.get("RootFS") or {}).get("Layers") or ())
 
     def load(self, tarball: bytes | Any) -> list[str]:
         images = self.client.images.load(tarball)
@@ -255,3 +287,28 @@ class Engine:
     def containers_with_label(self, key: str, value: str | None = None) -> list[str]:
         selector = f"{key}={value}" if value is not None else key
         return [str(c.id) for c in self.client.containers.list(all=True, filters={"label": selector})]
+
+    def all_containers(self) -> dict[str, str]:
+        return {str(c.id): str(c.status) for c in self.client.containers.list(all=True)}
+
+
+class _ChunkReader(io.RawIOBase):
+    """A file over the chunks the engine streams, so tarfile can read the export without a temp copy."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = chunks
+        self._buffer = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, target: Any) -> int:
+        while not self._buffer:
+            try:
+                self._buffer = next(self._chunks)
+            except StopIteration:
+                return 0
+        size = min(len(target), len(self._buffer))
+        target[:size] = self._buffer[:size]
+        self._buffer = self._buffer[size:]
+        return size

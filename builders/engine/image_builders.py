@@ -1,4 +1,5 @@
-"""Image builders: BuildKit through a Docker CLI that has it, or the engine API's legacy builder.
+"""Docker's image builders: BuildKit through a Docker CLI that has it, or the engine API's legacy builder.
+(Podman's, buildah through `podman build`, lives with its engine in podman_engine.py.)
 
 BuildKit is preferred because it has cache mounts (a compiler cache that survives between builds) and build
 secrets (a CA bundle that never lands in a layer). The Docker SDK's build call is the legacy builder, which
@@ -14,53 +15,29 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, get_args
+from typing import TYPE_CHECKING, Any, Protocol, get_args
 
 from builders import interrupt
-from builders.engine.docker_engine import Engine
+from builders.engine.base import Builder, BuildRequest, BuildResult, LineSink
 from builders.errors import EngineError
 from builders.options import BuilderChoice
 
-LineSink = Callable[[str], None]
+if TYPE_CHECKING:
+    from builders.engine.base import Engine
+
+__all__ = ["BuildRequest", "BuildResult", "Builder", "LineSink", "choose_builder", "describe", "stream_build"]
+
+
+class _DockerClient(Protocol):
+    """What the legacy builder needs of Docker's engine (docker_engine.DockerEngine): its SDK client."""
+
+    client: Any
+
 
 # Debian's docker.io client (20.10) still speaks BuildKit with DOCKER_BUILDKIT=1; a newer static client earlier
 # on PATH may lack buildx and fall back to the legacy builder silently, so look for one that has it.
 CLI_CANDIDATES = ("/usr/bin/docker", "/usr/local/bin/docker", "docker")
-
-
-@dataclass(frozen=True, kw_only=True)
-class BuildRequest:
-    context_dir: Path
-    containerfile: Path
-    target: str | None = None
-    build_args: dict[str, str] = field(default_factory=dict)
-    secrets: dict[str, Path] = field(default_factory=dict)
-    labels: dict[str, str] = field(default_factory=dict)
-    network_host: bool = True
-    no_cache: bool = False
-    log_path: Path | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class BuildResult:
-    ok: bool
-    image_id: str | None
-    builder: str
-    seconds: float
-    log_path: Path | None
-    returncode: int
-    step_times: dict[str, float] = field(default_factory=dict)
-
-
-class Builder(Protocol):
-    name: str
-    supports_secrets: bool
-    supports_cache_mounts: bool
-
-    def build(self, request: BuildRequest, sink: LineSink) -> BuildResult: ...
 
 
 def _buildkit_cli() -> str | None:
@@ -92,6 +69,7 @@ class BuildKitCliBuilder:
     name = "buildkit"
     supports_secrets = True
     supports_cache_mounts = True
+    version: str | None = None
 
     def __init__(self, cli: str) -> None:
         self.cli = cli
@@ -135,6 +113,11 @@ class BuildKitCliBuilder:
             returncode=rc,
             step_times=step_times,
         )
+
+
+def stream_build(cmd: list[str], env: dict[str, str], log_path: Path | None, sink: LineSink) -> int:
+    """Run a build command, teeing each line to the sink and the log; a Ctrl-C stops it. Returns its exit code."""
+    return _stream(cmd, env, log_path, sink)[0]
 
 
 _STEP_DONE = re.compile(r"^#\d+ \[(?P<stage>[\w.-]+) +\d+/\d+\].*|^#\d+ DONE (?P<secs>[\d.]+)s")
@@ -188,8 +171,9 @@ class LegacySdkBuilder:
     name = "legacy"
     supports_secrets = False
     supports_cache_mounts = False
+    version: str | None = None
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: _DockerClient) -> None:
         self.engine = engine
 
     def build(self, request: BuildRequest, sink: LineSink) -> BuildResult:
@@ -248,9 +232,18 @@ class LegacySdkBuilder:
 
 
 def choose_builder(engine: Engine, preference: str = "auto") -> Builder:
-    """Pick the builder deliberately: BuildKit when a client offers it, else the legacy API builder."""
+    """The engine's builder for `preference` (--builder): each engine knows its own."""
     if preference not in get_args(BuilderChoice):
-        raise EngineError(f"unknown builder {preference!r}", hint="use auto, buildkit or legacy")
+        raise EngineError(f"unknown builder {preference!r}", hint=f"use one of {', '.join(get_args(BuilderChoice))}")
+    return engine.choose_builder(preference)
+
+
+def docker_builder(engine: _DockerClient, preference: str) -> Builder:
+    """Pick Docker's builder deliberately: BuildKit when a client offers it, else the legacy API builder."""
+    if preference == "buildah":
+        raise EngineError(
+            "--builder buildah is Podman's builder, and the engine here is Docker", hint="use --engine podman"
+        )
     if preference in {"auto", "buildkit"}:
         cli = _buildkit_cli()
         if cli:
@@ -270,6 +263,7 @@ def describe(builder: Builder) -> dict[str, object]:
         "secrets": builder.supports_secrets,
         "cache_mounts": builder.supports_cache_mounts,
         "cli": getattr(builder, "cli", None),
+        "version": builder.version,
     }
 
 

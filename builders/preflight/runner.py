@@ -309,8 +309,47 @@ def _disk_findings(
             need_source=f"{yaml}: resources.scratch_gb",
         )
     )
+    out += _builder_scratch_findings(engine, scratch_dir, host, res.scratch_gb, f"{yaml}: resources.scratch_gb")
     reserved = int(res.scratch_gb * GIB) if mount is not None and mount.fstype == "tmpfs" else 0
     return out, reserved
+
+
+def _builder_scratch_findings(
+    engine: Engine | None, scratch_dir: Path, host: HostFacts, need_gb: float, need_source: str
+) -> list[Finding]:
+    """Where the engine's builder stages on this host (buildah: TMPDIR, else /var/tmp), when not the scratch dir's
+    filesystem: it holds each layer's tarball while it is committed, and is a tmpfs on some hosts."""
+    out: list[Finding] = []
+    scratch_mount = mount_for(scratch_dir, list(host.mounts))
+    for folder in engine.facts.scratch_dirs if engine else ():
+        path = Path(folder)
+        mount = mount_for(path, list(host.mounts))
+        if not path.is_dir() or (mount is not None and mount == scratch_mount):
+            continue
+        free, where = free_bytes(path)
+        remedy = f"give the builder a disk-backed TMPDIR with ≥ {need_gb:g} GiB free"
+        out.append(
+            gates.disk_gate(
+                gate="disk-builder-scratch",
+                where=str(where),
+                free=free,
+                need_gb=need_gb,
+                need_source=need_source,
+                remedy=remedy,
+            )
+        )
+        if mount is not None and mount.fstype == "tmpfs":
+            out.append(
+                warning(
+                    "builder-scratch-tmpfs",
+                    f"{folder} on tmpfs {mount.mountpoint}",
+                    "disk-backed builder scratch dir",
+                    "host /proc/mounts; podman info store.imageCopyTmpDir",
+                    remedy,
+                    "the builder stages layers in RAM the compile jobs need",
+                )
+            )
+    return out
 
 
 def _probe_findings(

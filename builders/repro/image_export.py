@@ -3,17 +3,15 @@
 Nothing is unpacked to disk: each layer's tar is read in order and every regular file is hashed as it
 goes by, so a 10 GB image costs time, not space.
 
-The engine's own API calls are the two below (`_save_stream`, `image_rootfs`); they belong in
-builders/engine and move there when the Engine grows `save()` and a RootFS accessor.
+The export is the engine's (`Engine.save_stream`: Docker's `docker save`, Podman's docker-archive); both put
+manifest.json, the config and one tar per layer in it, named differently (`<id>/layer.tar`, `<digest>.tar`).
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import tarfile
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
@@ -56,44 +54,9 @@ class ExportedImage:
     layers: tuple[Layer, ...]
 
 
-class _ChunkReader(io.RawIOBase):
-    """A file over the chunks the engine streams, so tarfile can read the export without a temp copy."""
-
-    def __init__(self, chunks: Iterator[bytes]) -> None:
-        self._chunks = chunks
-        self._buffer = b""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, target: Any) -> int:
-        while not self._buffer:
-            try:
-                self._buffer = next(self._chunks)
-            except StopIteration:
-                return 0
-        size = min(len(target), len(self._buffer))
-        target[:size] = self._buffer[:size]
-        self._buffer = self._buffer[size:]
-        return size
-
-
-def _save_stream(engine: Engine, ref: str) -> IO[bytes]:
-    try:
-        image = engine.client.images.get(ref)
-        chunks: Iterator[bytes] = iter(image.save(named=False))
-    except Exception as exc:  # the SDK raises ImageNotFound or APIError depending on the engine
-        raise EngineError(f"cannot export image {ref!r}: {exc}", hint="is it in the engine? `docker images`") from exc
-    return io.BufferedReader(_ChunkReader(chunks), buffer_size=1 << 20)
-
-
 def image_rootfs(engine: Engine, ref: str) -> tuple[str, ...]:
     """The image's layer diff_ids: the engine's content hashes of each uncompressed layer."""
-    try:
-        attrs = engine.client.images.get(ref).attrs
-    except Exception as exc:  # the SDK raises ImageNotFound or APIError depending on the engine
-        raise EngineError(f"image {ref!r} is not in the engine: {exc}") from exc
-    return tuple(str(layer) for layer in (attrs.get("RootFS") or {}).get("Layers") or ())
+    return engine.rootfs_layers(ref)
 
 
 def _pyc_sans_mtime(data: bytes) -> bytes:
@@ -159,14 +122,14 @@ def export_image(engine: Engine, ref: str) -> ExportedImage:
     image_id = engine.image_info(ref).id
     by_member: dict[str, dict[str, Entry]] = {}
     blobs: dict[str, bytes] = {}
-    with tarfile.open(fileobj=_save_stream(engine, ref), mode="r|") as outer:
+    with tarfile.open(fileobj=engine.save_stream(ref), mode="r|") as outer:
         for member in outer:
             if not member.isreg():
                 continue
             handle = outer.extractfile(member)
             if handle is None:
                 continue
-            if member.name.endswith("layer.tar"):
+            if member.name.endswith(".tar"):
                 by_member[member.name] = read_layer(handle)
             elif member.name.endswith(".json"):
                 blobs[member.name] = handle.read()
@@ -193,7 +156,7 @@ def export_image(engine: Engine, ref: str) -> ExportedImage:
 def extract_paths(engine: Engine, ref: str, wanted: dict[str, set[str]], dest: Path) -> dict[tuple[str, str], Path]:
     """Copy chosen files of chosen layers out of the export: {(layer member, path): file written}."""
     written: dict[tuple[str, str], Path] = {}
-    with tarfile.open(fileobj=_save_stream(engine, ref), mode="r|") as outer:
+    with tarfile.open(fileobj=engine.save_stream(ref), mode="r|") as outer:
         for member in outer:
             if member.name not in wanted or not member.isreg():
                 continue

@@ -90,7 +90,7 @@ def test_failed_build_leaves_no_container_and_no_tag(project_copy: Path, engine:
     if engine.image_exists(tag):  # left by an earlier run whose build did not fail: this run must not inherit it
         engine.remove_image(tag)
     before = set(_forge_containers(engine))
-    every_before = {c.id for c in engine.client.containers.list(all=True)}
+    every_before = set(engine.all_containers())
     with pytest.raises(BuildFailed):
         build(
             project,
@@ -102,9 +102,9 @@ def test_failed_build_leaves_no_container_and_no_tag(project_copy: Path, engine:
     assert not engine.image_exists(tag)
     assert set(_forge_containers(engine)) == before
     assert not [
-        c
-        for c in engine.client.containers.list(all=True)
-        if c.status in {"created", "exited"} and c.id not in every_before
+        cid
+        for cid, status in engine.all_containers().items()
+        if status in {"created", "exited"} and cid not in every_before
     ]
     report = (tmp_path / "report.json").read_text()
     assert '"result": "failed"' in report

@@ -11,10 +11,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from builders.engine import Engine
+from builders.engine.docker_engine import DockerEngine
 from builders.report import BuildReport
 
 pytestmark = pytest.mark.engine
@@ -46,18 +48,24 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def _client(engine: Engine) -> Any:
+    """Docker's SDK client: these cases read the legacy builder's intermediate images, which only Docker has."""
+    assert isinstance(engine, DockerEngine), "the interruption cases run on Docker (ENGINES)"
+    return engine.client
+
+
 def _intermediate_layers(engine: Engine, before: set[str], base_id: str) -> list[str]:
     """Untagged images made since `before` on top of the base: the legacy builder keeps each finished step of a
     build as a cache image, a cancelled one too. Leaves first, so removing them in order succeeds."""
     found = []
-    for image in engine.client.images.list(all=True):
+    for image in _client(engine).images.list(all=True):
         if image.id in before or image.tags:
             continue
         parent = image.attrs.get("Parent") or ""
         chain = [image.id]
         while parent and parent != base_id and parent not in before:
             chain.append(parent)
-            parent = engine.client.images.get(parent).attrs.get("Parent") or ""
+            parent = _client(engine).images.get(parent).attrs.get("Parent") or ""
         if parent == base_id:
             found.append((len(chain), image.id))
     return [image_id for _, image_id in sorted(found, reverse=True)]
@@ -86,9 +94,9 @@ def test_sigterm_mid_build_leaves_a_true_report_and_nothing_else(
     latest_before = (
         engine.image_info("forge/test-router:latest").id if engine.image_exists("forge/test-router:latest") else None
     )
-    containers_before = {c.id for c in engine.client.containers.list(all=True)}
-    images_before = {i.id for i in engine.client.images.list(all=True, filters={"label": "dev.forge.recipe=router"})}
-    every_image_before = {i.id for i in engine.client.images.list(all=True)}
+    containers_before = {c.id for c in _client(engine).containers.list(all=True)}
+    images_before = {i.id for i in _client(engine).images.list(all=True, filters={"label": "dev.forge.recipe=router"})}
+    every_image_before = {i.id for i in _client(engine).images.list(all=True)}
     # --no-cache on the cheapest image: its first RUN downloads a compiler from Debian's archive for many
     # seconds, so the signal, sent a second after that step starts, always lands in the build phase.
     proc = subprocess.Popen(
@@ -164,14 +172,14 @@ def test_sigterm_mid_build_leaves_a_true_report_and_nothing_else(
         engine.image_info("forge/test-router:latest").id if engine.image_exists("forge/test-router:latest") else None
     )
     assert latest_after == latest_before
-    images_after = {i.id for i in engine.client.images.list(all=True, filters={"label": "dev.forge.recipe=router"})}
+    images_after = {i.id for i in _client(engine).images.list(all=True, filters={"label": "dev.forge.recipe=router"})}
     assert not [i for i in images_after - images_before if not engine.image_info(i).tags]
     # The engine removes a cancelled legacy build's step container itself, a moment after the connection closed.
     deadline = time.monotonic() + (30 if builder == "legacy" else 0)
     while True:
         left = [
             c.name
-            for c in engine.client.containers.list(all=True)
+            for c in _client(engine).containers.list(all=True)
             if c.status in {"created", "exited"} and c.id not in containers_before
         ]
         if not left or time.monotonic() >= deadline:

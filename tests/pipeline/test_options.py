@@ -52,7 +52,11 @@ def test_choices_are_the_models_literals() -> None:
     actions = {a.option_strings[-1]: a for a in _subparser("build")._actions if a.option_strings}
     assert tuple(actions["--torch-index"].choices or ()) == get_args(TorchChoice.model_fields["index"].annotation)
     assert tuple(actions["--gpu-mode"].choices or ()) == get_args(CudaBuild.model_fields["mode"].annotation)
-    assert tuple(actions["--builder"].choices or ()) == get_args(BuilderChoice) == ("auto", "buildkit", "legacy")
+    assert (
+        tuple(actions["--builder"].choices or ())
+        == get_args(BuilderChoice)
+        == ("auto", "buildkit", "legacy", "buildah")
+    )
     preflight = {a.option_strings[-1]: a for a in _subparser("preflight")._actions if a.option_strings}
     assert tuple(preflight["--torch-index"].choices or ()) == get_args(TorchChoice.model_fields["index"].annotation)
 

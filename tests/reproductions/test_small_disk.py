@@ -59,4 +59,4 @@ def test_small_engine_root_is_blocked_then_fails_with_enospc(
     assert report["diagnosis"]["category"] == "disk-full", report["diagnosis"]
     assert "no space left on device" in report["diagnosis"]["line"].lower()
     assert not small_engine.image_exists(tag)
-    assert small_engine.client.containers.list(all=True) == []
+    assert small_engine.all_containers() == {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import random
@@ -10,7 +11,10 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -89,6 +93,83 @@ def _forge_image(target: str) -> str:
         ),
         lambda _line: None,
     )
+    assert report.result == "succeeded", report.summary()
+    return tag
+
+
+@contextlib.contextmanager
+def engine_choice(choice: str) -> Iterator[None]:
+    """FORGE_ENGINE=choice for what runs inside, as `--engine` sets it, and the caller's value back after."""
+    before = os.environ.get("FORGE_ENGINE")
+    os.environ["FORGE_ENGINE"] = choice
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("FORGE_ENGINE", None)
+        else:
+            os.environ["FORGE_ENGINE"] = before
+
+
+@functools.cache
+def podman_base() -> str:
+    """Debian 12's base in Podman's storage, carried over from Docker's (which Forge bootstraps when missing):
+    Podman cannot pull here, and a second mmdebstrap would cost a minute for the same tree."""
+    from builders.bootstrap import ensure_base
+    from builders.config import Project
+    from builders.engine import Engine
+
+    distro = Project.load(ROOT).distro("debian-12")
+    podman = Engine.connect("podman")
+    if not podman.image_exists(distro.base.local_tag):
+        docker = Engine.connect("docker")
+        ensure_base(distro, docker)
+        save = subprocess.Popen(["docker", "save", distro.base.local_tag], stdout=subprocess.PIPE)
+        subprocess.run(["podman", "load"], stdin=save.stdout, check=True, capture_output=True)
+        assert save.wait() == 0
+    return distro.base.local_tag
+
+
+@functools.cache
+def marked_ca_bundle() -> Path:
+    """The CA bundle Podman builds get: the host's real trust (pip must still reach PyPI) plus a line no other
+    file has, so its bytes can be looked for in every layer of the image."""
+    import certifi
+
+    from builders.trust import find_ca_bundle
+
+    source = find_ca_bundle()[0] or Path(certifi.where())
+    bundle = Path(tempfile.mkdtemp(prefix="forge-ca-")) / "ca_bundle.pem"
+    bundle.write_text(source.read_text() + f"\n# forge test marker {uuid.uuid4().hex}\n")
+    return bundle
+
+
+@functools.cache
+def podman_image(target: str) -> str:
+    """The Debian 12 image of `target` built (and test-staged) by Forge with --engine podman, once per session."""
+    from builders.build import BuildOptions, build
+    from builders.config import Project
+    from builders.sources import fetch_wheelhouse
+
+    podman_base()
+    project = Project.load(ROOT)
+    distro, recipe = project.distro("debian-12"), project.recipe_for(target)
+    wheelhouse = fetch_wheelhouse(recipe, distro, ROOT) if recipe.wheelhouse else None
+    tag = f"forge/debian-12-{target}:podman-test"
+    with engine_choice("podman"):
+        report = build(
+            project,
+            distro,
+            recipe,
+            BuildOptions(
+                max_jobs=1,
+                wheelhouse=wheelhouse,
+                tag=tag,
+                ca_bundle=str(marked_ca_bundle()),
+                reports_dir=ROOT / "reports" / f"podman-debian-12-{target}",
+            ),
+            lambda _line: None,
+        )
     assert report.result == "succeeded", report.summary()
     return tag
 

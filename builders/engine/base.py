@@ -1,0 +1,235 @@
+"""The Engine interface: what Forge asks of a container engine, whichever one answers.
+
+One module per engine implements it (docker_engine.py over the Docker Engine API, podman_engine.py over the
+`podman` CLI); `Engine.connect()` picks one from `--engine` / FORGE_ENGINE (builders/engine/select.py). No code
+outside builders/engine/ asks which engine it has: what differs is a capability, recorded once in `facts`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+LineSink = Callable[[str], None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildRequest:
+    context_dir: Path
+    containerfile: Path
+    target: str | None = None
+    build_args: dict[str, str] = field(default_factory=dict)
+    secrets: dict[str, Path] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    network_host: bool = True
+    no_cache: bool = False
+    log_path: Path | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildResult:
+    ok: bool
+    image_id: str | None
+    builder: str
+    seconds: float
+    log_path: Path | None
+    returncode: int
+    step_times: dict[str, float] = field(default_factory=dict)
+
+
+class Builder(Protocol):
+    name: str
+    supports_secrets: bool
+    supports_cache_mounts: bool
+    version: str | None
+
+    def build(self, request: BuildRequest, sink: LineSink) -> BuildResult: ...
+
+
+# select.py registers how `Engine.connect()` picks an engine: the implementations import this module, so this
+# module cannot import them.
+_CONNECT: list[Callable[[str | None], Engine]] = []
+
+
+def register_connector(connect: Callable[[str | None], Engine]) -> None:
+    _CONNECT[:] = [connect]
+
+
+# Every container Forge starts carries this label, so a cleanup can find what a crashed run left behind.
+OWNER_LABEL = "forge.owner"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImageInfo:
+    id: str
+    tags: tuple[str, ...]
+    digests: tuple[str, ...]
+    size: int
+    labels: dict[str, str]
+    created: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineFacts:
+    """What the engine is and can do, read once when it is connected; the build report records it."""
+
+    kind: str  # docker | podman
+    version: str
+    rootless: bool = False
+    root_dir: str | None = None  # where layers live: preflight's disk gate reads it
+    scratch_dirs: tuple[str, ...] = ()  # where the builder stages (buildah: /var/tmp unless TMPDIR)
+    runtime: str | None = None  # the OCI runtime (runc, crun)
+    cgroups: str | None = None  # "v1 cgroupfs", "v2 systemd"
+    builder_version: str | None = None  # Podman: the buildah its `podman build` is
+    capabilities: dict[str, bool] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        parts = ["rootless" if self.rootless else "rootful"]
+        parts += [p for p in (self.runtime, f"cgroups {self.cgroups}" if self.cgroups else None) if p]
+        return f"{self.kind} {self.version} ({', '.join(parts)})"
+
+    def as_report(self) -> dict[str, object]:
+        return {
+            "kind": self.kind,
+            "version": self.version,
+            "rootless": self.rootless,
+            "root_dir": self.root_dir,
+            "scratch_dirs": list(self.scratch_dirs),
+            "runtime": self.runtime,
+            "cgroups": self.cgroups,
+            "builder_version": self.builder_version,
+            "capabilities": dict(self.capabilities),
+        }
+
+
+class Engine(ABC):
+    """A connected engine. Construct with `Engine.connect()`."""
+
+    facts: EngineFacts
+
+    @classmethod
+    def connect(cls, choice: str | None = None) -> Engine:
+        """The engine `choice` names (docker, podman, auto), else FORGE_ENGINE's, else auto."""
+        # Importing any module of builders.engine runs the package's __init__ first, which imports select.py.
+        assert _CONNECT, "builders/engine/select.py registers the connector when builders.engine is imported"
+        return _CONNECT[0](choice)
+
+    @property
+    def kind(self) -> str:
+        return self.facts.kind
+
+    @property
+    def version(self) -> str:
+        return self.facts.version
+
+    @property
+    def root_dir(self) -> str | None:
+        return self.facts.root_dir
+
+    def qualify(self, ref: str) -> str:
+        """The name this engine stores `ref` under (Podman: fully qualified); Docker keeps short names."""
+        return ref
+
+    @abstractmethod
+    def check(self) -> None:
+        """Prove a container can start; raise EngineError naming the reason and the remedy when one cannot."""
+
+    @abstractmethod
+    def choose_builder(self, preference: str) -> Builder: ...
+
+    # --- images -------------------------------------------------------------------------------------------
+
+    @abstractmethod
+    def image_exists(self, ref: str) -> bool: ...
+
+    @abstractmethod
+    def image_info(self, ref: str) -> ImageInfo: ...
+
+    @abstractmethod
+    def pull(self, ref: str) -> None: ...
+
+    @abstractmethod
+    def tag(self, image_id: str, ref: str) -> None: ...
+
+    @abstractmethod
+    def untag(self, ref: str) -> None: ...
+
+    @abstractmethod
+    def remove_image(self, ref: str) -> None: ...
+
+    @abstractmethod
+    def load(self, tarball: bytes | Any) -> list[str]: ...
+
+    @abstractmethod
+    def import_rootfs(self, tar_path: str, ref: str, *, changes: list[str] | None = None) -> str:
+        """Turn a rootfs tarball into an image, as `docker import` does."""
+
+    @abstractmethod
+    def save_stream(self, ref: str) -> IO[bytes]:
+        """The image as a docker-archive tar (manifest.json, config, one tar per layer), streamed."""
+
+    @abstractmethod
+    def rootfs_layers(self, ref: str) -> tuple[str, ...]:
+        """The image's layer diff_ids: the engine's content hashes of each uncompressed layer."""
+
+    # --- containers ---------------------------------------------------------------------------------------
+
+    @abstractmethod
+    def run_detached(
+        self,
+        *,
+        image: str,
+        command: list[str],
+        name: str | None = None,
+        env: dict[str, str] | None = None,
+        volumes: dict[str, str] | None = None,
+        network_host: bool = True,
+        shm_size: str = "2g",
+        labels: dict[str, str] | None = None,
+        entrypoint: list[str] | None = None,
+        user: str | None = None,
+        gpus: bool = False,
+        cpuset_cpus: str | None = None,
+    ) -> str:
+        """Start a long-lived container; the caller must `stop_and_remove` it. gpus: hand it every host GPU;
+        cpuset_cpus: confine it to these host CPUs ('0-1', '2,3'). volumes: host path -> container path,
+        read-only unless the container path ends in ':rw'."""
+
+    @abstractmethod
+    def stop_and_remove(self, cid: str, timeout: int = 5) -> None: ...
+
+    @abstractmethod
+    def kill(self, cid: str) -> None: ...
+
+    @abstractmethod
+    def is_running(self, cid: str) -> bool: ...
+
+    @abstractmethod
+    def logs(self, cid: str, tail: int = 200) -> str: ...
+
+    @abstractmethod
+    def run_once(
+        self,
+        image: str,
+        command: list[str],
+        *,
+        entrypoint: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        volumes: dict[str, str] | None = None,
+        network_host: bool = True,
+        timeout: float = 300,
+        user: str | None = None,
+        shm_size: str = "1g",
+        gpus: bool = False,
+    ) -> tuple[int, str]:
+        """Run a throwaway container to completion; it is removed whatever happens."""
+
+    @abstractmethod
+    def containers_with_label(self, key: str, value: str | None = None) -> list[str]: ...
+
+    @abstractmethod
+    def all_containers(self) -> dict[str, str]:
+        """Every container of the engine, Forge's or not: id -> status (created, running, exited …)."""
