@@ -39,6 +39,8 @@ class BuildReport:
     containerfile: str | None = None
     lock: dict[str, Any] | None = None  # forge.lock entries this build used, and any drift from them
     sbom: dict[str, Any] | None = None  # the image's CycloneDX SBOM: path, sha256, counts
+    platform: dict[str, Any] = field(default_factory=dict)  # built for (linux/arm64), and whether under emulation
+    push: dict[str, Any] | None = None  # where `forge push` published the image: ref, registry digest, SBOM, index
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -63,6 +65,9 @@ class BuildReport:
             )
         if self.preflight:
             lines.append(f"  preflight: {preflight_line(self.preflight)}")
+        if self.platform.get("name", "linux/amd64") != "linux/amd64":
+            emulated = " under emulation (qemu-user-static)" if self.platform.get("emulated") else ""
+            lines.append(f"  platform: {self.platform['name']}{emulated}")
         if self.builder:
             lines.append(f"  builder: {self.builder.get('name')} ({self.builder.get('cli') or 'engine API'})")
         if self.image:
@@ -94,15 +99,25 @@ class BuildReport:
             lines.append(f"  lock: {state}")
         if self.sbom:
             lines.append(f"  sbom: {self.sbom.get('path', self.sbom.get('error'))}")
+        if self.push:
+            lines.append(f"  pushed: {self.push.get('pull')} (registry digest, verified by HEAD)")
+            if self.push.get("sbom"):
+                lines.append(f"  sbom in registry: {self.push['sbom'].get('ref')}")
+            if self.push.get("index"):
+                index = self.push["index"]
+                lines.append(f"  index: {index.get('ref')} {index.get('digest')} ({', '.join(index['platforms'])})")
         if self.log:
             lines.append(f"  log: {self.log}")
         return "\n".join(lines)
 
     def write(self, folder: Path) -> Path:
+        """report.json and summary.txt, each replaced whole: a reader never sees half of either."""
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / "report.json"
-        path.write_text(self.to_json() + "\n")
-        (folder / "summary.txt").write_text(self.summary() + "\n")
+        for name, text in (("report.json", self.to_json()), ("summary.txt", self.summary())):
+            partial = folder / f".{name}.partial"
+            partial.write_text(text + "\n")
+            partial.replace(folder / name)
         return path
 
 

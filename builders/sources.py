@@ -196,7 +196,10 @@ def manylinux_platforms(glibc: str, arch: str) -> list[str]:
 
 
 def wheelhouse_dir(root: Path, distro: Distro, recipe: Recipe) -> Path:
-    return cache_dir(root).parent / "wheelhouses" / f"{distro.name}-{recipe.target}"
+    from builders.platforms import platform_of
+
+    # One folder per architecture: an aarch64 wheelhouse beside the x86_64 one, never mixed.
+    return cache_dir(root).parent / "wheelhouses" / f"{distro.name}-{recipe.target}{platform_of(distro).suffix}"
 
 
 def fetch_wheelhouse(recipe: Recipe, distro: Distro, root: Path) -> Path:

@@ -103,11 +103,36 @@ class Engine:
             created=str(attrs.get("Created", "")),
         )
 
-    def pull(self, ref: str) -> None:
+    def pull(self, ref: str, *, platform: str | None = None) -> str:
+        """Pull a reference (a tag, or `name@sha256:…` for exactly that manifest); returns the local image id."""
         try:
-            self.client.images.pull(ref)
+            image = self.client.images.pull(ref, platform=platform)
         except docker.errors.APIError as exc:
             raise EngineError(f"could not pull {ref}: {exc.explanation or exc}") from exc
+        return str(image.id)
+
+    def push(self, ref: str) -> str:
+        """Push a tagged image with the credentials the engine's client reads (~/.docker/config.json, or
+        $DOCKER_CONFIG); returns the manifest digest the engine reports. The caller verifies it against the
+        registry: an engine's word is not the registry's."""
+        repo, _, tag = ref.rpartition(":")
+        digest = ""
+        try:
+            for chunk in self.client.images.push(repo, tag=tag, stream=True, decode=True):
+                if "error" in chunk:
+                    detail = chunk.get("errorDetail", {}).get("message") or chunk["error"]
+                    raise EngineError(f"the engine could not push {ref}: {detail}")
+                digest = str((chunk.get("aux") or {}).get("Digest") or digest)
+        except (docker.errors.APIError, requests.RequestException) as exc:
+            raise EngineError(f"the engine could not push {ref}: {exc}") from exc
+        if not digest.startswith("sha256:"):
+            raise EngineError(f"the engine pushed {ref} but reported no manifest digest")
+        return digest
+
+    def image_platform(self, ref: str) -> str:
+        """os/architecture of a local image, as the engine records it (an import says what it was told)."""
+        attrs = self.client.images.get(ref).attrs
+        return f"{attrs.get('Os', 'linux')}/{attrs.get('Architecture', '?')}"
 
     def tag(self, image_id: str, ref: str) -> None:
         repo, _, tag = ref.rpartition(":") if ":" in ref.rsplit("/", 1)[-1] else (ref, "", "latest")
@@ -125,11 +150,27 @@ class Engine:
         images = self.client.images.load(tarball)
         return [str(i.id) for i in images]
 
-    def import_rootfs(self, tar_path: str, ref: str, *, changes: list[str] | None = None) -> str:
-        """Turn a rootfs tarball into an image, as `docker import` does."""
+    def import_rootfs(
+        self, tar_path: str, ref: str, *, changes: list[str] | None = None, platform: str | None = None
+    ) -> str:
+        """Turn a rootfs tarball into an image, as `docker import --platform` does: without the platform an
+        arm64 rootfs would be recorded as the host's amd64, and a build FROM it for linux/arm64 would not find it."""
         repo, _, tag = ref.rpartition(":")
+        api = self.client.api
+        params: dict[str, Any] = {"fromSrc": "-", "repo": repo, "tag": tag, "changes": changes or []}
+        if platform:
+            params["platform"] = platform
         with Path(tar_path).open("rb") as fh:
-            resp = self.client.api.import_image_from_data(fh, repository=repo, tag=tag, changes=changes)
+            # The SDK's import_image_from_data has no platform argument; this is the same call with it.
+            resp = api._result(
+                api._post(
+                    api._url("/images/create"),
+                    data=fh,
+                    params=params,
+                    headers={"Content-Type": "application/tar"},
+                    timeout=None,
+                )
+            )
         return str(resp)
 
     # --- containers ---------------------------------------------------------------------------------------

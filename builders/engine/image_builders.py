@@ -41,6 +41,8 @@ class BuildRequest:
     network_host: bool = True
     no_cache: bool = False
     log_path: Path | None = None
+    # linux/arm64 on an x86_64 host runs each RUN under qemu-user-static (binfmt_misc); None: the engine's own.
+    platform: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,6 +113,8 @@ class BuildKitCliBuilder:
                 cmd += ["--network", "host"]
             if request.target:
                 cmd += ["--target", request.target]
+            if request.platform:
+                cmd += ["--platform", request.platform]
             if request.no_cache:
                 cmd.append("--no-cache")
             for key, value in sorted(request.build_args.items()):
@@ -204,6 +208,7 @@ class LegacySdkBuilder:
                 labels=request.labels,
                 network_mode="host" if request.network_host else None,
                 nocache=request.no_cache,
+                platform=request.platform,
                 rm=True,
                 forcerm=True,  # a failed step's container is removed too: nothing stray is left
                 decode=True,
