@@ -209,6 +209,33 @@ def write_index(client: RegistryClient, ref: Reference, pushed: list[Pushed]) ->
     }
 
 
+def index_of_digests(ref: Reference, digests: dict[str, str], log: Log) -> dict[str, Any]:
+    """The index over images already pushed by digest (one per platform, by jobs on other machines): each is
+    read back from the registry first, so the index names only manifests the registry holds."""
+    client = RegistryClient(ref)
+    pushed = []
+    for platform_name, digest in digests.items():
+        served = client.head_manifest(ref.name, digest)
+        if served is None:
+            raise PushFailed(
+                f"{ref.repository}@{digest} ({platform_name}) is not in the registry",
+                hint="push each platform's image first (`forge push … --platform`), then write the index",
+            )
+        pushed.append(
+            Pushed(
+                platform=platform_name,
+                ref=f"{ref.repository}@{digest}",
+                digest=digest,
+                media_type=served[1],
+                size=served[2],
+                sbom=None,
+            )
+        )
+    index = write_index(client, ref, pushed)
+    log.info(f"index {ref} = {index['digest']} names {', '.join(index['platforms'])}")
+    return index
+
+
 def publish(engine: Engine, images: list[Proven], ref: Reference, log: Log) -> list[BuildReport]:
     """Push every image, one platform each; several are pushed as TAG-ARCH and joined under TAG by an index.
     Every report gets its push record only when the whole set succeeded."""

@@ -280,7 +280,7 @@ def fetch_wheelhouse(recipe: Recipe, distro: Distro, root: Path) -> Path:
     for folder in recipe.wheelhouse.find_links:
         cmd += ["--find-links", folder]
     proc = subprocess.run([*cmd, *recipe.wheelhouse.requirements], capture_output=True, text=True, check=False)
-    local_pin = LOCAL_PIN_CONFLICT.search(proc.stderr) if proc.returncode != 0 else None
+    local_pin = LOCAL_PIN_CONFLICT.search(proc.stdout + proc.stderr) if proc.returncode != 0 else None
     if local_pin:
         proc = _download_around_local_pin(cmd, recipe, distro, dest, local_pin["project"])
     if proc.returncode != 0:

@@ -237,6 +237,23 @@ def _push(
     return 0
 
 
+def cmd_index(args: argparse.Namespace) -> int:
+    from builders.publish import index_of_digests
+
+    ref = parse_reference(args.ref, what="REF")
+    digests: dict[str, str] = {}
+    for item in args.images:
+        name, sep, digest = item.partition("=")
+        (plat,) = parse_platforms(name) if sep else (None,)
+        if plat is None or not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+            raise UsageError(f"{item!r}: expected PLATFORM=sha256:HEX, e.g. linux/arm64=sha256:…")
+        digests[plat.name] = digest
+    # Progress to stderr: stdout is the index alone (`forge index … --json > index.json`).
+    index = index_of_digests(ref, digests, Log(lambda line: print(line, file=sys.stderr, flush=True)))
+    print(json.dumps(index, indent=2) if args.json else f"{index['ref']}@{index['digest']}")
+    return 0
+
+
 def cmd_push(args: argparse.Namespace) -> int:
     project = _project(args)
     distro = project.distro(args.distro)
@@ -336,6 +353,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _platform_arg(p)
     p.add_argument("--report-dir", default=None, help="the build's report folder (default: reports/DISTRO-TARGET)")
     p.set_defaults(func=cmd_push)
+
+    p = subparsers.add_parser("index", help="one name for images pushed by digest: a manifest list / OCI index")
+    p.add_argument("ref", help="HOST[:PORT]/NAME:TAG the index is stored under")
+    p.add_argument("images", nargs="+", metavar="PLATFORM=DIGEST", help="linux/amd64=sha256:… linux/arm64=sha256:…")
+    p.add_argument("--json", action="store_true", help="print the index record as JSON")
+    p.set_defaults(func=cmd_index)
 
 
 def _platform_arg(p: argparse.ArgumentParser) -> None:
