@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,25 +155,51 @@ class Engine:
     def import_rootfs(
         self, tar_path: str, ref: str, *, changes: list[str] | None = None, platform: str | None = None
     ) -> str:
-        """Turn a rootfs tarball into an image, as `docker import --platform` does: without the platform an
-        arm64 rootfs would be recorded as the host's amd64, and a build FROM it for linux/arm64 would not find it."""
+        """Turn a rootfs tarball into an image, as `docker import` does.
+
+        For another architecture than the engine's, Docker 20.10's import ignores its platform argument and
+        records the host's amd64, so a build FROM the base for linux/arm64 would not find it. That base is made
+        by the builder instead (FROM scratch, ADD the tarball), which records the platform asked for."""
         repo, _, tag = ref.rpartition(":")
-        api = self.client.api
-        params: dict[str, Any] = {"fromSrc": "-", "repo": repo, "tag": tag, "changes": changes or []}
-        if platform:
-            params["platform"] = platform
+        if platform and platform != self.native_platform:
+            return self._rootfs_by_build(Path(tar_path), ref, changes or [], platform)
         with Path(tar_path).open("rb") as fh:
-            # The SDK's import_image_from_data has no platform argument; this is the same call with it.
-            resp = api._result(
-                api._post(
-                    api._url("/images/create"),
-                    data=fh,
-                    params=params,
-                    headers={"Content-Type": "application/tar"},
-                    timeout=None,
-                )
-            )
+            resp = self.client.api.import_image_from_data(fh, repository=repo, tag=tag, changes=changes)
         return str(resp)
+
+    @property
+    def native_platform(self) -> str:
+        info = self.client.info()
+        arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(str(info.get("Architecture")), "amd64")
+        return f"linux/{arch}"
+
+    def _rootfs_by_build(self, tar: Path, ref: str, changes: list[str], platform: str) -> str:
+        with tempfile.TemporaryDirectory(prefix="forge-rootfs-", dir=tar.parent) as tmp:
+            folder = Path(tmp)
+            try:
+                os.link(tar, folder / "rootfs.tar")
+            except OSError:
+                shutil.copy2(tar, folder / "rootfs.tar")
+            (folder / "Containerfile").write_text(
+                "FROM scratch\nADD rootfs.tar /\n" + "".join(f"{c}\n" for c in changes)
+            )
+            image_id = ""
+            try:
+                for chunk in self.client.api.build(
+                    path=str(folder),
+                    dockerfile="Containerfile",
+                    tag=ref,
+                    platform=platform,
+                    rm=True,
+                    forcerm=True,
+                    decode=True,
+                ):
+                    if "error" in chunk:
+                        raise EngineError(f"could not make {ref} for {platform}: {chunk['error']}")
+                    image_id = str((chunk.get("aux") or {}).get("ID") or image_id)
+            except docker.errors.APIError as exc:
+                raise EngineError(f"could not make {ref} for {platform}: {exc.explanation or exc}") from exc
+        return image_id
 
     # --- containers ---------------------------------------------------------------------------------------
 
