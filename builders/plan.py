@@ -12,7 +12,7 @@ from typing import Literal
 from builders.config.models import Distro, GpuMode, Recipe, TorchIndex, WheelFile
 from builders.distros import family_for
 from builders.errors import ConfigError, UsageError
-from builders.platforms import platform_of
+from builders.platforms import isa_for, platform_of
 from builders.target import Target
 
 TORCH_INDEXES = {
@@ -210,7 +210,7 @@ def make_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> BuildPlan
         if not cmake_from_pip:
             build_roles.append("cmake")
         compile_env.update(recipe.build_env)
-        compile_env.update(recipe.isa)
+        compile_env.update(isa_for(recipe.isa, distro.arch))
         compile_env["MAX_JOBS"] = str(options.max_jobs)
         compile_env.update({k: v for k, v in family.compiler_env().items() if k != "PATH"})
         if torch and torch.cuda_build_on_cpu:

@@ -81,3 +81,28 @@ def for_platform(distro: Distro, platform: Platform) -> Distro:
             "tcmalloc_path": distro.tcmalloc_path.replace(here.triplet, platform.triplet),
         }
     )
+
+
+# vLLM's ISA switches (cmake/cpu_extension.cmake reads each from the environment) and the arch each belongs to.
+# VLLM_CPU_X86=1 on aarch64 would force vLLM's x86 branch (`… OR ENABLE_X86_ISA`): an arch's build gets its own.
+ISA_ARCH: dict[str, str] = {
+    "VLLM_CPU_X86": "x86_64",
+    "VLLM_CPU_AVX2": "x86_64",
+    "VLLM_CPU_AVX512": "x86_64",
+    "VLLM_CPU_AVX512BF16": "x86_64",
+    "VLLM_CPU_AVX512VNNI": "x86_64",
+    "VLLM_CPU_AMXBF16": "x86_64",
+    "VLLM_CPU_ARM_BF16": "aarch64",
+    "VLLM_CPU_ARM_I8MM": "aarch64",
+}
+# Under qemu-user-static /proc/cpuinfo is the build host's, so vLLM's own detection would decide BF16 from an x86
+# CPU: the arm64 plan always states it. Off unless the recipe says on: Graviton2 and other Armv8.2 CPUs lack BF16.
+ARM_BF16_DEFAULT = "0"
+
+
+def isa_for(isa: dict[str, str], arch: str) -> dict[str, str]:
+    """The recipe's ISA settings that apply to `arch`; aarch64 always gets VLLM_CPU_ARM_BF16 explicitly."""
+    chosen = {k: v for k, v in isa.items() if ISA_ARCH.get(k, arch) == arch}
+    if arch == "aarch64":
+        chosen.setdefault("VLLM_CPU_ARM_BF16", ARM_BF16_DEFAULT)
+    return chosen

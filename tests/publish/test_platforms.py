@@ -13,6 +13,9 @@ from builders.distros import family_for
 from builders.errors import ConfigError, UsageError
 from builders.plan import PlanOptions, make_plan
 from builders.platforms import PLATFORMS, for_platform, parse_platforms
+from builders.preflight.arm_gates import arm_gates
+from builders.preflight.findings import Finding
+from builders.preflight.source_facts import read_source_files
 from builders.publish import sbom_tag
 from builders.registry import parse_reference
 from builders.registry.client import credentials_for
@@ -103,3 +106,32 @@ def test_credentials_come_from_the_engines_auth_files(tmp_path: Path) -> None:
 def test_the_bootstrap_arches_default_to_the_host_only(project: Project) -> None:
     boot = project.distro("debian-13").base.bootstrap
     assert boot is not None and boot.arches == ("x86_64",)
+
+
+FIXTURE = Path(__file__).parents[1] / "preflight" / "fixtures" / "vllm-0.33.0"
+X86_CPUINFO = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16\n"
+ARM_CPUINFO = "processor\t: 0\nFeatures\t: fp asimd evtstrm aes crc32 asimddp\n"
+
+
+def _arm(files: dict[str, str], env: dict[str, str], cpuinfo: str, host: str) -> dict[str, Finding]:
+    return {f.gate: f for f in arm_gates(files, compile_env=env, host_cpuinfo=cpuinfo, host_arch=host)}
+
+
+def test_arm64_source_builds_under_emulation_are_blocked_by_vllms_asimd_gate(project: Project) -> None:
+    files = read_source_files(FIXTURE)
+    arm64 = for_platform(project.distro("debian-12"), ARM64)
+    plan = make_plan(arm64, project.recipe_for("cpu"), PlanOptions(max_jobs=1, torch_version="2.14.0"))
+    # The x86 switch would force vLLM's x86 branch on arm64; BF16 is stated, never left to the host's cpuinfo.
+    assert "VLLM_CPU_X86" not in plan.compile_env
+    assert plan.compile_env["VLLM_CPU_ARM_BF16"] == "0"
+    emulated = _arm(files, plan.compile_env, X86_CPUINFO, "x86_64")
+    assert emulated["arm-asimd"].blocking
+    assert emulated["arm-asimd"].source.startswith("vLLM cmake/cpu_extension.cmake:106")
+    # An x86 host's avx512_bf16 contains "bf16": vLLM's substring search would turn Arm BF16 on.
+    assert not emulated["arm-bf16"].passed and "avx512_bf16" in emulated["arm-bf16"].found
+    native = _arm(files, plan.compile_env, ARM_CPUINFO, "aarch64")
+    assert native["arm-asimd"].passed and native["arm-bf16"].passed
+    unset = _arm(files, {}, ARM_CPUINFO, "aarch64")
+    assert unset["arm-bf16"].blocking
+    missing = _arm({}, plan.compile_env, ARM_CPUINFO, "aarch64")
+    assert all(not f.evaluated for f in missing.values())
