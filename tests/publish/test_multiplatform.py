@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import shutil
+import sys
 import uuid
 from pathlib import Path
 
@@ -23,7 +24,9 @@ from builders.publish import proven, publish
 from builders.registry import RegistryClient, parse_reference
 from builders.registry.client import DOCKER_LIST
 from builders.smoke.runtimes import Runtimes
-from tests.smoke.smoke_helpers import ROOT, router_image
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "smoke"))
+from smoke_helpers import ROOT, router_image
 
 pytestmark = pytest.mark.engine
 AMD64, ARM64 = PLATFORMS["linux/amd64"], PLATFORMS["linux/arm64"]

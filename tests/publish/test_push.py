@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,7 +21,9 @@ from builders.engine import Engine
 from builders.publish import sbom_tag
 from builders.registry import RegistryClient, parse_reference
 from builders.registry.local import free_port
-from tests.smoke.smoke_helpers import ROOT, router_image
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "smoke"))
+from smoke_helpers import ROOT, router_image
 
 pytestmark = pytest.mark.engine
 
