@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import yaml
+
 from builders.engine import Engine
 from builders.registry.local import local_registry
 
@@ -66,6 +68,11 @@ def empty_engine(root: Path) -> Iterator[str]:
         log.close()
 
 
+@contextmanager
+def given(registry: str) -> Iterator[str]:
+    yield registry
+
+
 def forge(*args: str, env: dict[str, str] | None = None) -> None:
     print("+ forge " + " ".join(args), flush=True)
     subprocess.run([sys.executable, "-m", "builders.cli", *args], check=True, cwd=ROOT, env=env)
@@ -75,12 +82,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--report-dir", type=Path, default=ROOT / "reports" / "debian-12-cpu-wheel")
     parser.add_argument("--profile", default="ci")
+    parser.add_argument("--registry", default=None, help="HOST:PORT of a running registry (default: start one)")
+    parser.add_argument(
+        "--startup-s", type=float, default=None, help="the profile's timeouts.startup_s, raised on a busy machine"
+    )
     args = parser.parse_args(argv)
     scratch = Path(tempfile.mkdtemp(prefix="forge-pull-smoke-", dir="/var/tmp"))
     try:
         reports = scratch / "report"
         shutil.copytree(args.report_dir, reports)  # the push records itself in this copy, not in the build's
-        with local_registry(scratch / "registry") as registry:
+        profile = args.profile
+        if args.startup_s is not None:
+            data = yaml.safe_load((ROOT / "profiles" / f"{args.profile}.yaml").read_text())
+            data.setdefault("timeouts", {})["startup_s"] = args.startup_s
+            profile = str(scratch / f"{args.profile}.yaml")
+            Path(profile).write_text(yaml.safe_dump(data))
+        with given(args.registry) if args.registry else local_registry(scratch / "registry") as registry:
             ref = f"{registry}/forge/debian-12-cpu-wheel:pull-smoke"
             start = time.monotonic()
             forge("push", "debian-12", "cpu-wheel", ref, "--report-dir", str(reports))
@@ -94,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                 assert not images, f"the second engine is not empty: {images}"
                 del os.environ["DOCKER_HOST"]
                 start = time.monotonic()
-                forge("smoke", pushed["pull"], "--profile", args.profile, "--report", str(scratch / "smoke"), env=env)
+                forge("smoke", pushed["pull"], "--profile", profile, "--report", str(scratch / "smoke"), env=env)
                 print(f"smoke of {pushed['pull']} on an empty engine passed in {time.monotonic() - start:.0f} s")
         return 0
     finally:
