@@ -115,7 +115,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"smoke of {pushed['pull']} on an empty engine passed in {time.monotonic() - start:.0f} s")
         return 0
     finally:
-        subprocess.run(["umount", "-l", str(scratch / "engine" / "exec")], capture_output=True, check=False)
+        # dockerd leaves its network namespace mounted under the exec root; rmtree cannot remove it otherwise.
+        subprocess.run(
+            ["umount", "-l", str(scratch / "engine" / "exec" / "netns" / "default")], capture_output=True, check=False
+        )
         shutil.rmtree(scratch, ignore_errors=True)
 
 
