@@ -120,6 +120,32 @@ def tests_fast(session: nox.Session) -> None:
     session.run("pytest", "-m", "not engine and not server", *session.posargs, external=True)
 
 
+@nox.session(python=False, name="pull-smoke", default=False)
+def pull_smoke(session: nox.Session) -> None:
+    """Push the Debian 12 cpu-wheel image to a registry; smoke it by digest on an engine that has no images."""
+    session.run("python", "-m", "tests.publish.pull_smoke", *session.posargs, external=True)
+
+
+@nox.session(python=False, name="publish-multiplatform", default=False)
+def publish_multiplatform(session: nox.Session) -> None:
+    """Build the arm64 router under emulation, push it and the amd64 one under one index, pull both by digest."""
+    session.run(
+        "pytest",
+        "tests/publish/test_multiplatform.py",
+        *session.posargs,
+        env={"FORGE_MULTIPLATFORM": "1"},
+        external=True,
+    )
+
+
+@nox.session(python=False, name="build-arm64", default=False)
+def build_arm64(session: nox.Session) -> None:
+    """Build the Debian 12 router and cpu-wheel images for linux/arm64 under qemu-user-static (minutes to hours)."""
+    for target in ("router", "cpu-wheel"):
+        session.run("forge", "fetch", "debian-12", target, "--platform", "linux/arm64", external=True)
+        session.run("forge", "build", "debian-12", target, "--platform", "linux/arm64", *session.posargs, external=True)
+
+
 @nox.session(python=False, name="ci-matrix")
 def ci_matrix(session: nox.Session) -> None:
     """Print the CI matrix as JSON: one entry per distro × target, from the pairs these sessions come from."""

@@ -20,6 +20,7 @@ from builders.diagnose.diagnosis import diagnose_text
 from builders.distros import family_for
 from builders.engine import Engine
 from builders.errors import BaseUnavailable
+from builders.platforms import platform_of
 
 # Fixed so that two bootstraps of the same archive state give the same tarball.
 DEFAULT_EPOCH = 1735689600  # 2025-01-01T00:00:00Z
@@ -65,7 +66,9 @@ def bootstrap(
         if proc.returncode != 0 or not tar.exists():
             raise bootstrap_failure(distro, (proc.stderr or "") + (proc.stdout or ""))
         digest = hashlib.sha256(tar.read_bytes()).hexdigest()
-        engine.import_rootfs(str(tar), distro.base.local_tag, changes=['CMD ["/bin/sh"]'])
+        engine.import_rootfs(
+            str(tar), distro.base.local_tag, changes=['CMD ["/bin/sh"]'], platform=platform_of(distro).name
+        )
     info = engine.image_info(distro.base.local_tag)
     return BaseResult(
         ref=distro.base.local_tag,
@@ -109,10 +112,12 @@ def registry_of(ref: str) -> str:
     return first if sep and ("." in first or ":" in first or first == "localhost") else "docker.io"
 
 
-def _pull(engine: Engine, ref: str, local_tag: str | None, start: float) -> BaseResult | str:
+def _pull(
+    engine: Engine, ref: str, local_tag: str | None, start: float, platform: str | None = None
+) -> BaseResult | str:
     """The pulled image (tagged local_tag when given), or why the pull failed, naming the registry."""
     try:
-        engine.pull(ref)
+        engine.pull(ref, platform=platform)
         if local_tag:
             engine.tag(ref, local_tag)
         info = engine.image_info(local_tag or ref)
@@ -144,7 +149,7 @@ def ensure_base(distro: Distro, engine: Engine, *, allow_bootstrap: bool = True,
         return BaseResult(ref=distro.base.local_tag, image_id=info.id, how="local", seconds=0.0)
     problems: list[str] = []
     if allow_pull:
-        pulled = _pull(engine, distro.base.pinned_ref, distro.base.local_tag, start)
+        pulled = _pull(engine, distro.base.pinned_ref, distro.base.local_tag, start, platform_of(distro).name)
         if isinstance(pulled, BaseResult):
             return pulled
         problems.append(pulled)

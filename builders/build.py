@@ -8,6 +8,7 @@ container and no tag: the image is built untagged and tagged only after its test
 from __future__ import annotations
 
 import os
+import platform
 import shlex
 import shutil
 import tempfile
@@ -30,6 +31,7 @@ from builders.log import Log, as_log
 from builders.options import BuildOptions as BuildOptions  # re-exported: callers build with it from here
 from builders.options import plan_options
 from builders.plan import BuildPlan, PlanOptions, make_plan
+from builders.platforms import platform_of
 from builders.preflight.host import derive_max_jobs as derive_jobs
 from builders.preflight.runner import gpu_plan, run_preflight
 from builders.preflight.source_facts import read_pins
@@ -132,12 +134,15 @@ class Context:
     @classmethod
     def start(cls, project: Project, distro: Distro, recipe: Recipe, options: BuildOptions, log: Log) -> Context:
         report = BuildReport(distro=distro.name, target=recipe.target, recipe=recipe.name)
-        reports_dir = options.reports_dir or project.root / "reports" / f"{distro.name}-{recipe.target}"
+        reports_dir = options.reports_dir or default_reports_dir(project, distro, recipe.target)
         clear_report(reports_dir)
         ca_bundle, ca_origin = find_ca_bundle(options.ca_bundle)
         report.ca_bundle = f"{ca_bundle} ({ca_origin})" if ca_bundle else ca_origin
         if options.skip_preflight:
             report.preflight = {"verdict": "skipped", "complete": False, "why": "--skip-preflight: no gate evaluated"}
+        host = platform.machine()
+        # Under emulation every RUN and every test-stage check is an arm64 process interpreted by qemu-user-static.
+        report.platform = {"name": platform_of(distro).name, "host": host, "emulated": host != distro.arch}
         return cls(
             project=project,
             distro=distro,
@@ -177,6 +182,11 @@ class Context:
 
 
 Phase = Callable[[Context], None]
+
+
+def default_reports_dir(project: Project, distro: Distro, target: str) -> Path:
+    """reports/DISTRO-TARGET, and reports/DISTRO-TARGET-arm64 for the same pair built for arm64."""
+    return project.root / "reports" / f"{distro.name}-{target}{platform_of(distro).suffix}"
 
 
 def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOptions, sink: Log | Sink) -> BuildReport:
@@ -407,6 +417,7 @@ def _build(ctx: Context) -> None:
             labels={**plan.labels, **sbom_label(ctx.distro.name, ctx.recipe.target)},
             no_cache=ctx.options.no_cache,
             log_path=ctx.log_path,
+            platform=plan.platform,
         ),
         ctx.log,
     )
@@ -609,6 +620,7 @@ def _toolchain_versions(
             build_args=plan.build_args,
             secrets={"ca_bundle": ca_bundle} if ca_bundle and builder.supports_secrets else {},
             log_path=log_path.with_name("toolchain.log"),
+            platform=plan.platform,
         ),
         lambda _line: None,
     )

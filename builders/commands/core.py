@@ -1,4 +1,4 @@
-"""forge list | render | plan | fetch | bootstrap | build."""
+"""forge list | render | plan | fetch | bootstrap | build | push."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from builders.log import Log, print_table
 from builders.log import console as wide_console
 from builders.options import BuildOptions, add_flags, cli_options, plan_options
 from builders.plan import PlanOptions, make_plan
+from builders.platforms import PLATFORMS, Platform, for_platform, parse_platforms
+from builders.registry import parse_reference
 from builders.render import render
 from builders.target import Target
 
@@ -141,7 +143,8 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     from builders.sources import fetch_debian_source, fetch_sdist, fetch_wheelhouse
 
     project = _project(args)
-    distro = project.distro(args.distro)
+    (plat,) = parse_platforms(args.platform)
+    distro = for_platform(project.distro(args.distro), plat)
     recipe = project.recipe_for(args.target)
     wanted = set(args.sources or [])
     if recipe.source and recipe.source.pypi and (not wanted or "vllm" in wanted):
@@ -170,11 +173,13 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
     from builders.engine import Engine
 
     project = _project(args)
-    distro = project.distro(args.distro)
-    result = bootstrap(distro, Engine.connect(), source_date_epoch=args.source_date_epoch)
-    print(
-        f"{result.ref} {result.image_id} ({result.how} in {result.seconds:.1f}s, rootfs sha256 {result.rootfs_sha256})"
-    )
+    for plat in parse_platforms(args.platform):
+        distro = for_platform(project.distro(args.distro), plat)
+        result = bootstrap(distro, Engine.connect(), source_date_epoch=args.source_date_epoch)
+        print(
+            f"{result.ref} {result.image_id} ({result.how} in {result.seconds:.1f}s, "
+            f"rootfs sha256 {result.rootfs_sha256})"
+        )
     return 0
 
 
@@ -189,21 +194,75 @@ def cmd_build(args: argparse.Namespace) -> int:
             hint=f"its distros: {', '.join(recipe.distros)}",
         )
     gpu_args_apply(Target.resolve(distro, recipe), args)
+    platforms = parse_platforms(args.platform)
+    options = BuildOptions.from_args(args)
+    if len(platforms) > 1 and options.reports_dir is not None:
+        raise UsageError("--report-dir names one folder; several platforms write one report each")
+    ref = parse_reference(args.push, what="--push") if args.push else None
     console = wide_console(highlight=False)
-    status = console.status("forge: starting", spinner="dots")
-    progress = BuildProgress()
+    for plat in platforms:
+        status = console.status("forge: starting", spinner="dots")
+        progress = BuildProgress()
 
-    def seen(line: str) -> None:
-        if progress.feed(line):
-            status.update(progress.text())
+        def seen(line: str, progress: BuildProgress = progress, status: Any = status) -> None:
+            if progress.feed(line):
+                status.update(progress.text())
 
-    # --quiet hides the build's own output; Forge's steps, warnings and findings always show.
-    log = Log(lambda line: console.print(line, markup=False, soft_wrap=True), quiet=args.quiet, on_line=seen)
-
-    with status:
-        report = build(project, distro, recipe, BuildOptions.from_args(args), log)
-    print(report.summary())
+        # --quiet hides the build's own output; Forge's steps, warnings and findings always show.
+        log = Log(lambda line: console.print(line, markup=False, soft_wrap=True), quiet=args.quiet, on_line=seen)
+        with status:
+            report = build(project, for_platform(distro, plat), recipe, options, log)
+        print(report.summary())
+    if ref is not None:
+        # The same path as `forge push`: the reports just written are what proves the images.
+        return _push(project, distro, args.target, ref, platforms, options.reports_dir)
     return 0
+
+
+def _push(
+    project: Project, distro: Any, target: str, ref: Any, platforms: tuple[Platform, ...], report_dir: Path | None
+) -> int:
+    from builders.build import default_reports_dir
+    from builders.engine import Engine
+    from builders.publish import proven, publish
+
+    engine = Engine.connect()
+    log = Log(lambda line: print(line, flush=True))
+    images = [
+        proven(engine, report_dir or default_reports_dir(project, for_platform(distro, p), target), p)
+        for p in platforms
+    ]
+    for report in publish(engine, images, ref, log):
+        print(report.summary())
+    return 0
+
+
+def cmd_index(args: argparse.Namespace) -> int:
+    from builders.publish import index_of_digests
+
+    ref = parse_reference(args.ref, what="REF")
+    digests: dict[str, str] = {}
+    for item in args.images:
+        name, sep, digest = item.partition("=")
+        (plat,) = parse_platforms(name) if sep else (None,)
+        if plat is None or not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+            raise UsageError(f"{item!r}: expected PLATFORM=sha256:HEX, e.g. linux/arm64=sha256:…")
+        digests[plat.name] = digest
+    # Progress to stderr: stdout is the index alone (`forge index … --json > index.json`).
+    index = index_of_digests(ref, digests, Log(lambda line: print(line, file=sys.stderr, flush=True)))
+    print(json.dumps(index, indent=2) if args.json else f"{index['ref']}@{index['digest']}")
+    return 0
+
+
+def cmd_push(args: argparse.Namespace) -> int:
+    project = _project(args)
+    distro = project.distro(args.distro)
+    project.recipe_for(args.target)  # an unknown target is named here, before the engine is asked
+    platforms = parse_platforms(args.platform)
+    report_dir = Path(args.report_dir).resolve() if args.report_dir else None
+    if len(platforms) > 1 and report_dir is not None:
+        raise UsageError("--report-dir names one folder; several platforms have one report each")
+    return _push(project, distro, args.target, parse_reference(args.ref, what="REF"), platforms, report_dir)
 
 
 class BuildProgress:
@@ -264,11 +323,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("distro")
     p.add_argument("target")
     p.add_argument("sources", nargs="*", help="only these (vllm, onednn, wheelhouse)")
+    p.add_argument("--platform", default=None, help="the wheelhouse's platform: linux/amd64 (default) or linux/arm64")
     p.set_defaults(func=cmd_fetch)
 
     p = subparsers.add_parser("bootstrap", help="build a base image from the distro's package archive")
     p.add_argument("distro")
     p.add_argument("--source-date-epoch", type=int, default=None)
+    _platform_arg(p)
     p.set_defaults(func=cmd_bootstrap)
 
     p = subparsers.add_parser("build", help="preflight, build, test and tag an image")
@@ -276,7 +337,37 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("target")
     add_flags(p, cli_options())
     p.add_argument("-q", "--quiet", action="store_true", help="only Forge's own lines, not the build output")
+    _platform_arg(p)
+    p.add_argument(
+        "--push",
+        metavar="REF",
+        default=None,
+        help="after the test stage passed, push to HOST[:PORT]/NAME[:TAG] (several platforms: one index)",
+    )
     p.set_defaults(func=cmd_build)
+
+    p = subparsers.add_parser("push", help="push an image already built and tested, by digest, with its SBOM")
+    p.add_argument("distro")
+    p.add_argument("target")
+    p.add_argument("ref", help="HOST[:PORT]/NAME[:TAG]; plain HTTP only for a loopback registry")
+    _platform_arg(p)
+    p.add_argument("--report-dir", default=None, help="the build's report folder (default: reports/DISTRO-TARGET)")
+    p.set_defaults(func=cmd_push)
+
+    p = subparsers.add_parser("index", help="one name for images pushed by digest: a manifest list / OCI index")
+    p.add_argument("ref", help="HOST[:PORT]/NAME:TAG the index is stored under")
+    p.add_argument("images", nargs="+", metavar="PLATFORM=DIGEST", help="linux/amd64=sha256:… linux/arm64=sha256:…")
+    p.add_argument("--json", action="store_true", help="print the index record as JSON")
+    p.set_defaults(func=cmd_index)
+
+
+def _platform_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--platform",
+        default=None,
+        help=f"comma-separated, of {', '.join(PLATFORMS)} (default: linux/amd64); "
+        "arm64 runs under qemu-user-static on an x86_64 host",
+    )
 
 
 def main() -> None:  # pragma: no cover - convenience for `python -m builders.commands.core`

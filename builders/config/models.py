@@ -39,6 +39,11 @@ class Bootstrap(Strict):
     components: tuple[str, ...] = Field(default=("main",), description="archive components to enable")
     include: tuple[str, ...] = Field(default=("ca-certificates",), description="extra packages in the base")
     keyring: str | None = Field(default=None, description="keyring file for the archive, when not the host's")
+    arches: tuple[Literal["x86_64", "aarch64"], ...] = Field(
+        default=("x86_64",),
+        description="architectures the archive serves and Forge bootstraps (aarch64 under qemu-user-static on an "
+        "x86_64 host); `--platform` accepts only these",
+    )
     check_valid_until: bool = Field(
         default=True,
         description="false for a snapshot or frozen archive whose Release file is past its Valid-Until date (every "

@@ -13,6 +13,7 @@ from typing import ClassVar
 from builders.config.models import Distro, Role
 
 EXPIRED_ARCHIVE_APT_OPTION = 'Acquire::Check-Valid-Until "false"'
+DEBIAN_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
 
 
 class DistroFamily:
@@ -80,6 +81,8 @@ class DebianFamily(DistroFamily):
             f"--components={','.join(boot.components)}",
             f"--include={','.join(boot.include)}",
             "--format=tar",
+            # Another architecture's base runs its maintainer scripts under qemu-user-static (binfmt_misc).
+            f"--arch={DEBIAN_ARCH[self.distro.arch]}",
             # Docker images carry no apt lists; keep the base small and deterministic.
             "--customize-hook=rm -rf $1/var/lib/apt/lists/* $1/var/cache/apt/*.bin",
         ]
@@ -109,9 +112,10 @@ class FedoraFamily(DistroFamily):
     def bootstrap_command(self, output_tar: str, *, source_date_epoch: int | None = None) -> list[str]:
         boot = self.distro.base.bootstrap
         assert boot is not None
+        force_arch = "" if self.distro.arch == "x86_64" else f" --forcearch={self.distro.arch}"
         script = (
             "set -e; root=$(mktemp -d); "
-            f'dnf -y --installroot="$root" --releasever={shlex.quote(boot.suite)} '
+            f'dnf -y --installroot="$root" --releasever={shlex.quote(boot.suite)}{force_arch} '
             f"--repofrompath=forge,{shlex.quote(boot.mirror)} --repo=forge --setopt=install_weak_deps=False "
             f"--nogpgcheck install {' '.join(shlex.quote(p) for p in boot.include)}; "
             'dnf --installroot="$root" clean all; '

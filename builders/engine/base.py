@@ -27,6 +27,8 @@ class BuildRequest:
     network_host: bool = True
     no_cache: bool = False
     log_path: Path | None = None
+    # linux/arm64 on an x86_64 host runs each RUN under qemu-user-static (binfmt_misc); None: the engine's own.
+    platform: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,7 +151,22 @@ class Engine(ABC):
     def image_info(self, ref: str) -> ImageInfo: ...
 
     @abstractmethod
-    def pull(self, ref: str) -> None: ...
+    def pull(self, ref: str, *, platform: str | None = None) -> str:
+        """Pull a reference (a tag, or `name@sha256:…` for exactly that manifest); returns the local image id."""
+
+    @abstractmethod
+    def push(self, ref: str) -> str:
+        """Push a tagged image with the credentials the engine's own client reads; returns the manifest digest the
+        engine reports. The caller verifies it against the registry: an engine's word is not the registry's."""
+
+    @abstractmethod
+    def image_platform(self, ref: str) -> str:
+        """os/architecture of a local image, as the engine records it (an import says what it was told)."""
+
+    @property
+    @abstractmethod
+    def native_platform(self) -> str:
+        """linux/amd64 or linux/arm64: what the engine's host runs without emulation."""
 
     @abstractmethod
     def tag(self, image_id: str, ref: str) -> None: ...
@@ -164,8 +181,11 @@ class Engine(ABC):
     def load(self, tarball: bytes | Any) -> list[str]: ...
 
     @abstractmethod
-    def import_rootfs(self, tar_path: str, ref: str, *, changes: list[str] | None = None) -> str:
-        """Turn a rootfs tarball into an image, as `docker import` does."""
+    def import_rootfs(
+        self, tar_path: str, ref: str, *, changes: list[str] | None = None, platform: str | None = None
+    ) -> str:
+        """Turn a rootfs tarball into an image, as `docker import` does, recorded as `platform` (default: the
+        engine's own)."""
 
     @abstractmethod
     def save_stream(self, ref: str) -> IO[bytes]:

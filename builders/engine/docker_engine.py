@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -118,11 +120,36 @@ class DockerEngine(Engine):
             created=str(attrs.get("Created", "")),
         )
 
-    def pull(self, ref: str) -> None:
+    def pull(self, ref: str, *, platform: str | None = None) -> str:
+        """Pull a reference (a tag, or `name@sha256:…` for exactly that manifest); returns the local image id."""
         try:
-            self.client.images.pull(ref)
+            image = self.client.images.pull(ref, platform=platform)
         except docker.errors.APIError as exc:
             raise EngineError(f"could not pull {ref}: {exc.explanation or exc}") from exc
+        return str(image.id)
+
+    def push(self, ref: str) -> str:
+        """Push a tagged image with the credentials the engine's client reads (~/.docker/config.json, or
+        $DOCKER_CONFIG); returns the manifest digest the engine reports. The caller verifies it against the
+        registry: an engine's word is not the registry's."""
+        repo, _, tag = ref.rpartition(":")
+        digest = ""
+        try:
+            for chunk in self.client.images.push(repo, tag=tag, stream=True, decode=True):
+                if "error" in chunk:
+                    detail = chunk.get("errorDetail", {}).get("message") or chunk["error"]
+                    raise EngineError(f"the engine could not push {ref}: {detail}")
+                digest = str((chunk.get("aux") or {}).get("Digest") or digest)
+        except (docker.errors.APIError, requests.RequestException) as exc:
+            raise EngineError(f"the engine could not push {ref}: {exc}") from exc
+        if not digest.startswith("sha256:"):
+            raise EngineError(f"the engine pushed {ref} but reported no manifest digest")
+        return digest
+
+    def image_platform(self, ref: str) -> str:
+        """os/architecture of a local image, as the engine records it (an import says what it was told)."""
+        attrs = self.client.images.get(ref).attrs
+        return f"{attrs.get('Os', 'linux')}/{attrs.get('Architecture', '?')}"
 
     def tag(self, image_id: str, ref: str) -> None:
         repo, _, tag = ref.rpartition(":") if ":" in ref.rsplit("/", 1)[-1] else (ref, "", "latest")
@@ -157,12 +184,54 @@ class DockerEngine(Engine):
         images = self.client.images.load(tarball)
         return [str(i.id) for i in images]
 
-    def import_rootfs(self, tar_path: str, ref: str, *, changes: list[str] | None = None) -> str:
-        """Turn a rootfs tarball into an image, as `docker import` does."""
+    def import_rootfs(
+        self, tar_path: str, ref: str, *, changes: list[str] | None = None, platform: str | None = None
+    ) -> str:
+        """Turn a rootfs tarball into an image, as `docker import` does.
+
+        For another architecture than the engine's, Docker 20.10's import ignores its platform argument and
+        records the host's amd64, so a build FROM the base for linux/arm64 would not find it. That base is made
+        by the builder instead (FROM scratch, ADD the tarball), which records the platform asked for."""
         repo, _, tag = ref.rpartition(":")
+        if platform and platform != self.native_platform:
+            return self._rootfs_by_build(Path(tar_path), ref, changes or [], platform)
         with Path(tar_path).open("rb") as fh:
             resp = self.client.api.import_image_from_data(fh, repository=repo, tag=tag, changes=changes)
         return str(resp)
+
+    @property
+    def native_platform(self) -> str:
+        info = self.client.info()
+        arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(str(info.get("Architecture")), "amd64")
+        return f"linux/{arch}"
+
+    def _rootfs_by_build(self, tar: Path, ref: str, changes: list[str], platform: str) -> str:
+        with tempfile.TemporaryDirectory(prefix="forge-rootfs-", dir=tar.parent) as tmp:
+            folder = Path(tmp)
+            try:
+                os.link(tar, folder / "rootfs.tar")
+            except OSError:
+                shutil.copy2(tar, folder / "rootfs.tar")
+            (folder / "Containerfile").write_text(
+                "FROM scratch\nADD rootfs.tar /\n" + "".join(f"{c}\n" for c in changes)
+            )
+            image_id = ""
+            try:
+                for chunk in self.client.api.build(
+                    path=str(folder),
+                    dockerfile="Containerfile",
+                    tag=ref,
+                    platform=platform,
+                    rm=True,
+                    forcerm=True,
+                    decode=True,
+                ):
+                    if "error" in chunk:
+                        raise EngineError(f"could not make {ref} for {platform}: {chunk['error']}")
+                    image_id = str((chunk.get("aux") or {}).get("ID") or image_id)
+            except docker.errors.APIError as exc:
+                raise EngineError(f"could not make {ref} for {platform}: {exc.explanation or exc}") from exc
+        return image_id
 
     # --- containers ---------------------------------------------------------------------------------------
 

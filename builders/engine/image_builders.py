@@ -90,6 +90,8 @@ class BuildKitCliBuilder:
                 cmd += ["--network", "host"]
             if request.target:
                 cmd += ["--target", request.target]
+            if request.platform:
+                cmd += ["--platform", request.platform]
             if request.no_cache:
                 cmd.append("--no-cache")
             for key, value in sorted(request.build_args.items()):
@@ -192,6 +194,7 @@ class LegacySdkBuilder:
                 labels=request.labels,
                 network_mode="host" if request.network_host else None,
                 nocache=request.no_cache,
+                platform=request.platform,
                 rm=True,
                 forcerm=True,  # a failed step's container is removed too: nothing stray is left
                 decode=True,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -207,10 +208,44 @@ class PodmanEngine(Engine):
             created=str(attrs.get("Created", "")),
         )
 
-    def pull(self, ref: str) -> None:
-        proc = self._run("pull", "--quiet", qualify(ref), timeout=1800, check=False)
+    def pull(self, ref: str, *, platform: str | None = None) -> str:
+        args = ["pull", "--quiet", *self._tls_args(ref)]
+        if platform:
+            args += ["--platform", platform]
+        proc = self._run(*args, qualify(ref), timeout=1800, check=False)
         if proc.returncode != 0:
             raise EngineError(f"could not pull {qualify(ref)}: {proc.stderr.strip()}")
+        return self.image_info(ref).id
+
+    def push(self, ref: str) -> str:
+        with tempfile.TemporaryDirectory(prefix="forge-push-") as tmp:
+            digest_file = Path(tmp) / "digest"
+            args = ["push", "--quiet", *self._tls_args(ref), "--digestfile", str(digest_file)]
+            proc = self._run(*args, qualify(ref), ref, timeout=3600, check=False)
+            if proc.returncode != 0:
+                raise EngineError(f"the engine could not push {ref}: {proc.stderr.strip()[-2000:]}")
+            digest = digest_file.read_text().strip() if digest_file.exists() else ""
+        if not digest.startswith("sha256:"):
+            raise EngineError(f"the engine pushed {ref} but reported no manifest digest")
+        return digest
+
+    @staticmethod
+    def _tls_args(ref: str) -> list[str]:
+        # Plain HTTP only for a registry on this machine's loopback, as Forge's own registry client allows.
+        from builders.registry.reference import Reference
+
+        first, sep, _ = ref.partition("/")
+        loopback = bool(sep) and Reference(host=first, name="-").loopback
+        return ["--tls-verify=false"] if loopback else []
+
+    def image_platform(self, ref: str) -> str:
+        attrs = self._inspect(ref)
+        return f"{attrs.get('Os', 'linux')}/{attrs.get('Architecture', '?')}"
+
+    @property
+    def native_platform(self) -> str:
+        arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), "amd64")
+        return f"linux/{arch}"
 
     def tag(self, image_id: str, ref: str) -> None:
         self._run("tag", qualify(image_id), qualify(ref))
@@ -241,8 +276,14 @@ class PodmanEngine(Engine):
             )
         return ids
 
-    def import_rootfs(self, tar_path: str, ref: str, *, changes: list[str] | None = None) -> str:
+    def import_rootfs(
+        self, tar_path: str, ref: str, *, changes: list[str] | None = None, platform: str | None = None
+    ) -> str:
         args = ["import"]
+        if platform:
+            # Unlike Docker 20.10's import, Podman's records the architecture it is told.
+            os_name, _, arch = platform.partition("/")
+            args += ["--os", os_name, "--arch", arch]
         for change in changes or []:
             args += ["--change", change]
         return self._run(*args, tar_path, qualify(ref), timeout=1800).stdout.strip()
@@ -443,6 +484,8 @@ class PodmanBuilder:
                 cmd += ["--target", request.target]
             if request.no_cache:
                 cmd.append("--no-cache")
+            if request.platform:
+                cmd += ["--platform", request.platform]
             epoch = request.build_args.get("SOURCE_DATE_EPOCH")
             if epoch:
                 # Every file's mtime and the image's created time become the epoch: verify-repro compares them.

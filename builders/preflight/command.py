@@ -15,6 +15,7 @@ from builders.config.models import TorchIndex
 from builders.engine import Engine
 from builders.errors import EngineError, PreflightBlocked, PreflightIncomplete, UsageError
 from builders.log import Log
+from builders.platforms import for_platform, parse_platforms
 from builders.preflight.findings import render_table
 from builders.preflight.host import parse_cpu_flags
 from builders.preflight.runner import run_preflight
@@ -43,7 +44,8 @@ def read_flags_file(path: Path) -> frozenset[str]:
 
 def cmd_preflight(args: argparse.Namespace) -> int:
     project = Project.load(args.root)
-    distro = project.distro(args.distro)
+    (plat,) = parse_platforms(args.platform)
+    distro = for_platform(project.distro(args.distro), plat)
     recipe = project.recipe_for(args.target)
     if not recipe.supports(distro.name):
         raise UsageError(
@@ -120,6 +122,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("distro", help="distro (debian-12) or family (debian: its default release)")
     p.add_argument("target", help="target (cpu, cpu-wheel, ...)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--platform", default=None, help="linux/amd64 (default) or linux/arm64: the image's platform")
     p.add_argument(
         "--source",
         default=None,

@@ -15,7 +15,9 @@ from builders.config.models import Distro, GpuMode, Recipe, Role, TorchIndex
 from builders.engine import Engine
 from builders.errors import SourceUnavailable
 from builders.plan import CudaPlan, PlanOptions, cuda_torch, make_plan, torch_spec
+from builders.platforms import isa_for
 from builders.preflight import gates
+from builders.preflight.arm_gates import arm_gates
 from builders.preflight.findings import Finding, PreflightReport, passed, unchecked, warning
 from builders.preflight.host import (
     GIB,
@@ -33,7 +35,7 @@ from builders.preflight.probe import (
     probe_nvcc_max_gcc,
     probe_packages,
 )
-from builders.preflight.source_facts import SourceFacts, read_source_facts
+from builders.preflight.source_facts import SourceFacts, read_source_facts, read_source_files
 from builders.preflight.torch_index import IndexListing, fetch_listing, local_listing, project_url
 from builders.sources import cache_dir, fetch_sdist
 from builders.target import Target
@@ -450,6 +452,13 @@ def gpu_plan(distro: Distro, recipe: Recipe, gpu_mode: GpuMode | None) -> CudaPl
     return make_plan(distro, recipe, options).cuda
 
 
+def _cpuinfo_text() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
 def run_preflight(
     project: Project,
     distro: Distro,
@@ -542,6 +551,9 @@ def run_preflight(
         )
         findings += [cmake] if cmake else []
         findings += gates.fetched_source_gates(facts.fetched_for(device, arch), recipe.fetched_sources, recipe.name)
+        if arch == "aarch64" and source_path is not None:
+            plan_env = {**recipe.build_env, **isa_for(recipe.isa, arch)}
+            findings += arm_gates(read_source_files(source_path), compile_env=plan_env, host_cpuinfo=_cpuinfo_text())
     if facts is not None and (compiles or gpu_wheel):
         python = gates.python_gates(
             facts, python=toolchain.python.value, python_origin=toolchain.python.origin, distro_name=distro.name
@@ -574,7 +586,7 @@ def run_preflight(
     if target.cpu:
         findings.append(
             gates.isa_gate(
-                isa=recipe.isa,
+                isa=isa_for(recipe.isa, arch),
                 arch=arch,
                 build_flags=host.cpu_flags,
                 run_flags=run_host_flags if run_host_flags is not None else host.cpu_flags,

@@ -18,12 +18,19 @@ import yaml
 from builders.config import Project
 from builders.config.models import Distro, Recipe
 from builders.options import flag
+from builders.platforms import PLATFORMS, for_platform
 from builders.target import Target
 
 GITHUB_PATH = ".github/workflows/forge.yml"
 GITLAB_PATH = ".gitlab-ci.yml"
 PYTHON = "3.11"
 DEFAULT_RUNS_ON = "ubuntu-24.04"
+# GitHub's native arm64 runner: an arm64 build there needs no emulation (a from-source vLLM build under
+# qemu-user-static is far too slow; README "Publishing").
+ARM64_RUNS_ON = "ubuntu-24.04-arm"
+# The registry every push goes to: one parameter (`forge ci --registry`). GitHub's own needs only GITHUB_TOKEN.
+DEFAULT_REGISTRY = "ghcr.io/${{ github.repository_owner }}"
+ON_MAIN = "github.event_name == 'push' && github.ref == 'refs/heads/main'"
 # Hosted runners keep about 14 GB free; recipes needing more get the preinstalled SDKs removed first.
 RUNNER_FREE_GB = 14
 TIMEOUT_MINUTES = {"source": 360, "wheel": 60, "python-app": 20}
@@ -43,6 +50,7 @@ class MatrixEntry:
     disk_gb: float
     base_image: str
     base_tag: str
+    platforms: tuple[str, ...]  # linux/amd64, and linux/arm64 where the distro bootstraps aarch64
 
 
 def job_id(distro: str, target: str) -> str:
@@ -64,7 +72,14 @@ def entry(distro: Distro, recipe: Recipe) -> MatrixEntry:
         disk_gb=recipe.resources.disk_gb,
         base_image=distro.base.pinned_ref,
         base_tag=distro.base.local_tag,
+        platforms=tuple(
+            p.name for p in PLATFORMS.values() if p.native or (not target.cuda and p.arch in _arches(distro))
+        ),
     )
+
+
+def _arches(distro: Distro) -> tuple[str, ...]:
+    return distro.base.bootstrap.arches if distro.base.bootstrap else (distro.arch,)
 
 
 def matrix(project: Project) -> list[MatrixEntry]:
@@ -73,6 +88,42 @@ def matrix(project: Project) -> list[MatrixEntry]:
 
 def render_matrix(project: Project) -> str:
     return json.dumps({"include": [asdict(e) for e in matrix(project)]}, indent=2) + "\n"
+
+
+def _platform_lines(e: MatrixEntry, platform: str, project: Project, cmd: dict[str, str]) -> dict[str, str]:
+    """What differs for a second platform: the base pulled for it, the flag on fetch and build, its report."""
+    plat = PLATFORMS[platform]
+    distro = for_platform(project.distro(e.distro), plat)
+    report = f"reports/{e.distro}-{e.target}{plat.suffix}"
+    return {
+        "base": f"docker pull --platform {plat.name} {e.base_image}\ndocker tag {e.base_image} {distro.base.local_tag}\n",
+        "fetch": f'forge fetch "$FORGE_DISTRO" "$FORGE_TARGET" --platform {plat.name}\n',
+        "build": cmd["build"].rstrip("\n") + f" --platform {plat.name}\n",
+        "smoke": f'forge smoke "forge/$FORGE_DISTRO-$FORGE_TARGET{plat.suffix}:latest" --profile ci --report {report}/smoke\n',
+        "report": report,
+    }
+
+
+def push_ref(e: MatrixEntry, platform: str | None, registry_var: str) -> str:
+    """Where an image job pushes: TAG-ARCH for one platform of several (the manifest job writes TAG), else TAG."""
+    tag = "${FORGE_TAG}" + (f"-{PLATFORMS[platform].oci_arch}" if platform and len(e.platforms) > 1 else "")
+    return f'"{registry_var}/forge/{e.distro}-{e.target}:{tag}"'
+
+
+def _push_lines(
+    e: MatrixEntry, platform: str, report: str, *, summary: str, output: str | None, name: str = "digest"
+) -> str:
+    """Push by digest, then the registry's digest (read back from report.json) to the job summary."""
+    ref = push_ref(e, platform, "$FORGE_REGISTRY")
+    lines = (
+        f'forge push "$FORGE_DISTRO" "$FORGE_TARGET" {ref} --platform {platform}\n'
+        f"digest=$(python -c \"import json; print(json.load(open('{report}/report.json'))['push']['digest'])\")\n"
+        f'echo "- {e.distro} {e.target} {platform}: \\`$FORGE_REGISTRY/forge/{e.distro}-{e.target}@$digest\\`" '
+        f'>> "{summary}"\n'
+    )
+    if output:
+        lines += f'echo "{name}=$digest" >> "{output}"\n'
+    return lines
 
 
 def _command_lines(e: MatrixEntry, *, locked: bool, allow_incomplete: bool) -> dict[str, str]:
@@ -168,8 +219,93 @@ def _options(locked: bool, allow_incomplete: bool) -> str:
     return (" --locked" if locked else "") + (" --allow-incomplete-preflight" if allow_incomplete else "")
 
 
+def _login_step() -> dict[str, Any]:
+    return {
+        "name": "log in to the registry",
+        "if": ON_MAIN,
+        "env": {
+            "REGISTRY_USER": "${{ secrets.FORGE_REGISTRY_USER || github.actor }}",
+            "REGISTRY_TOKEN": "${{ secrets.FORGE_REGISTRY_TOKEN || secrets.GITHUB_TOKEN }}",
+        },
+        "run": 'echo "$REGISTRY_TOKEN" | docker login "${FORGE_REGISTRY%%/*}" -u "$REGISTRY_USER" --password-stdin\n',
+    }
+
+
+def _image_job(project: Project, e: MatrixEntry, platform: str, cmd: dict[str, str], runs_on: str) -> dict[str, Any]:
+    """One platform's image job: build, test stage, smoke on cpu, and on main the push by digest."""
+    native = platform == PLATFORMS["linux/amd64"].name
+    lines = dict(cmd) if native else {**cmd, **_platform_lines(e, platform, project, cmd)}
+    report = f"reports/{e.distro}-{e.target}" if native else lines["report"]
+    steps: list[dict[str, Any]] = []
+    if e.disk_gb > RUNNER_FREE_GB:
+        steps.append({"name": f"free runner disk (the recipe needs {e.disk_gb:g} GB)", "run": cmd["free_disk"]})
+    steps += [
+        *_setup_steps(),
+        {"name": "base image", "run": lines["base"]},
+        {"name": "fetch sources", "run": lines["fetch"]},
+        {"name": "build, test stage, tag, SBOM", "run": _entry(lines["build"])},
+    ]
+    if e.smoke:
+        steps.append({"name": "smoke", "run": _entry(lines["smoke"])})
+    steps += [
+        _login_step(),
+        {
+            "name": "push by digest",
+            "id": "push",
+            "if": ON_MAIN,
+            "run": _push_lines(e, platform, report, summary="$GITHUB_STEP_SUMMARY", output="$GITHUB_OUTPUT"),
+        },
+    ]
+    upload = _upload(e, "reports")
+    upload["with"] = {**upload["with"], "path": f"{report}/"}
+    if not native:
+        upload["with"]["name"] += f"-{PLATFORMS[platform].oci_arch}"
+    steps.append(upload)
+    return {
+        "name": f"image {e.distro} {e.target}" + ("" if native else f" {platform}"),
+        "needs": f"preflight-{e.job}",
+        "runs-on": runs_on if native else ARM64_RUNS_ON,
+        "timeout-minutes": e.timeout_minutes,
+        "permissions": {"contents": "read", "packages": "write"},
+        "env": {"FORGE_DISTRO": e.distro, "FORGE_TARGET": e.target},
+        "outputs": {"digest": "${{ steps.push.outputs.digest }}"},
+        "steps": steps,
+    }
+
+
+def platform_job(e: MatrixEntry, platform: str) -> str:
+    return f"image-{e.job}" if platform == "linux/amd64" else f"{PLATFORMS[platform].oci_arch}-{e.job}"
+
+
+def _manifest_job(e: MatrixEntry) -> dict[str, Any]:
+    """After every platform's image job: one name for all of them, the index digest in the summary."""
+    needs = [platform_job(e, p) for p in e.platforms]
+    images = " ".join(f"{p}=${{{{ needs.{platform_job(e, p)}.outputs.digest }}}}" for p in e.platforms)
+    ref = push_ref(e, None, "$FORGE_REGISTRY")
+    run = (
+        f"forge index {ref} {images} --json > index.json\n"
+        "digest=$(python -c \"import json; print(json.load(open('index.json'))['digest'])\")\n"
+        f'echo "- {e.distro} {e.target} index ({", ".join(e.platforms)}): '
+        f'\\`$FORGE_REGISTRY/forge/{e.distro}-{e.target}@$digest\\`" >> "$GITHUB_STEP_SUMMARY"\n'
+    )
+    return {
+        "name": f"manifest {e.distro} {e.target}",
+        "needs": needs,
+        "if": ON_MAIN,
+        "runs-on": DEFAULT_RUNS_ON,
+        "timeout-minutes": 10,
+        "permissions": {"contents": "read", "packages": "write"},
+        "steps": [*_setup_steps(), _login_step(), {"name": "index of every platform", "run": run}],
+    }
+
+
 def render_github(
-    project: Project, *, runs_on: str = DEFAULT_RUNS_ON, locked: bool = False, allow_incomplete: bool = False
+    project: Project,
+    *,
+    runs_on: str = DEFAULT_RUNS_ON,
+    locked: bool = False,
+    allow_incomplete: bool = False,
+    registry: str = DEFAULT_REGISTRY,
 ) -> str:
     jobs: dict[str, Any] = {}
     for e in matrix(project):
@@ -187,36 +323,29 @@ def render_github(
                 _upload(e, "preflight"),
             ],
         }
-        steps: list[dict[str, Any]] = []
-        if e.disk_gb > RUNNER_FREE_GB:
-            steps.append({"name": f"free runner disk (the recipe needs {e.disk_gb:g} GB)", "run": cmd["free_disk"]})
-        steps += [
-            *_setup_steps(),
-            {"name": "base image", "run": cmd["base"]},
-            {"name": "fetch sources", "run": cmd["fetch"]},
-            {"name": "build, test stage, tag, SBOM", "run": _entry(cmd["build"])},
-        ]
-        if e.smoke:
-            steps.append({"name": "smoke", "run": _entry(cmd["smoke"])})
-        steps.append(_upload(e, "reports"))
-        jobs[f"image-{e.job}"] = {
-            "name": f"image {e.distro} {e.target}",
-            "needs": f"preflight-{e.job}",
-            "runs-on": runs_on,
-            "timeout-minutes": e.timeout_minutes,
-            "env": env,
-            "steps": steps,
-        }
+        for platform in e.platforms:
+            jobs[platform_job(e, platform)] = _image_job(project, e, platform, cmd, runs_on)
+        if len(e.platforms) > 1:
+            jobs[f"manifest-{e.job}"] = _manifest_job(e)
     data: dict[str, Any] = {
         "name": "forge images",
         "on": {"push": {"branches": ["main"]}, "pull_request": None, "workflow_dispatch": None},
         "permissions": {"contents": "read"},
         "concurrency": {"group": "forge-${{ github.ref }}", "cancel-in-progress": True},
         "defaults": {"run": {"shell": "bash"}},
-        "env": {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PYTHONUNBUFFERED": "1"},
+        "env": {
+            "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+            "PYTHONUNBUFFERED": "1",
+            "FORGE_REGISTRY": registry,
+            "FORGE_TAG": "${{ github.sha }}",
+        },
         "jobs": jobs,
     }
-    options = (f" --runs-on {runs_on}" if runs_on != DEFAULT_RUNS_ON else "") + _options(locked, allow_incomplete)
+    options = (
+        (f" --runs-on {runs_on}" if runs_on != DEFAULT_RUNS_ON else "")
+        + (f" --registry {registry}" if registry != DEFAULT_REGISTRY else "")
+        + _options(locked, allow_incomplete)
+    )
     return (
         _dump(data, [*_header("github", GITHUB_PATH, options), *GITHUB_CANCELLATION])
         .replace("pull_request: null", "pull_request:")
@@ -224,17 +353,32 @@ def render_github(
     )
 
 
+GITLAB_REGISTRY = "$CI_REGISTRY_IMAGE"
+GITLAB_ON_MAIN = '$CI_COMMIT_BRANCH == $CI_DEFAULT_BRANCH && $CI_PIPELINE_SOURCE == "push"'
+
+
 def render_gitlab(
-    project: Project, *, tags: tuple[str, ...] = (), locked: bool = False, allow_incomplete: bool = False
+    project: Project,
+    *,
+    tags: tuple[str, ...] = (),
+    locked: bool = False,
+    allow_incomplete: bool = False,
+    registry: str = GITLAB_REGISTRY,
 ) -> str:
     """A pipeline for a runner whose jobs reach a Docker engine with host networking (a shell executor)."""
     data: dict[str, Any] = {
-        "stages": ["preflight", "image"],
-        "variables": {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PYTHONUNBUFFERED": "1"},
+        "stages": ["preflight", "image", "manifest"],
+        "variables": {
+            "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+            "PYTHONUNBUFFERED": "1",
+            "FORGE_REGISTRY": registry,
+            "FORGE_TAG": "$CI_COMMIT_SHA",
+        },
         ".forge": {"before_script": ["python3 -m pip install -e '.[dev]'"]},
     }
     if tags:
         data[".forge"]["tags"] = list(tags)
+    login = 'echo "$CI_REGISTRY_PASSWORD" | docker login "$CI_REGISTRY" -u "$CI_REGISTRY_USER" --password-stdin\n'
     for e in matrix(project):
         cmd = _command_lines(e, locked=locked, allow_incomplete=allow_incomplete)
         variables = {"FORGE_DISTRO": e.distro, "FORGE_TARGET": e.target}
@@ -248,15 +392,53 @@ def render_gitlab(
             "script": [cmd["base"], cmd["preflight"]],
             "artifacts": artifacts,
         }
-        script = [cmd["base"], cmd["fetch"], cmd["build"]] + ([cmd["smoke"]] if e.smoke else [])
-        data[f"image:{e.distro}:{e.target}"] = {
-            "stage": "image",
-            "extends": ".forge",
-            "needs": [preflight],
-            "timeout": f"{e.timeout_minutes}m",
-            "variables": variables,
-            "script": script,
-            "artifacts": artifacts,
-        }
-    options = (" " + " ".join(f"--gitlab-tag {t}" for t in tags) if tags else "") + _options(locked, allow_incomplete)
+        for platform in e.platforms:
+            native = platform == "linux/amd64"
+            lines = dict(cmd) if native else {**cmd, **_platform_lines(e, platform, project, cmd)}
+            report = f"reports/{e.distro}-{e.target}" if native else lines["report"]
+            arch = PLATFORMS[platform].oci_arch
+            push = (
+                'if [ "$CI_COMMIT_BRANCH" = "$CI_DEFAULT_BRANCH" ] && [ "$CI_PIPELINE_SOURCE" = push ]; then\n'
+                + login
+                + _push_lines(
+                    e, platform, report, summary="digests.md", output=f"digest-{arch}.env", name=f"digest_{arch}"
+                )
+                + "fi\n"
+            )
+            script = [lines["base"], lines["fetch"], lines["build"]] + ([lines["smoke"]] if e.smoke else [])
+            name = f"image:{e.distro}:{e.target}" + ("" if native else f":{arch}")
+            data[name] = {
+                "stage": "image",
+                "extends": ".forge",
+                "needs": [preflight],
+                "timeout": f"{e.timeout_minutes}m",
+                "variables": variables,
+                "script": [*script, push],
+                "artifacts": {
+                    **artifacts,
+                    "paths": [f"{report}/", "digests.md"],
+                    "reports": {"dotenv": f"digest-{arch}.env"},
+                },
+            }
+            if not native:
+                data[name]["tags"] = [*tags, arch]
+        if len(e.platforms) > 1:
+            needs = [
+                f"image:{e.distro}:{e.target}" + ("" if p == "linux/amd64" else f":{PLATFORMS[p].oci_arch}")
+                for p in e.platforms
+            ]
+            images = " ".join(f"{p}=$digest_{PLATFORMS[p].oci_arch}" for p in e.platforms)
+            data[f"manifest:{e.distro}:{e.target}"] = {
+                "stage": "manifest",
+                "extends": ".forge",
+                "needs": needs,
+                "rules": [{"if": GITLAB_ON_MAIN}],
+                "variables": variables,
+                "script": [login, f"forge index {push_ref(e, None, '$FORGE_REGISTRY')} {images}\n"],
+            }
+    options = (
+        (" " + " ".join(f"--gitlab-tag {t}" for t in tags) if tags else "")
+        + (f" --registry {registry}" if registry != GITLAB_REGISTRY else "")
+        + _options(locked, allow_incomplete)
+    )
     return _dump(data, _header("gitlab", GITLAB_PATH, options))

@@ -160,7 +160,11 @@ def cmd_ci(args: argparse.Namespace) -> int:
     project = _project(args)
     if args.format == "github":
         text = render_github(
-            project, runs_on=args.runs_on, locked=args.locked, allow_incomplete=args.allow_incomplete_preflight
+            project,
+            runs_on=args.runs_on,
+            locked=args.locked,
+            allow_incomplete=args.allow_incomplete_preflight,
+            **({"registry": args.registry} if args.registry else {}),
         )
     elif args.format == "gitlab":
         text = render_gitlab(
@@ -168,6 +172,7 @@ def cmd_ci(args: argparse.Namespace) -> int:
             tags=tuple(args.gitlab_tag or ()),
             locked=args.locked,
             allow_incomplete=args.allow_incomplete_preflight,
+            **({"registry": args.registry} if args.registry else {}),
         )
     else:
         text = render_matrix(project)
@@ -244,6 +249,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--check", action="store_true", help="compare with the file at -o instead of writing it")
     p.add_argument("--runs-on", default="ubuntu-24.04", help="GitHub runner label (default: ubuntu-24.04)")
     p.add_argument("--gitlab-tag", action="append", metavar="TAG", help="GitLab runner tag (repeatable)")
+    p.add_argument(
+        "--registry",
+        default=None,
+        help="where main's images are pushed, HOST[/PATH] (default: GitHub's ghcr.io/OWNER, GitLab's "
+        "$CI_REGISTRY_IMAGE)",
+    )
     p.add_argument("--locked", action="store_true", help="build with --locked (needs every pair in forge.lock)")
     p.add_argument(
         "--allow-incomplete-preflight",

@@ -15,6 +15,7 @@ from builders.config import Project
 from builders.config.models import Distro, Recipe, TorchIndex
 from builders.engine import Engine
 from builders.errors import ForgeError
+from builders.platforms import platform_of
 from builders.report import BuildReport
 from builders.repro.errors import LockDrift
 from builders.repro.lockfile import LOCK_NAME, PairLock, drift, notes, pair_key, read_lock
@@ -46,6 +47,16 @@ def locked_entry(
 ) -> tuple[Path, PairLock | None]:
     path = lock_file or project.root / LOCK_NAME
     key = pair_key(distro.name, recipe.target)
+    plat = platform_of(distro)
+    if not plat.native:
+        # forge.lock pins each pair's linux/amd64 inputs; an arm64 base and wheelhouse are other bytes, and
+        # comparing them with the amd64 entry would report every input as drift.
+        if required:
+            raise LockDrift(
+                f"--locked, but {path.name} pins linux/amd64 inputs only, not {plat.name}",
+                hint=f"build {plat.name} without --locked",
+            )
+        return path, None
     if not path.exists():
         if required:
             raise LockDrift(

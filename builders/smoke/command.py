@@ -90,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
     if args.base_port is not None and not 1024 <= args.base_port <= 65000:
         raise UsageError(f"--base-port {args.base_port}: use a port between 1024 and 65000")
     profile, path = load_profile(args.profile, root=root)
+    for line in runtimes.pull_pinned():
+        console.print(f"forge: {line}", markup=False)
 
     if args.validate_only:
         # The traffic plans and router config are checked first: they need no vLLM.

@@ -391,6 +391,18 @@ class Runtimes:
     def engine(self) -> Engine:
         return Engine.connect()
 
+    def pull_pinned(self) -> list[str]:
+        """Pull every image named by digest (NAME@sha256:…) now, so the stack runs exactly what the registry holds
+        under that digest, whatever the engine has under the name; returns one line per pull."""
+        lines = []
+        for ref in dict.fromkeys(r for r in (self.image, self.router_image) if r and "@sha256:" in r):
+            image_id = self.engine.pull(ref)
+            served = self.engine.image_info(ref).digests
+            if ref not in served:
+                raise EngineError(f"pulled {ref}, but the engine records it as {', '.join(served) or 'no digest'}")
+            lines.append(f"pulled {ref} → image {image_id[:19]}")
+        return lines
+
     def replicas(self, model_dir: Path, logs_dir: Path) -> ReplicaRuntime:
         if self.local_vllm is not None:
             return LocalReplicas(self.local_vllm, model_dir=model_dir, log_dir=logs_dir)

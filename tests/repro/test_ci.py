@@ -39,7 +39,37 @@ def test_github_has_one_preflight_and_one_image_job_per_pair(project: Project) -
     image = [_pair_of(j) for name, j in jobs.items() if name.startswith("image-")]
     assert preflight == _pairs(project)
     assert image == _pairs(project)
-    assert len(jobs) == 2 * len(_pairs(project))
+    # A second platform adds its own image job and a manifest job joining the two; nothing else is added.
+    arm64 = [_pair_of(j) for name, j in jobs.items() if name.startswith("arm64-")]
+    assert arm64 == [p for p in _pairs(project) if p[0] == "debian-12"]
+    assert len(jobs) == 2 * len(_pairs(project)) + 2 * len(arm64)
+
+
+def test_images_are_pushed_on_main_only_to_the_one_registry_and_joined_after_every_platform(
+    project: Project,
+) -> None:
+    text = render_github(project, registry="127.0.0.1:5000/ci")
+    data = yaml.safe_load(text)
+    assert data["env"]["FORGE_REGISTRY"] == "127.0.0.1:5000/ci"
+    assert text.count("127.0.0.1:5000") == 2  # the env value, and the header's regenerate command
+    on_main = "github.event_name == 'push' && github.ref == 'refs/heads/main'"
+    jobs = data["jobs"]
+    for name, job in jobs.items():
+        for step in job["steps"]:
+            if "forge push" in step.get("run", "") or "forge index" in step.get("run", ""):
+                assert on_main in (step.get("if", ""), job.get("if", "")), name
+                assert '>> "$GITHUB_STEP_SUMMARY"' in step["run"]
+    manifest = jobs["manifest-debian-12-router"]
+    assert manifest["needs"] == ["image-debian-12-router", "arm64-debian-12-router"]
+    run = manifest["steps"][-1]["run"]
+    assert "linux/amd64=${{ needs.image-debian-12-router.outputs.digest }}" in run
+    assert "linux/arm64=${{ needs.arm64-debian-12-router.outputs.digest }}" in run
+    arm64 = jobs["arm64-debian-12-router"]
+    assert arm64["runs-on"] == "ubuntu-24.04-arm"
+    push = next(s for s in arm64["steps"] if s.get("id") == "push")["run"]
+    assert ':${FORGE_TAG}-arm64" --platform linux/arm64' in push
+    assert "reports/debian-12-router-arm64/report.json" in push
+    assert "manifest-debian-13-router" not in jobs  # debian-13 bootstraps x86_64 only
 
 
 def test_each_image_job_waits_for_its_own_preflight_and_smokes_only_cpu_recipes(project: Project) -> None:
@@ -96,7 +126,7 @@ def test_gitlab_has_the_same_jobs_with_needs(project: Project) -> None:
         for name, j in data.items()
         if name.startswith("preflight:")
     ]
-    image = {name: j for name, j in data.items() if name.startswith("image:")}
+    image = {name: j for name, j in data.items() if name.startswith("image:") and not name.endswith(":arm64")}
     assert preflight == _pairs(project)
     assert [(j["variables"]["FORGE_DISTRO"], j["variables"]["FORGE_TARGET"]) for j in image.values()] == _pairs(project)
     for name, job in image.items():
@@ -104,7 +134,9 @@ def test_gitlab_has_the_same_jobs_with_needs(project: Project) -> None:
         assert job["needs"][0] in data
         assert job["artifacts"]["when"] == "always"
     assert data[".forge"]["tags"] == ["docker-host"]
-    assert data["stages"] == ["preflight", "image"]
+    assert data["stages"] == ["preflight", "image", "manifest"]
+    assert data["image:debian-12:router:arm64"]["needs"] == ["preflight:debian-12:router"]
+    assert data["manifest:debian-12:router"]["needs"] == ["image:debian-12:router", "image:debian-12:router:arm64"]
 
 
 def test_matrix_is_the_pairs_in_order(project: Project) -> None:
