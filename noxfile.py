@@ -105,11 +105,12 @@ def lint(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """All tests, engine- and server-backed ones included (they need the engines: `nox -s engines` first)."""
     session.run("pytest", *session.posargs, external=True)
-    # No test leaves a Podman container behind, Forge's or anyone's: `podman ps -a` is empty after the suite.
+    # No test leaves a Podman container behind, Forge's or anyone's, buildah's working containers of a stopped
+    # build included (--external): `podman ps -a` is empty after the suite.
     session.run(
         "bash",
         "-c",
-        'left=$(podman ps --all --format "{{.Names}}"); test -z "$left" || { echo "left: $left"; exit 1; }',
+        'left=$(podman ps --all --external --format "{{.Names}}"); test -z "$left" || { echo "left: $left"; exit 1; }',
         external=True,
     )
 

@@ -31,6 +31,10 @@ MOUNTS_SINCE = Version("1.24")
 IMAGE_ID = re.compile(r"(sha256:)?[0-9a-f]{12,64}")
 
 
+# buildah names a stage's container after its base, with -N when the name is taken.
+_WORKING_CONTAINER = re.compile(r"-working-container(?:-\d+)?$")
+
+
 def qualify(ref: str) -> str:
     """The fully qualified name Podman stores `ref` under; image IDs stay as they are."""
     if IMAGE_ID.fullmatch(ref):
@@ -472,11 +476,25 @@ class PodmanBuilder:
         self.supports_cache_mounts = engine.facts.capabilities.get("cache_mounts", False)
         self.version = engine.facts.builder_version
 
+    def _working_containers(self) -> set[str]:
+        """buildah's working containers (one per build stage in progress): Podman lists them as external."""
+        out = self.engine._run("ps", "--all", "--external", "--format", "{{.ID}} {{.Names}}", check=False).stdout
+        return {line.split()[0] for line in out.splitlines() if _WORKING_CONTAINER.search(line)}
+
+    def _remove_working_containers(self, before: set[str]) -> None:
+        # `podman build` removes its working containers when a step fails (--force-rm), but not when it is
+        # itself stopped mid-step (Ctrl-C, SIGTERM): those of this build are the ones that were not there before.
+        # A build of another process that started meanwhile would lose its own: Forge runs one build at a time.
+        left = sorted(self._working_containers() - before)
+        if left:
+            self.engine._run("rm", "--force", *left, check=False)
+
     def build(self, request: BuildRequest, sink: LineSink) -> BuildResult:
         with tempfile.TemporaryDirectory(prefix="forge-iid-") as tmp:
             iidfile = Path(tmp) / "iid"
             # docker format: OCI image configs have no SHELL, and the templates run every RUN under pipefail.
-            cmd = [self.cli, "build", "--format", "docker", "--layers", "--pull=never", "--iidfile", str(iidfile)]
+            cmd = [self.cli, "build", "--format", "docker", "--layers", "--force-rm", "--pull=never"]
+            cmd += ["--iidfile", str(iidfile)]
             cmd += ["--file", str(request.containerfile)]
             if request.network_host:
                 cmd += ["--network", "host"]
@@ -498,7 +516,13 @@ class PodmanBuilder:
                 cmd += ["--label", f"{key}={value}"]
             cmd.append(str(request.context_dir))
             start = time.monotonic()
-            rc = stream_build(cmd, dict(os.environ), request.log_path, sink)
+            before = self._working_containers()
+            rc = -1
+            try:
+                rc = stream_build(cmd, dict(os.environ), request.log_path, sink)
+            finally:
+                if rc != 0:
+                    self._remove_working_containers(before)
             seconds = time.monotonic() - start
             image_id = iidfile.read_text().strip() if rc == 0 and iidfile.exists() else None
         return BuildResult(

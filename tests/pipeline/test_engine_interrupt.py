@@ -24,8 +24,8 @@ pytestmark = pytest.mark.engine
 ROOT = Path(__file__).resolve().parents[2]
 EARLIER = "from an earlier build"
 
-# One entry per engine Forge drives: the extra `forge build` arguments and environment that select it. Podman
-# joins as a second entry once it is an engine of its own.
+# Docker's builders (BuildKit's CLI, the engine API's legacy builder): the extra `forge build` arguments and
+# environment that select the engine. Podman's buildah has a case of its own below, read through its CLI.
 ENGINES = [pytest.param([], {}, id="docker")]
 
 
@@ -186,3 +186,81 @@ def test_sigterm_mid_build_leaves_a_true_report_and_nothing_else(
             break
         time.sleep(0.5)
     assert not left
+
+
+def _podman_ids(*args: str) -> set[str]:
+    out = subprocess.run(["podman", *args, "--format", "{{.ID}}"], capture_output=True, text=True, check=True)
+    return set(out.stdout.split())
+
+
+def test_sigterm_mid_podman_build_leaves_a_true_report_and_nothing_else(tmp_path: Path) -> None:
+    """The same promise on Podman, whose builds are `podman build` (buildah) processes: the signal stops that
+    process, and neither a buildah working container nor a tag nor a dangling image of this build is left."""
+    sys.path.insert(0, str(ROOT / "tests" / "smoke"))
+    from smoke_helpers import podman_base
+
+    podman_base()
+    reports, scratch = tmp_path / "reports", tmp_path / "scratch"
+    _plant_earlier_build(reports)
+    scratch.mkdir()
+    tag = "forge/test-router:sigterm-podman"
+    containers_before = _podman_ids("ps", "-a") | _podman_ids("ps", "-a", "--external")
+    images_before = _podman_ids("images", "-a")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "builders.cli", "build", "debian-12", "router", "--no-cache", "--skip-preflight",
+         "--engine", "podman", "--tag", tag, "--report-dir", str(reports), "--scratch-dir", str(scratch)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert proc.stdout is not None
+    output: list[str] = []
+    try:
+        for line in proc.stdout:
+            output.append(line)
+            if re.search(r"STEP \d+/\d+: RUN apt-get update", line):
+                break
+        assert proc.poll() is None, "".join(output)
+        time.sleep(1)
+        builds = _children(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=120)
+        output.append(rest)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = "".join(output)
+
+    assert proc.returncode == 143, text
+    assert "forge: interrupted by SIGTERM (exit 143)" in text
+    report = json.loads((reports / "report.json").read_text())
+    assert report["result"] == "interrupted" and report["ended_in"] == "build", report
+    assert report["engine"]["kind"] == "podman" and report["image"] == {}
+    assert sorted(p.name for p in reports.iterdir()) == [
+        "Containerfile",
+        "build.log",
+        "notes.txt",
+        "report.json",
+        "summary.txt",
+    ]
+    assert list(scratch.iterdir()) == []
+    # `podman build` was this process's child, and is gone with its working containers and layers.
+    assert builds and not [pid for pid in builds if _alive(pid)]
+    assert subprocess.run(["podman", "image", "exists", f"localhost/{tag}"], check=False).returncode != 0, "tagged"
+    left = (_podman_ids("ps", "-a") | _podman_ids("ps", "-a", "--external")) - containers_before
+    assert left == set(), left
+    # Steps finished before the signal stay as untagged layers, buildah's cache, as Docker's legacy builder keeps
+    # its own (the Docker cases remove theirs too): nothing of this build has a name.
+    new_images = sorted(_podman_ids("images", "-a") - images_before)
+    if new_images:
+        names = subprocess.run(
+            ["podman", "image", "inspect", "--format", "{{.RepoTags}}", *new_images],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+        subprocess.run(["podman", "rmi", "--force", *new_images], capture_output=True, check=False)
+        assert set(names) <= {"[]"}, names
