@@ -81,6 +81,47 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.timeout(300)
 # Twice: the second SIGTERM, sent while the first is still stopping the build client, ends Forge at once.
+def _signal_mid_build(
+    extra: list[str], reports: Path, scratch: Path, tag: str, *, signals: int = 1, env: dict[str, str] | None = None
+) -> tuple[int, str, list[int]]:
+    """`forge build debian-12 router --no-cache`, sent SIGTERM (`signals` times) a second after its first
+    `RUN apt-get update` starts; returns the exit code, all it printed and the build clients it had then.
+
+    --no-cache on the cheapest image: that RUN downloads a compiler from Debian's archive for many seconds, so
+    the signal always lands in the build phase."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "builders.cli", "build", "debian-12", "router", "--no-cache", "--skip-preflight",
+         "--tag", tag, "--report-dir", str(reports), "--scratch-dir", str(scratch), *extra],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **(env or {}), "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert proc.stdout is not None
+    output: list[str] = []
+    try:
+        for line in proc.stdout:
+            output.append(line)
+            # BuildKit's `#5 [toolchain 2/6] RUN`, the legacy builder's `Step 3/9 : RUN`, buildah's `STEP 4/9: RUN`.
+            if re.search(r"(\] |Step \d+/\d+ : |STEP \d+/\d+: )RUN apt-get update", line):
+                break
+        assert proc.poll() is None, "".join(output)
+        time.sleep(1)
+        clients = _children(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        if signals == 2:
+            time.sleep(0.05)
+            proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=120)
+        output.append(rest)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, "".join(output), clients
+
+
 @pytest.mark.parametrize(("builder", "signals"), [("buildkit", 1), ("legacy", 1), ("buildkit", 2)])
 @pytest.mark.parametrize(("engine_args", "engine_env"), ENGINES)
 def test_sigterm_mid_build_leaves_a_true_report_and_nothing_else(
@@ -97,42 +138,15 @@ def test_sigterm_mid_build_leaves_a_true_report_and_nothing_else(
     containers_before = {c.id for c in _client(engine).containers.list(all=True)}
     images_before = {i.id for i in _client(engine).images.list(all=True, filters={"label": "dev.forge.recipe=router"})}
     every_image_before = {i.id for i in _client(engine).images.list(all=True)}
-    # --no-cache on the cheapest image: its first RUN downloads a compiler from Debian's archive for many
-    # seconds, so the signal, sent a second after that step starts, always lands in the build phase.
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "builders.cli", "build", "debian-12", "router", "--no-cache", "--skip-preflight",
-         "--builder", builder, "--tag", tag, "--report-dir", str(reports), "--scratch-dir", str(scratch), *engine_args],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, **engine_env, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
-    assert proc.stdout is not None
-    output: list[str] = []
     try:
-        for line in proc.stdout:
-            output.append(line)
-            if re.search(r"\] RUN apt-get update|^Step \d+/\d+ : RUN apt-get update", line):
-                break
-        assert proc.poll() is None, "".join(output)
-        time.sleep(1)
-        clients = _children(proc.pid)
-        proc.send_signal(signal.SIGTERM)
-        if signals == 2:
-            time.sleep(0.05)
-            proc.send_signal(signal.SIGTERM)
-        rest, _ = proc.communicate(timeout=90)
-        output.append(rest)
+        code, text, clients = _signal_mid_build(
+            ["--builder", builder, *engine_args], reports, scratch, tag, signals=signals, env=engine_env
+        )
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
         for layer in _intermediate_layers(engine, every_image_before, engine.image_info("forge/base:debian-12").id):
             engine.remove_image(layer)
-    text = "".join(output)
 
-    assert proc.returncode == 143, text
+    assert code == 143, text
     if signals == 1:
         assert "forge: interrupted by SIGTERM (exit 143)" in text
     else:
@@ -206,35 +220,9 @@ def test_sigterm_mid_podman_build_leaves_a_true_report_and_nothing_else(tmp_path
     tag = "forge/test-router:sigterm-podman"
     containers_before = _podman_ids("ps", "-a") | _podman_ids("ps", "-a", "--external")
     images_before = _podman_ids("images", "-a")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "builders.cli", "build", "debian-12", "router", "--no-cache", "--skip-preflight",
-         "--engine", "podman", "--tag", tag, "--report-dir", str(reports), "--scratch-dir", str(scratch)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
-    assert proc.stdout is not None
-    output: list[str] = []
-    try:
-        for line in proc.stdout:
-            output.append(line)
-            if re.search(r"STEP \d+/\d+: RUN apt-get update", line):
-                break
-        assert proc.poll() is None, "".join(output)
-        time.sleep(1)
-        builds = _children(proc.pid)
-        proc.send_signal(signal.SIGTERM)
-        rest, _ = proc.communicate(timeout=120)
-        output.append(rest)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    text = "".join(output)
+    code, text, builds = _signal_mid_build(["--engine", "podman"], reports, scratch, tag)
 
-    assert proc.returncode == 143, text
+    assert code == 143, text
     assert "forge: interrupted by SIGTERM (exit 143)" in text
     report = json.loads((reports / "report.json").read_text())
     assert report["result"] == "interrupted" and report["ended_in"] == "build", report
