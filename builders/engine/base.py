@@ -30,6 +30,18 @@ class BuildRequest:
     # linux/arm64 on an x86_64 host runs each RUN under qemu-user-static (binfmt_misc); None: the engine's own.
     platform: str | None = None
 
+    def cli_flags(self) -> list[str]:
+        """The flags `docker build` and `podman build` spell alike, sorted so the same request gives the same
+        command line (and the log diff between two builds shows only what changed)."""
+        flags: list[str] = []
+        for key, value in sorted(self.build_args.items()):
+            flags += ["--build-arg", f"{key}={value}"]
+        for key, path in sorted(self.secrets.items()):
+            flags += ["--secret", f"id={key},src={path}"]
+        for key, value in sorted(self.labels.items()):
+            flags += ["--label", f"{key}={value}"]
+        return [*flags, str(self.context_dir)]
+
 
 @dataclass(frozen=True, kw_only=True)
 class BuildResult:
@@ -40,6 +52,29 @@ class BuildResult:
     log_path: Path | None
     returncode: int
     step_times: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_run(
+        cls,
+        *,
+        builder: str,
+        returncode: int,
+        iidfile: Path,
+        seconds: float,
+        log_path: Path | None,
+        step_times: dict[str, float] | None = None,
+    ) -> BuildResult:
+        """A CLI build's outcome: it succeeded only if it exited 0 *and* wrote the image ID it was asked for."""
+        image_id = iidfile.read_text().strip() if returncode == 0 and iidfile.exists() else None
+        return cls(
+            ok=returncode == 0 and bool(image_id),
+            image_id=image_id,
+            builder=builder,
+            seconds=seconds,
+            log_path=log_path,
+            returncode=returncode,
+            step_times=step_times or {},
+        )
 
 
 class Builder(Protocol):

@@ -94,27 +94,18 @@ class BuildKitCliBuilder:
                 cmd += ["--platform", request.platform]
             if request.no_cache:
                 cmd.append("--no-cache")
-            for key, value in sorted(request.build_args.items()):
-                cmd += ["--build-arg", f"{key}={value}"]
-            for key, path in sorted(request.secrets.items()):
-                cmd += ["--secret", f"id={key},src={path}"]
-            for key, value in sorted(request.labels.items()):
-                cmd += ["--label", f"{key}={value}"]
-            cmd.append(str(request.context_dir))
+            cmd += request.cli_flags()
             env = {**os.environ, "DOCKER_BUILDKIT": "1", "BUILDKIT_PROGRESS": "plain"}
             start = time.monotonic()
             rc, step_times = _stream(cmd, env, request.log_path, sink)
-            seconds = time.monotonic() - start
-            image_id = iidfile.read_text().strip() if rc == 0 and iidfile.exists() else None
-        return BuildResult(
-            ok=rc == 0 and bool(image_id),
-            image_id=image_id,
-            builder=self.name,
-            seconds=seconds,
-            log_path=request.log_path,
-            returncode=rc,
-            step_times=step_times,
-        )
+            return BuildResult.from_run(
+                builder=self.name,
+                returncode=rc,
+                iidfile=iidfile,
+                seconds=time.monotonic() - start,
+                log_path=request.log_path,
+                step_times=step_times,
+            )
 
 
 def stream_build(cmd: list[str], env: dict[str, str], log_path: Path | None, sink: LineSink) -> int:

@@ -508,13 +508,7 @@ class PodmanBuilder:
             if epoch:
                 # Every file's mtime and the image's created time become the epoch: verify-repro compares them.
                 cmd += ["--timestamp", epoch]
-            for key, value in sorted(request.build_args.items()):
-                cmd += ["--build-arg", f"{key}={value}"]
-            for key, path in sorted(request.secrets.items()):
-                cmd += ["--secret", f"id={key},src={path}"]
-            for key, value in sorted(request.labels.items()):
-                cmd += ["--label", f"{key}={value}"]
-            cmd.append(str(request.context_dir))
+            cmd += request.cli_flags()
             start = time.monotonic()
             before = self._working_containers()
             rc = -1
@@ -523,13 +517,10 @@ class PodmanBuilder:
             finally:
                 if rc != 0:
                     self._remove_working_containers(before)
-            seconds = time.monotonic() - start
-            image_id = iidfile.read_text().strip() if rc == 0 and iidfile.exists() else None
-        return BuildResult(
-            ok=rc == 0 and bool(image_id),
-            image_id=image_id,
-            builder=self.name,
-            seconds=seconds,
-            log_path=request.log_path,
-            returncode=rc,
-        )
+            return BuildResult.from_run(
+                builder=self.name,
+                returncode=rc,
+                iidfile=iidfile,
+                seconds=time.monotonic() - start,
+                log_path=request.log_path,
+            )
