@@ -158,9 +158,7 @@ def test_router_built_on_podman_passes_its_tests_and_no_layer_holds_the_ca_bundl
     assert found == []
 
 
-# The cpu-wheel image on Podman and a smoke on it cost minutes that CI's budget does not have (buildah commits
-# the multi-GB venv layer slowly, and vLLM's start-up doubles beside a build): `nox -s podman-smoke` runs it.
-@pytest.mark.skipif(os.environ.get("FORGE_PODMAN_SMOKE") != "1", reason="opt-in: nox -s podman-smoke")
+# The cpu-wheel image built on Podman is shared with the kube-play test (podman_image() builds it once a session).
 @pytest.mark.timeout(1800)
 def test_smoke_on_podman_passes_the_ci_profile_and_leaves_nothing(
     podman: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
