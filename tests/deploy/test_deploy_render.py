@@ -155,3 +155,27 @@ def test_cpu_and_memory_come_from_the_pools_cpu_set_and_the_model(tmp_path: Path
         int(limits["forge-wide-bulk"]["memory"].removesuffix("Mi")) - memory_bytes(ci, "bulk") // 2**20
         == 1024 - 64 + 64
     )
+
+
+@pytest.mark.parametrize("network", ["cluster", "host"])
+def test_every_pool_mounts_memory_backed_shm_sized_for_vllms_rings(tmp_path: Path, network: str) -> None:
+    data = yaml.safe_load((ROOT / "profiles" / "ci.yaml").read_text())
+    # A bigger broadcast chunk and two tensor-parallel workers: 64 x 10 + 2 x 240 + 64 = 1184 MiB -> 1216 MiB.
+    data["pools"]["bulk"]["env"] = {"VLLM_MQ_MAX_CHUNK_BYTES_MB": "64"}
+    data["pools"]["bulk"]["extra_args"] = ["--tensor-parallel-size", "2"]
+    path = tmp_path / "rings.yaml"
+    path.write_text(yaml.safe_dump(data))
+    sizes = {}
+    for name, deployment in by_kind(rendered(tmp_path, str(path), "--network", network), "Deployment").items():
+        pod = deployment["spec"]["template"]["spec"]
+        if name.endswith("-router"):
+            assert all(v["name"] != "dshm" for v in pod["volumes"])
+            continue
+        assert "hostIPC" not in pod, "the host's IPC namespace is not a pod's to share"
+        mounts = {m["mountPath"]: m["name"] for m in pod["containers"][0]["volumeMounts"]}
+        volume = next(v for v in pod["volumes"] if v["name"] == mounts["/dev/shm"])
+        assert volume["emptyDir"]["medium"] == "Memory"
+        sizes[name] = volume["emptyDir"]["sizeLimit"]
+    # ci's own pools: the default 16 MiB x 10 broadcast ring (the 160 MiB vLLM asked for under Podman's 64 MiB),
+    # one 240 MiB response ring and 64 MiB headroom, 464 MiB rounded up to 512.
+    assert sizes == {"forge-rings-interactive": "512Mi", "forge-rings-bulk": "1216Mi"}
