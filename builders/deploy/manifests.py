@@ -185,6 +185,12 @@ def render(profile: StackProfile, source: str, options: DeployOptions) -> Render
         port=plan.router_port if host else PORT,
     )
     files["secret.yaml"] = [_secret(prefix, keys)]
+    if _api_discovery(profile, options):
+        files["rbac.yaml"] = _rbac(prefix)
+        notes.append(
+            "deploy.discovery kubernetes: the router asks the API for its pools' pods, so its image needs the "
+            "`kubernetes` client (pip install 'forge-vllm[kubernetes]'); Forge's router target does not carry it"
+        )
     if host:
         notes.append(
             "--network host: replicas and the router share the node's network on 127.0.0.1 and the router lists "
@@ -214,6 +220,13 @@ def _labels(prefix: str, component: str, pool: str | None = None) -> dict[str, s
     if pool is not None:
         labels["forge/pool"] = pool
     return labels
+
+
+def _pool_selector(prefix: str, pool: str) -> dict[str, str]:
+    """The labels that pick a pool's pods: its Deployment's and Service's selector, and the router's for API
+    discovery."""
+    labels = _labels(prefix, "pool", pool)
+    return {k: labels[k] for k in ("app.kubernetes.io/instance", "app.kubernetes.io/component", "forge/pool")}
 
 
 def _meta(name: str, labels: dict[str, str]) -> Object:
@@ -300,7 +313,7 @@ def _pool_objects(
 ) -> list[Object]:
     settings = profile.pools[name]
     labels = _labels(prefix, "pool", name)
-    selector = {k: labels[k] for k in ("app.kubernetes.io/instance", "app.kubernetes.io/component", "forge/pool")}
+    selector = _pool_selector(prefix, name)
     cpu = str(cpus_of(profile, name))
     memory = f"{memory_bytes(profile, name) // 1024**2}Mi"
     resources = {"cpu": cpu, "memory": memory}
@@ -396,6 +409,16 @@ def _router_config(
     }
     if host:
         mapping["pools"] = plan_ports
+    elif profile.deploy.discovery == "kubernetes":
+        mapping["pools"] = {name: [] for name in profile.pools}
+        # No namespace: the router's own, where kustomize puts the pools beside it.
+        mapping["discovery"] = {
+            name: {
+                "label_selector": ",".join(f"{k}={v}" for k, v in _pool_selector(prefix, name).items()),
+                "port": PORT,
+            }
+            for name in profile.pools
+        }
     else:
         mapping["pools"] = {name: [] for name in profile.pools}
         mapping["discovery"] = {
@@ -442,9 +465,12 @@ def _router_objects(
         "securityContext": _container_security(read_only_root=True),
         "volumeMounts": [{"name": "config", "mountPath": ROUTER_CONFIG_DIR, "readOnly": True}],
     }
+    api = _api_discovery(profile, options)
     pod: Object = {
         "terminationGracePeriodSeconds": _grace_s(profile),
-        "automountServiceAccountToken": False,
+        **({"serviceAccountName": name} if api else {}),
+        # Only a router that asks the API for its pods holds a token, and only for that (rbac.yaml).
+        "automountServiceAccountToken": api,
         "enableServiceLinks": False,
         "securityContext": _pod_security(),
         "containers": [container],
@@ -489,6 +515,39 @@ def _on_host_network(pod: Object) -> None:
     # On the node's network a port is not published, only listened on (Podman refuses port mappings there).
     for container in pod["containers"]:
         container.pop("ports", None)
+
+
+def _api_discovery(profile: StackProfile, options: DeployOptions) -> bool:
+    """Whether the router finds replicas through the Kubernetes API (with --network host it lists them by port)."""
+    return options.network == "cluster" and profile.deploy.discovery == "kubernetes"
+
+
+def _rbac(prefix: str) -> list[Object]:
+    """What API discovery needs and no more: read the namespace's pods (builders/router/kubernetes_discovery.py
+    lists and watches them)."""
+    name = f"{prefix}-router"
+    labels = _labels(prefix, "router")
+    account: Object = {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _meta(name, labels),
+        "automountServiceAccountToken": False,
+    }
+    role: Object = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _meta(name, labels),
+        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
+    }
+    binding: Object = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _meta(name, labels),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        # No namespace: a RoleBinding's ServiceAccount subject is in the binding's own (kustomize's namespace:).
+        "subjects": [{"kind": "ServiceAccount", "name": name}],
+    }
+    return [account, role, binding]
 
 
 def _secret(prefix: str, name: str) -> Object:
