@@ -7,7 +7,7 @@ them), and reads a secretKeyRef from a Podman secret in its own format (a JSON m
 object it stores from `kube play` it cannot read back, so this test creates that secret itself). Services,
 PodDisruptionBudgets and the readiness and startup probes have no effect; the liveness probe becomes a
 healthcheck that needs systemd timers, absent here. An emptyDir with `medium: Memory` becomes a disk-backed
-volume with the image's root-owned 0755 /dev/shm copied onto it (memory-backed emptyDirs came in Podman 5.0),
+volume with the image's root-owned 0755 /dev/shm copied onto it (Podman added memory-backed emptyDirs in 2024, containers/podman#21524),
 so uid 1000 cannot create vLLM's rings there: the play swaps each pool's /dev/shm emptyDir for a hostPath
 directory on the host's tmpfs that this test makes for uid 1000 and removes (`podman_43_overlay`). Pod networking
 and DNS discovery are not exercised (--network host: the router lists the replicas by port); they stay proven by
