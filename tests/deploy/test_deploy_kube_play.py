@@ -90,8 +90,9 @@ def podman_43_overlay(objects: list[dict[str, Any]], shm_root: Path) -> list[str
 
 
 def images() -> tuple[str, str]:
-    vllm = os.environ.get("FORGE_KUBE_PLAY_IMAGE") or podman_image("cpu-wheel")
-    router = os.environ.get("FORGE_KUBE_PLAY_ROUTER_IMAGE") or podman_image("router")
+    # Under the name Podman stores a registry-less tag by, so kube play's IfNotPresent finds it and never pulls.
+    vllm = os.environ.get("FORGE_KUBE_PLAY_IMAGE") or f"localhost/{podman_image('cpu-wheel')}"
+    router = os.environ.get("FORGE_KUBE_PLAY_ROUTER_IMAGE") or f"localhost/{podman_image('router')}"
     return vllm, router
 
 
