@@ -42,9 +42,16 @@ UID = 1000
 VLLM_BASE_MEMORY = 2 * 1024**3
 MEMORY_STEP = 256 * 1024**2
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
-# /dev/shm of a replica: vLLM's CPU backend passes tensors between its processes there (forge smoke gives
-# containers 2 GiB; a tiny model uses a few MiB). Memory-backed, so it counts against the limit when used.
-SHM_BYTES = 512 * 1024**2
+# /dev/shm of a replica holds vLLM's shared-memory rings (vllm/distributed/device_communicators/shm_broadcast.py,
+# v1/executor/multiproc_executor.py): the executor's broadcast ring of VLLM_MQ_MAX_CHUNK_BYTES_MB (default 16)
+# x 10 chunks, and one response ring per worker of 24 MiB x 10. vLLM refuses to start when /dev/shm cannot hold
+# a ring ("Insufficient space in /dev/shm ... 160 MiB required"). Memory-backed, so it counts against the limit.
+MQ_CHUNKS = 10
+MQ_CHUNK_MIB_DEFAULT = 16
+RESPONSE_RING_MIB = 24 * MQ_CHUNKS
+SHM_HEADROOM_MIB = 64
+"""Torch's own shared tensors and the rings' metadata."""
+SHM_STEP_MIB = 64
 
 _IMAGE = re.compile(
     r"^[a-z0-9]+(?:[._/-][a-z0-9]+)*(?::[0-9]+)?(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*(?::[\w.-]{1,128})?"
@@ -92,10 +99,29 @@ def memory_bytes(profile: StackProfile, pool: str) -> int:
     intermediate = model.intermediate_size or 2 * hidden
     # Embeddings and LM head, then per layer the four attention projections and the three MLP matrices.
     params = 2 * vocab * hidden + model.num_hidden_layers * (4 * hidden * hidden + 3 * hidden * intermediate)
-    total = (
-        VLLM_BASE_MEMORY + params * DTYPE_BYTES[_rendered_dtype(profile)] + _bytes(model.kv_cache_memory) + SHM_BYTES
-    )
+    weights = params * DTYPE_BYTES[_rendered_dtype(profile)]
+    total = VLLM_BASE_MEMORY + weights + _bytes(model.kv_cache_memory) + shm_mib(profile, pool) * 1024**2
     return math.ceil(total / MEMORY_STEP) * MEMORY_STEP
+
+
+def shm_mib(profile: StackProfile, pool: str) -> int:
+    """The memory-backed /dev/shm a replica of `pool` needs, in MiB: vLLM's broadcast ring, one response ring
+    per worker (the pool's tensor-parallel size), and headroom, rounded up to 64 MiB."""
+    settings = profile.pools[pool]
+    chunk_mib = int(settings.env.get("VLLM_MQ_MAX_CHUNK_BYTES_MB", MQ_CHUNK_MIB_DEFAULT))
+    workers = _tensor_parallel(settings.extra_args)
+    total = chunk_mib * MQ_CHUNKS + workers * RESPONSE_RING_MIB + SHM_HEADROOM_MIB
+    return math.ceil(total / SHM_STEP_MIB) * SHM_STEP_MIB
+
+
+def _tensor_parallel(extra_args: tuple[str, ...]) -> int:
+    for i, token in enumerate(extra_args):
+        for flag in ("--tensor-parallel-size", "-tp"):
+            if token == flag and i + 1 < len(extra_args):
+                return int(extra_args[i + 1])
+            if token.startswith(flag + "="):
+                return int(token.split("=", 1)[1])
+    return 1
 
 
 def cpus_of(profile: StackProfile, pool: str) -> int:
@@ -159,6 +185,12 @@ def render(profile: StackProfile, source: str, options: DeployOptions) -> Render
         port=plan.router_port if host else PORT,
     )
     files["secret.yaml"] = [_secret(prefix, keys)]
+    if _api_discovery(profile, options):
+        files["rbac.yaml"] = _rbac(prefix)
+        notes.append(
+            "deploy.discovery kubernetes: the router asks the API for its pools' pods, so its image needs the "
+            "`kubernetes` client (pip install 'forge-vllm[kubernetes]'); Forge's router target does not carry it"
+        )
     if host:
         notes.append(
             "--network host: replicas and the router share the node's network on 127.0.0.1 and the router lists "
@@ -188,6 +220,13 @@ def _labels(prefix: str, component: str, pool: str | None = None) -> dict[str, s
     if pool is not None:
         labels["forge/pool"] = pool
     return labels
+
+
+def _pool_selector(prefix: str, pool: str) -> dict[str, str]:
+    """The labels that pick a pool's pods: its Deployment's and Service's selector, and the router's for API
+    discovery."""
+    labels = _labels(prefix, "pool", pool)
+    return {k: labels[k] for k in ("app.kubernetes.io/instance", "app.kubernetes.io/component", "forge/pool")}
 
 
 def _meta(name: str, labels: dict[str, str]) -> Object:
@@ -274,7 +313,7 @@ def _pool_objects(
 ) -> list[Object]:
     settings = profile.pools[name]
     labels = _labels(prefix, "pool", name)
-    selector = {k: labels[k] for k in ("app.kubernetes.io/instance", "app.kubernetes.io/component", "forge/pool")}
+    selector = _pool_selector(prefix, name)
     cpu = str(cpus_of(profile, name))
     memory = f"{memory_bytes(profile, name) // 1024**2}Mi"
     resources = {"cpu": cpu, "memory": memory}
@@ -310,7 +349,9 @@ def _pool_objects(
         "containers": [container],
         "volumes": [
             {"name": "model", "configMap": {"name": f"{prefix}-model"}},
-            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{SHM_BYTES // 1024**2}Mi"}},
+            # Kubernetes has no shm-size: a memory-backed emptyDir at /dev/shm is how a pod gets more than the
+            # runtime's 64 MiB (production-stack mounts one the same way).
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{shm_mib(profile, name)}Mi"}},
         ],
     }
     if host:
@@ -368,6 +409,16 @@ def _router_config(
     }
     if host:
         mapping["pools"] = plan_ports
+    elif profile.deploy.discovery == "kubernetes":
+        mapping["pools"] = {name: [] for name in profile.pools}
+        # No namespace: the router's own, where kustomize puts the pools beside it.
+        mapping["discovery"] = {
+            name: {
+                "label_selector": ",".join(f"{k}={v}" for k, v in _pool_selector(prefix, name).items()),
+                "port": PORT,
+            }
+            for name in profile.pools
+        }
     else:
         mapping["pools"] = {name: [] for name in profile.pools}
         mapping["discovery"] = {
@@ -414,9 +465,12 @@ def _router_objects(
         "securityContext": _container_security(read_only_root=True),
         "volumeMounts": [{"name": "config", "mountPath": ROUTER_CONFIG_DIR, "readOnly": True}],
     }
+    api = _api_discovery(profile, options)
     pod: Object = {
         "terminationGracePeriodSeconds": _grace_s(profile),
-        "automountServiceAccountToken": False,
+        **({"serviceAccountName": name} if api else {}),
+        # Only a router that asks the API for its pods holds a token, and only for that (rbac.yaml).
+        "automountServiceAccountToken": api,
         "enableServiceLinks": False,
         "securityContext": _pod_security(),
         "containers": [container],
@@ -461,13 +515,39 @@ def _on_host_network(pod: Object) -> None:
     # On the node's network a port is not published, only listened on (Podman refuses port mappings there).
     for container in pod["containers"]:
         container.pop("ports", None)
-        # Podman 4.3 makes an emptyDir a root-owned 0755 volume and ignores fsGroup, so uid 1000 could not
-        # create vLLM's shared-memory segments in it (PermissionError: '/psm_...'), and the engine's own
-        # /dev/shm is 64 MiB where ci's replicas ask for 160 MiB: hostIPC asks for the host's. Podman 4.3's kube
-        # play was seen to ignore it (docs/deploy.md). In a cluster the emptyDir is world-writable.
-        container["volumeMounts"] = [m for m in container.get("volumeMounts", []) if m["name"] != "dshm"]
-    pod["volumes"] = [v for v in pod.get("volumes", []) if v["name"] != "dshm"]
-    pod["hostIPC"] = True
+
+
+def _api_discovery(profile: StackProfile, options: DeployOptions) -> bool:
+    """Whether the router finds replicas through the Kubernetes API (with --network host it lists them by port)."""
+    return options.network == "cluster" and profile.deploy.discovery == "kubernetes"
+
+
+def _rbac(prefix: str) -> list[Object]:
+    """What API discovery needs and no more: read the namespace's pods (builders/router/kubernetes_discovery.py
+    lists and watches them)."""
+    name = f"{prefix}-router"
+    labels = _labels(prefix, "router")
+    account: Object = {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _meta(name, labels),
+        "automountServiceAccountToken": False,
+    }
+    role: Object = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _meta(name, labels),
+        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
+    }
+    binding: Object = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _meta(name, labels),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        # No namespace: a RoleBinding's ServiceAccount subject is in the binding's own (kustomize's namespace:).
+        "subjects": [{"kind": "ServiceAccount", "name": name}],
+    }
+    return [account, role, binding]
 
 
 def _secret(prefix: str, name: str) -> Object:

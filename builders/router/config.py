@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from builders.errors import ConfigError
 from builders.router.classes import ALL_CLASSES, RequestClass
@@ -51,6 +60,44 @@ class DnsDiscovery(BaseModel):
     )
 
 
+class KubernetesDiscovery(BaseModel):
+    """A pool whose replicas are the Ready pods a label selector picks, listed and watched through the Kubernetes
+    API (builders/router/kubernetes_discovery.py; needs the `kubernetes` client and get/list/watch on pods)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    label_selector: str = Field(
+        min_length=1,
+        description="Selector of the pool's pods, e.g. app.kubernetes.io/instance=forge-ci,forge/pool=bulk.",
+    )
+    namespace: str | None = Field(
+        default=None,
+        description="Namespace of the pods; default: the router pod's own (its service account's), else the "
+        "kubeconfig context's, else 'default'.",
+    )
+    port: int = Field(ge=1, le=65535, description="Port every replica listens on.")
+    scheme: Literal["http", "https"] = Field(default="http", description="Scheme of the replica base URLs.")
+    interval_s: float = Field(
+        default=1.0,
+        gt=0,
+        description="Seconds between applying what the watch has seen to the pool: a pod that turns NotReady "
+        "or terminating leaves it (its running streams go on), a Ready one joins.",
+    )
+
+
+def _discovery_kind(value: Any) -> str:
+    if isinstance(value, dict):
+        return "kubernetes" if "label_selector" in value else "dns"
+    return "kubernetes" if isinstance(value, KubernetesDiscovery) else "dns"
+
+
+Discovery = Annotated[
+    Annotated[DnsDiscovery, Tag("dns")] | Annotated[KubernetesDiscovery, Tag("kubernetes")],
+    Discriminator(_discovery_kind),
+]
+"""A `discovery` entry: DNS when it names `dns`, the Kubernetes API when it names `label_selector`."""
+
+
 class RouterConfig(BaseModel):
     """Everything the class-aware router needs: where to listen, which pools exist, how to protect itself."""
 
@@ -62,7 +109,7 @@ class RouterConfig(BaseModel):
         description="Pool name -> base URLs of its vLLM replicas (http://127.0.0.1:PORT, no /v1 suffix); "
         "empty for a pool found through `discovery`."
     )
-    discovery: dict[str, DnsDiscovery] = Field(
+    discovery: dict[str, Discovery] = Field(
         default_factory=dict,
         description="Pool name -> how its replicas are found at run time instead of a fixed list "
         "(builders/router/discovery.py); such a pool lists no URLs in `pools`.",
@@ -269,7 +316,10 @@ class RouterConfig(BaseModel):
 def _explain(exc: ValidationError, data: Any, source: str) -> str:
     lines = []
     for err in exc.errors():
-        loc = ".".join(str(part) for part in err["loc"])
+        parts = list(err["loc"])
+        tagged = len(parts) > 2 and parts[0] == "discovery" and parts[2] in ("dns", "kubernetes")
+        # The union's tag is pydantic's, not a key of the file: the path names what the user wrote.
+        loc = ".".join(str(part) for i, part in enumerate(parts) if not (tagged and i == 2))
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             parent: Any = data
@@ -278,8 +328,8 @@ def _explain(exc: ValidationError, data: Any, source: str) -> str:
             model: type[BaseModel] = RouterConfig
             if len(err["loc"]) > 1 and err["loc"][0] == "slow_client":
                 model = SlowClientDetection
-            elif len(err["loc"]) > 2 and err["loc"][0] == "discovery":
-                model = DnsDiscovery
+            elif tagged:
+                model = KubernetesDiscovery if parts[2] == "kubernetes" else DnsDiscovery
             close = difflib.get_close_matches(str(err["loc"][-1]), list(model.model_fields), n=1)
             if close:
                 msg += f"; did you mean {close[0]!r}?"

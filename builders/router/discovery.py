@@ -1,4 +1,5 @@
-"""How the router finds a pool's replicas: a fixed list, or every address a DNS name resolves to.
+"""How the router finds a pool's replicas: a fixed list, every address a DNS name resolves to, or the Ready pods
+of a label selector through the Kubernetes API (builders/router/kubernetes_discovery.py, an optional client).
 
 This module only keeps each pool's replica list equal to what its discoverer finds; choosing a replica
 (builders/router/replicas.py) and moving bytes (server.py, upstream.py) are elsewhere.
@@ -6,7 +7,7 @@ This module only keeps each pool's replica list equal to what its discoverer fin
 A replica that leaves a pool is only taken out of the list new requests choose from. A request already
 running on it holds its Replica object and its connection, and ends as it would have: a DNS answer that
 drops a pod (Kubernetes drops a pod that turns NotReady or terminating from its headless Service) never
-cuts a stream. No Kubernetes API permission is needed: the cluster's DNS is the source.
+cuts a stream. DNS discovery needs no Kubernetes API permission: the cluster's DNS is the source.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from builders.router.config import DnsDiscovery, RouterConfig
+from builders.router.config import DnsDiscovery, KubernetesDiscovery, RouterConfig
 from builders.router.replicas import Pool, Replica
 
 Resolver = Callable[[str, int], Awaitable[list[str]]]
@@ -58,6 +59,10 @@ class Discoverer(Protocol):
         """The pool's replica base URLs now; DiscoveryFailed when the source could not be asked."""
         ...
 
+    async def close(self) -> None:
+        """Let go of what asking needs (a watch, a connection); the router is stopping."""
+        ...
+
 
 @dataclass(frozen=True, kw_only=True)
 class StaticDiscoverer:
@@ -68,6 +73,9 @@ class StaticDiscoverer:
 
     async def urls(self) -> list[str]:
         return list(self.listed)
+
+    async def close(self) -> None:
+        pass
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,17 +94,24 @@ class DnsDiscoverer:
         addresses = await self.resolver(s.dns, s.port)
         return [f"{s.scheme}://{address}:{s.port}" for address in addresses]
 
+    async def close(self) -> None:
+        pass
+
 
 def discoverers(config: RouterConfig, *, resolver: Resolver = system_resolver) -> dict[str, Discoverer]:
     """One discoverer per pool, decided once from the config."""
     found: dict[str, Discoverer] = {}
     for name, urls in config.pools.items():
         settings = config.discovery.get(name)
-        found[name] = (
-            DnsDiscoverer(settings=settings, resolver=resolver)
-            if settings is not None
-            else StaticDiscoverer(listed=tuple(urls))
-        )
+        if isinstance(settings, KubernetesDiscovery):
+            # Imported here: the `kubernetes` client is an extra, needed only by a config that asks for it.
+            from builders.router.kubernetes_discovery import KubernetesDiscoverer
+
+            found[name] = KubernetesDiscoverer(settings)
+        elif settings is not None:
+            found[name] = DnsDiscoverer(settings=settings, resolver=resolver)
+        else:
+            found[name] = StaticDiscoverer(listed=tuple(urls))
     return found
 
 
@@ -169,6 +184,7 @@ class Membership:
             for task in loops:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            await asyncio.gather(*(d.close() for d in self.discoverers.values()), return_exceptions=True)
 
     async def _every(self, name: str, interval_s: float) -> None:
         while True:

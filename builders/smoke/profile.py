@@ -171,6 +171,18 @@ class CheckSettings(_Strict):
     kill_replica: KillReplicaCheck | None = Field(default=None, description="Which pool loses a replica, and when.")
 
 
+class DeploySettings(_Strict):
+    """How `forge deploy render` writes the stack for a cluster (smoke runs ignore it)."""
+
+    discovery: Literal["dns", "kubernetes"] = Field(
+        default="dns",
+        description="How the router finds the replicas: dns, every address of each pool's headless Service (no "
+        "API permissions); kubernetes, the Ready pods of each pool's labels through the API (renders a "
+        "ServiceAccount, a Role to get/list/watch pods and its RoleBinding; the router image needs the "
+        "`kubernetes` client, forge-vllm[kubernetes]).",
+    )
+
+
 class Timeouts(_Strict):
     """Upper bounds on every phase, so a smoke run always ends."""
 
@@ -207,6 +219,9 @@ class StackProfile(_Strict):
         default_factory=lambda: CheckSettings(), description="Settings of the isolation checks."
     )
     timeouts: Timeouts = Field(default_factory=lambda: Timeouts(), description="Phase time limits.")
+    deploy: DeploySettings = Field(
+        default_factory=lambda: DeploySettings(), description="Settings of `forge deploy render`."
+    )
 
     @field_validator("pools")
     @classmethod

@@ -2,15 +2,20 @@
 --endpoint` at the router, and torn down with `podman kube down`, nothing left.
 
 What Podman 4.3 does with them (docs/deploy.md): it runs the Deployments' pods (one per Deployment, whatever
-`replicas` says), mounts the ConfigMaps, and reads a secretKeyRef from a Podman secret in its own format (a
-JSON map of base64 values: the Secret object it stores from `kube play` it cannot read back, so this test
-creates that secret itself). Services, PodDisruptionBudgets and the readiness and startup probes have no
-effect; the liveness probe becomes a healthcheck that needs systemd timers, absent here. So pod networking
-and DNS discovery are not exercised here (--network host: the router lists the replicas by port); they stay
-proven by the schema tests and tests/router/test_router_discovery.py.
+`replicas` says), mounts the ConfigMaps as volumes named after them (which `kube down` leaves: this test removes
+them), and reads a secretKeyRef from a Podman secret in its own format (a JSON map of base64 values: the Secret
+object it stores from `kube play` it cannot read back, so this test creates that secret itself). Services,
+PodDisruptionBudgets and the readiness and startup probes have no effect; the liveness probe becomes a
+healthcheck that needs systemd timers, absent here. An emptyDir with `medium: Memory` becomes a disk-backed
+volume with the image's root-owned 0755 /dev/shm copied onto it (Podman added memory-backed emptyDirs in 2024, containers/podman#21524),
+so uid 1000 cannot create vLLM's rings there: the play swaps each pool's /dev/shm emptyDir for a hostPath
+directory on the host's tmpfs that this test makes for uid 1000 and removes (`podman_43_overlay`). Pod networking
+and DNS discovery are not exercised (--network host: the router lists the replicas by port); they stay proven by
+the schema tests and tests/router/test_router_discovery.py.
 
-Minutes (two vLLM replicas start), so not in CI's default run: `nox -s kube-play` sets FORGE_KUBE_PLAY=1.
-It has not passed here yet: Podman 4.3 gives each pod 64 MiB of /dev/shm and vLLM asks 160 MiB (docs/deploy.md).
+Minutes (two vLLM replicas start), so opt-in for now: `nox -s kube-play` sets FORGE_KUBE_PLAY=1. The images are
+smoke_helpers.podman_image()'s (built once per test session, shared with the Podman smoke), or
+FORGE_KUBE_PLAY_IMAGE / FORGE_KUBE_PLAY_ROUTER_IMAGE naming images already in Podman's storage.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,10 +40,9 @@ from builders.cli import main
 from builders.deploy.command import load_dir
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "smoke"))
-from smoke_helpers import router_image, smoke_image
+from smoke_helpers import free_base_port, podman_image
 
 ROOT = Path(__file__).resolve().parents[2]
-BASE_PORT = 18700
 INSTANCE = "forge-ci"
 
 pytestmark = [
@@ -55,60 +60,83 @@ def podman(*args: str, check: bool = True, input_bytes: bytes | None = None) -> 
     return done.stdout.decode(errors="replace")
 
 
-def in_podman(image: str) -> str:
-    """The image under Podman's name for it, copied from Docker when Podman lacks it or holds another build."""
-    docker_id = subprocess.run(
-        ["docker", "image", "inspect", "-f", "{{.Id}}", image], capture_output=True, text=True, check=True
-    ).stdout.strip()
-    first = image.split("/", 1)[0]
-    # Podman names an image without a registry part localhost/NAME once loaded.
-    name = image if "/" in image and ("." in first or ":" in first or first == "localhost") else f"localhost/{image}"
-    have = podman("image", "inspect", "-f", "{{.Id}}", name, check=False).strip()
-    if have.removeprefix("sha256:") != docker_id.removeprefix("sha256:"):
-        saved = subprocess.run(["docker", "save", image], capture_output=True, check=True).stdout
-        podman("load", input_bytes=saved)
-    return name
-
-
 def leftovers() -> list[str]:
     pods = podman("pod", "ps", "--format", "{{.Name}}").split()
-    containers = podman("ps", "-a", "--format", "{{.Names}}").split()
+    containers = podman("ps", "-a", "--external", "--format", "{{.Names}}").split()
     secrets = podman("secret", "ls", "--format", "{{.Name}}").split()
-    return [n for n in (*pods, *containers, *secrets) if n.startswith(INSTANCE)]
+    volumes = podman("volume", "ls", "--format", "{{.Name}}").split()
+    return [n for n in (*pods, *containers, *secrets, *volumes) if n.startswith(INSTANCE)]
+
+
+def podman_43_overlay(objects: list[dict[str, Any]], shm_root: Path) -> list[str]:
+    """Swap every memory-backed emptyDir for a hostPath directory under `shm_root` (on the host's tmpfs), made
+    for the pod's user: what Podman 4.3 cannot play as written (see the module docstring). Returns the
+    directories made."""
+    made: list[str] = []
+    for obj in objects:
+        if obj["kind"] != "Deployment":
+            continue
+        pod = obj["spec"]["template"]["spec"]
+        for volume in pod.get("volumes", []):
+            if volume.get("emptyDir", {}).get("medium") != "Memory":
+                continue
+            directory = shm_root / f"{obj['metadata']['name']}-{volume['name']}"
+            directory.mkdir(mode=0o700)
+            os.chown(directory, pod["securityContext"]["runAsUser"], pod["securityContext"]["runAsGroup"])
+            del volume["emptyDir"]
+            volume["hostPath"] = {"path": str(directory), "type": "Directory"}
+            made.append(str(directory))
+    return made
+
+
+def images() -> tuple[str, str]:
+    # Under the name Podman stores a registry-less tag by, so kube play's IfNotPresent finds it and never pulls.
+    vllm = os.environ.get("FORGE_KUBE_PLAY_IMAGE") or f"localhost/{podman_image('cpu-wheel')}"
+    router = os.environ.get("FORGE_KUBE_PLAY_ROUTER_IMAGE") or f"localhost/{podman_image('router')}"
+    return vllm, router
 
 
 @pytest.fixture
-def played(tmp_path: Path) -> Iterator[tuple[str, str, list[dict[str, Any]]]]:
-    vllm, router = in_podman(smoke_image()), in_podman(router_image())
+def played(tmp_path: Path) -> Iterator[tuple[str, str, int]]:
+    vllm, router = images()
+    base_port = free_base_port(3)
     out = tmp_path / "ci"
     argv = ["--root", str(ROOT), "deploy", "render", "--profile", "ci", "--network", "host"]
-    argv += ["--base-port", str(BASE_PORT), "--image", vllm, "--router-image", router, "-o", str(out)]
+    argv += ["--base-port", str(base_port), "--image", vllm, "--router-image", router, "-o", str(out)]
     assert main(argv) == 0
     objects = load_dir(out)
     secret = next(o for o in objects if o["kind"] == "Secret")
+    configmaps = [o["metadata"]["name"] for o in objects if o["kind"] == "ConfigMap"]
+    assert leftovers() == [], "a previous run left pods, containers, secrets or volumes behind"
+    shm_root = Path(tempfile.mkdtemp(prefix=f"{INSTANCE}-kube-play-", dir="/dev/shm"))
+    play_objects = [o for o in objects if o["kind"] != "Secret"]
+    assert len(podman_43_overlay(play_objects, shm_root)) == 2, "one /dev/shm per pool"
     play = tmp_path / "play.yaml"
-    play.write_text(yaml.safe_dump_all([o for o in objects if o["kind"] != "Secret"]))
+    play.write_text(yaml.safe_dump_all(play_objects))
     keys = {k: base64.b64encode(v.encode()).decode() for k, v in secret["stringData"].items()}
-    assert leftovers() == [], "a previous run left pods behind"
     started = time.monotonic()
     try:
         podman("secret", "create", secret["metadata"]["name"], "-", input_bytes=json.dumps(keys).encode())
         podman("kube", "play", str(play))
-        yield f"http://127.0.0.1:{BASE_PORT}", secret["stringData"]["api-key"], objects
+        yield f"http://127.0.0.1:{base_port}", secret["stringData"]["api-key"], base_port
     finally:
         podman("kube", "down", str(play), check=False)
         podman("secret", "rm", secret["metadata"]["name"], check=False)
+        podman("volume", "rm", *configmaps, check=False)
+        shutil.rmtree(shm_root, ignore_errors=True)
         print(f"kube play to kube down: {time.monotonic() - started:.0f}s")
     assert leftovers() == []
+    assert not shm_root.exists()
 
 
 def test_the_ci_profile_played_by_podman_passes_its_gates_through_the_endpoint(
-    played: tuple[str, str, list[dict[str, Any]]], tmp_path: Path
+    played: tuple[str, str, int], tmp_path: Path
 ) -> None:
-    url, key, _ = played
+    url, key, base_port = played
+    started = time.monotonic()
     # Four times the profile's startup bound: on this shared 2-core machine under a load average of 15-20 (other
     # builds, smoke runs and sweeps beside it) the replicas had not answered /health after 10 minutes.
-    deadline = time.monotonic() + 4 * 300
+    deadline = started + 4 * 300
     serving: dict[str, bool] = {}
     while time.monotonic() < deadline:
         try:
@@ -123,11 +151,12 @@ def test_the_ci_profile_played_by_podman_passes_its_gates_through_the_endpoint(
             n: podman("logs", "--tail", "15", n, check=False) for n in podman("ps", "--format", "{{.Names}}").split()
         }
         raise AssertionError(f"not serving: {serving}\n{podman('ps', '-a')}\n{json.dumps(logs, indent=1)}")
+    print(f"both pools serving {time.monotonic() - started:.0f}s after kube play")
     report_dir = tmp_path / "report"
     argv = ["--root", str(ROOT), "smoke", "--endpoint", url, "--profile", "ci", "--api-key", key]
     assert main([*argv, "--report", str(report_dir)]) == 0
     report = json.loads(next(report_dir.glob("smoke-endpoint-*.json")).read_text())
     assert report["gates"]["passed"]
-    ports = {"interactive": BASE_PORT + 1, "bulk": BASE_PORT + 2}
+    ports = {"interactive": base_port + 1, "bulk": base_port + 2}
     for name, row in report["traffic"]["main"]["classes"].items():
         assert set(row["served_where"]) == {f"{row['pool']}/http://127.0.0.1:{ports[row['pool']]}"}, name

@@ -15,7 +15,7 @@ import yaml
 from builders.cli import main
 from builders.deploy.command import load_dir
 from builders.deploy.manifests import cpus_of, memory_bytes
-from builders.router.config import config_from_mapping
+from builders.router.config import DnsDiscovery, KubernetesDiscovery, config_from_mapping
 from builders.smoke.plan import pool_args
 from builders.smoke.profile import load_profile
 
@@ -93,11 +93,9 @@ def test_router_config_finds_every_pool_by_its_headless_service_and_keys_come_fr
     config_map = by_kind(objects, "ConfigMap")["forge-ci-router"]
     config = config_from_mapping(json.loads(config_map["data"]["router.json"]), source="router.json")
     services = by_kind(objects, "Service")
-    assert {name: d.dns for name, d in config.discovery.items()} == {
-        "interactive": "forge-ci-interactive",
-        "bulk": "forge-ci-bulk",
-    }
-    assert all(d.dns in services for d in config.discovery.values())
+    names = {name: d.dns for name, d in config.discovery.items() if isinstance(d, DnsDiscovery)}
+    assert names == {"interactive": "forge-ci-interactive", "bulk": "forge-ci-bulk"}
+    assert all(name in services for name in names.values())
     assert config.api_key is None and config.upstream_api_key is None, "keys stay out of the ConfigMap"
     assert config.long_prefill_tokens == 600, "the profile's router section is carried over"
     router = by_kind(objects, "Deployment")["forge-ci-router"]
@@ -154,4 +152,71 @@ def test_cpu_and_memory_come_from_the_pools_cpu_set_and_the_model(tmp_path: Path
     assert (
         int(limits["forge-wide-bulk"]["memory"].removesuffix("Mi")) - memory_bytes(ci, "bulk") // 2**20
         == 1024 - 64 + 64
+    )
+
+
+@pytest.mark.parametrize("network", ["cluster", "host"])
+def test_every_pool_mounts_memory_backed_shm_sized_for_vllms_rings(tmp_path: Path, network: str) -> None:
+    data = yaml.safe_load((ROOT / "profiles" / "ci.yaml").read_text())
+    # A bigger broadcast chunk and two tensor-parallel workers: 64 x 10 + 2 x 240 + 64 = 1184 MiB -> 1216 MiB.
+    data["pools"]["bulk"]["env"] = {"VLLM_MQ_MAX_CHUNK_BYTES_MB": "64"}
+    data["pools"]["bulk"]["extra_args"] = ["--tensor-parallel-size", "2"]
+    path = tmp_path / "rings.yaml"
+    path.write_text(yaml.safe_dump(data))
+    sizes = {}
+    for name, deployment in by_kind(rendered(tmp_path, str(path), "--network", network), "Deployment").items():
+        pod = deployment["spec"]["template"]["spec"]
+        if name.endswith("-router"):
+            assert all(v["name"] != "dshm" for v in pod["volumes"])
+            continue
+        assert "hostIPC" not in pod, "the host's IPC namespace is not a pod's to share"
+        mounts = {m["mountPath"]: m["name"] for m in pod["containers"][0]["volumeMounts"]}
+        volume = next(v for v in pod["volumes"] if v["name"] == mounts["/dev/shm"])
+        assert volume["emptyDir"]["medium"] == "Memory"
+        sizes[name] = volume["emptyDir"]["sizeLimit"]
+    # ci's own pools: the default 16 MiB x 10 broadcast ring (the 160 MiB vLLM asked for under Podman's 64 MiB),
+    # one 240 MiB response ring and 64 MiB headroom, 464 MiB rounded up to 512.
+    assert sizes == {"forge-rings-interactive": "512Mi", "forge-rings-bulk": "1216Mi"}
+
+
+def test_api_discovery_renders_the_routers_rbac_and_a_selector_per_pool(tmp_path: Path) -> None:
+    data = yaml.safe_load((ROOT / "profiles" / "ci.yaml").read_text())
+    data["deploy"] = {"discovery": "kubernetes"}
+    path = tmp_path / "api.yaml"
+    path.write_text(yaml.safe_dump(data))
+    objects = rendered(tmp_path, str(path))
+    for version in VERSIONS:
+        for obj in objects:
+            kubernetes_validate.validate(obj, version, strict=True)
+    config_map = by_kind(objects, "ConfigMap")["forge-api-router"]
+    config = config_from_mapping(json.loads(config_map["data"]["router.json"]), source="router.json")
+    deployments = by_kind(objects, "Deployment")
+    for pool, settings in config.discovery.items():
+        assert isinstance(settings, KubernetesDiscovery) and settings.namespace is None
+        selector = dict(term.split("=") for term in settings.label_selector.split(","))
+        labels = deployments[f"forge-api-{pool}"]["spec"]["template"]["metadata"]["labels"]
+        assert selector.items() <= labels.items()
+        # The selector picks this pool's pods only.
+        others = [d for n, d in deployments.items() if n != f"forge-api-{pool}"]
+        assert all(not selector.items() <= d["spec"]["template"]["metadata"]["labels"].items() for d in others)
+    account = by_kind(objects, "ServiceAccount")["forge-api-router"]
+    role = by_kind(objects, "Role")["forge-api-router"]
+    binding = by_kind(objects, "RoleBinding")["forge-api-router"]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"]}]
+    pods = {n: d["spec"]["template"]["spec"] for n, d in deployments.items()}
+    assert pods["forge-api-router"]["serviceAccountName"] == account["metadata"]["name"]
+    # Only the router holds a token; the replicas never talk to the API.
+    assert {n: p["automountServiceAccountToken"] for n, p in pods.items()} == {
+        "forge-api-interactive": False,
+        "forge-api-bulk": False,
+        "forge-api-router": True,
+    }
+    assert "rbac.yaml" in yaml.safe_load((tmp_path / "api" / "kustomization.yaml").read_text())["resources"]
+    # DNS discovery, the default, renders no RBAC and mounts no token anywhere.
+    plain = rendered(tmp_path, "ci")
+    assert not {"ServiceAccount", "Role", "RoleBinding"} & {o["kind"] for o in plain}
+    assert all(
+        not d["spec"]["template"]["spec"]["automountServiceAccountToken"] for d in by_kind(plain, "Deployment").values()
     )
