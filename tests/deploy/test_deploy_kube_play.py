@@ -13,8 +13,8 @@ directory on the host's tmpfs that this test makes for uid 1000 and removes (`po
 and DNS discovery are not exercised (--network host: the router lists the replicas by port); they stay proven by
 the schema tests and tests/router/test_router_discovery.py.
 
-Minutes (two vLLM replicas start), so opt-in for now: `nox -s kube-play` sets FORGE_KUBE_PLAY=1. The images are
-smoke_helpers.podman_image()'s (built once per test session, shared with the Podman smoke), or
+Minutes (two vLLM replicas start), in the default suite: the images are smoke_helpers.podman_image()'s, built
+once per test session and shared with the Podman smoke (`nox -s kube-play` runs this file alone), or
 FORGE_KUBE_PLAY_IMAGE / FORGE_KUBE_PLAY_ROUTER_IMAGE naming images already in Podman's storage.
 """
 
@@ -48,7 +48,6 @@ INSTANCE = "forge-ci"
 pytestmark = [
     pytest.mark.engine,
     pytest.mark.server,
-    pytest.mark.skipif(os.environ.get("FORGE_KUBE_PLAY") != "1", reason="minutes: run by `nox -s kube-play`"),
     pytest.mark.skipif(shutil.which("podman") is None, reason="needs podman"),
 ]
 
