@@ -193,8 +193,8 @@ HIDDEN_STEP = 128
 
 
 def smaller_model(current: ModelSize, ratio: float) -> ModelSize:
-    """The largest size whose per-token cost is at most `ratio` of `current`'s, no larger than it in either
-    dimension (layers go first: they cost linearly, width quadratically); the smallest when none fits."""
+    """The size whose per-token cost comes closest under `ratio` of `current`'s (the wider on a tie), no
+    larger than it in either dimension; the smallest when none fits."""
     if ratio >= 1:
         return current
     widths = range(min(SMALLEST_HIDDEN, current.hidden_size), current.hidden_size + 1, HIDDEN_STEP)
@@ -310,11 +310,13 @@ def size_load(
 
 
 def scale_traffic(plan: TrafficPlan, factor: float, *, window_s: float | None = None) -> TrafficPlan:
-    """Every open-loop rate times `factor`, arrivals for `window_s` (default: the plan's deadline); the counts
-    and the total cap grow with the rates and the window so that arrivals still last the whole window."""
+    """Every open-loop rate times `factor`, arrivals for `window_s` (default: the plan's deadline). When the
+    factor raises the rates, the counts and the total cap grow with it so that arrivals still last the whole
+    deadline; a longer window leaves them: a class's count is its own cap (calibration thins rates so that a
+    longer window brings no more arrivals than the configured rate and deadline would)."""
     window = window_s if window_s is not None else plan.deadline_s
     update: dict[str, Any] = {}
-    grow = max(factor, 1.0) * max(window / plan.deadline_s, 1.0)
+    grow = max(factor, 1.0)
     for request_class in ALL_CLASSES:
         class_plan = plan.for_class(request_class)
         if class_plan.rate_per_s is None:
