@@ -52,7 +52,7 @@ class SweepOptions:
 def describe_load(first: SweepProfile, plan: TrafficPlan | None = None) -> str:
     """The offered load in words: every open-loop class's rate, the duration and the CPU budget."""
     plan = plan or traffic_plan(first.profile, str(first.path))
-    return f"{describe_rates(plan)}; {plan.deadline_s:g} s, seed {plan.seed}; {first.cpu_budget} CPUs per profile"
+    return f"{describe_rates(plan)}; {plan.deadline_s:.4g} s, seed {plan.seed}; {first.cpu_budget} CPUs per profile"
 
 
 class ModelResize(Exception):
