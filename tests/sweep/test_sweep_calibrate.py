@@ -24,7 +24,7 @@ from builders.sweep.calibrate import (
     work_of,
 )
 from builders.sweep.definition import load_sweep, load_sweep_settings
-from builders.sweep.report import class_rows, judge_validity, render_markdown
+from builders.sweep.report import class_rows, judge_validity, render_markdown, summary_lines
 from builders.sweep.run import model_size, resized
 from builders.traffic.plan import TrafficPlan
 
@@ -227,3 +227,27 @@ def test_a_resized_profile_serves_the_smaller_model_and_keeps_everything_else() 
     assert small.profile.pools == shared.profile.pools and small.profile.traffic == shared.profile.traffic
     assert small.profile.model.max_model_len == shared.profile.model.max_model_len
     assert model_size(shared) == ModelSize(hidden_size=1024, num_hidden_layers=8)
+
+
+def test_the_report_says_what_calibration_kept_and_what_it_took_off() -> None:
+    size = sized(sweep_traffic(), SLOW_HOST)
+    calibration = {
+        "calibrated": True,
+        "capacity": SLOW_HOST.as_json(),
+        "configured_utilisation": round(size.configured_utilisation, 3),
+        "replicas_worth": 2.0,
+        "applied_factor": size.rate_factor,
+        "load_fraction": 0.5,
+        "clamped": True,
+        "sizing": size.as_json(),
+        "window_s": round(size.window_s, 1),
+        "resized": [
+            {"from": {"hidden_size": 1024, "num_hidden_layers": 8}, "to": {"hidden_size": 256, "num_hidden_layers": 5}}
+        ],
+    }
+    lines = summary_lines({"calibration": calibration, "model": {"hidden_size": 256, "num_hidden_layers": 5}})
+    text = "\n".join(lines)
+    assert "(held up by the per-class floor)" in text
+    assert f"arrivals in the {round(size.window_s, 1):g} s window (min 8): interactive " in text
+    assert f"batch {size.arrivals['batch']}" in text
+    assert "8 layers of 1024 -> 5 of 256" in text
