@@ -639,7 +639,9 @@ class SmokeRun:
         )
         stack.startup_s.update(ready)
         self.say(f"replicas healthy: {', '.join(f'{k} {v:.0f}s' for k, v in ready.items())}")
-        warm = warm_up(plan, upstream_key)
+        # The warm-up is part of the start: on a loaded host its long prompt took over 60 s, so it may take
+        # whatever is left of startup_s.
+        warm = warm_up(plan, upstream_key, timeout_s=max(60.0, deadline - (time.monotonic() - t0)))
         self.say(f"replicas warmed up in {warm:.1f}s")
         stack.router = router.start(config_dir, ROUTER_CONFIG_NAME, run_id=self.run_id)
         left = max(10.0, deadline - (time.monotonic() - t0))
