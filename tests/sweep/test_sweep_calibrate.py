@@ -122,7 +122,9 @@ def test_an_invalid_sweep_has_an_exit_code_of_its_own() -> None:
     assert SweepInvalid.exit_code == 15 and SweepInvalid.exit_code not in others
 
 
-@pytest.mark.parametrize("flag", [["--rate-scale", "0"], ["--load-fraction", "-1"]])
+@pytest.mark.parametrize(
+    "flag", [["--rate-scale", "0"], ["--load-fraction", "-1"], ["--model-size", "250x3"], ["--model-size", "256"]]
+)
 def test_bad_load_flags_are_refused_before_anything_starts(flag: list[str]) -> None:
     from builders.cli import main
     from builders.errors import UsageError
