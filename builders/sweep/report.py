@@ -154,7 +154,7 @@ def _sizing_lines(report: Mapping[str, Any], calibration: Mapping[str, Any]) -> 
             f"{now['num_hidden_layers']} of {now['hidden_size']} (the rates alone would have thinned classes away)"
         )
     if model and not calibration.get("resized"):
-        lines.append(f"model: {model['num_hidden_layers']} layers of {model['hidden_size']}, as configured")
+        lines.append(f"model: {model['num_hidden_layers']} layers of {model['hidden_size']}, not resized in this run")
     if "over_fraction" in calibration:
         lines.append(
             f"load above the fraction asked for: an estimated {calibration['over_fraction']:g} of capacity "
