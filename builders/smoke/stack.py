@@ -237,26 +237,64 @@ def _tail(launched: Launched, lines: int = 40) -> str:
     return "\n      ".join(text.splitlines()[-lines:]) if text else "(no log output)"
 
 
-def wait_healthy(targets: dict[str, tuple[str, Launched]], *, deadline_s: float) -> dict[str, float]:
-    """Poll each target's /health until all answer 200; fail at once, with its log tail, if one exits."""
+def not_our_replica(url: str, *, api_key: str, model: str) -> str | None:
+    """Why the server answering `url` is not the replica this run started, or None when it is: ours takes
+    the run's own API key (a fresh secret per run) and serves the profile's model name. A port's /health
+    alone was answered once by another user's server on the same port."""
+    try:
+        response = requests.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {api_key}"}, timeout=2.0)
+    except requests.RequestException as exc:
+        return f"/v1/models did not answer: {exc}"
+    if response.status_code != 200:
+        return f"/v1/models refused this run's API key (HTTP {response.status_code})"
+    try:
+        served = [str(m.get("id")) for m in response.json().get("data", [])]
+    except (ValueError, AttributeError):
+        return f"/v1/models answered what no vLLM answers: {response.text[:120]!r}"
+    if model not in served:
+        return f"/v1/models serves {', '.join(served) or 'nothing'}, not {model}"
+    return None
+
+
+def wait_healthy(
+    targets: dict[str, tuple[str, Launched]],
+    *,
+    deadline_s: float,
+    identify: Callable[[str], str | None] | None = None,
+) -> dict[str, float]:
+    """Poll each target's /health until all answer 200 (and, with `identify`, prove to be the server we
+    started); fail at once, with its log tail, if one exits."""
     started = time.monotonic()
     pending = dict(targets)
     ready: dict[str, float] = {}
+    strangers: dict[str, str] = {}
     while pending:
         for label, (url, launched) in list(pending.items()):
             if _healthy(url):
-                ready[label] = round(time.monotonic() - started, 2)
-                del pending[label]
-            elif not launched.alive():
+                why = identify(url) if identify is not None else None
+                if why is None:
+                    ready[label] = round(time.monotonic() - started, 2)
+                    del pending[label]
+                    continue
+                # Someone else's server on our port: ours cannot bind and exits (its log says so), or is still
+                # starting; either way that one is not counted as ours.
+                strangers[label] = why
+            if not launched.alive():
+                stranger = (
+                    f" (meanwhile {url} answered, but not as ours: {strangers[label]})" if label in strangers else ""
+                )
                 raise SmokeFailed(
-                    f"{label} ({launched.name}) exited before it answered {url}/health; last log lines:\n"
+                    f"{label} ({launched.name}) exited before it answered {url}/health{stranger}; last log lines:\n"
                     f"      {_tail(launched)}",
-                    hint="the log above says why; a rejected argument or too little memory are the usual causes",
+                    hint="the log above says why; a rejected argument, too little memory or a port another "
+                    "server holds are the usual causes",
                 )
         if not pending:
             break
         if time.monotonic() - started > deadline_s:
-            details = "\n    ".join(f"{label}: {_tail(launched, 15)}" for label, (_, launched) in pending.items())
+            details = "\n    ".join(
+                f"{label}: {strangers.get(label, '')} {_tail(launched, 15)}" for label, (_, launched) in pending.items()
+            )
             raise SmokeFailed(
                 f"not healthy within {deadline_s:.0f}s: {', '.join(pending)}\n    {details}",
                 hint="raise timeouts.startup_s in the profile, or start fewer replicas on a small machine",
@@ -593,10 +631,17 @@ class SmokeRun:
             )
         deadline = plan.profile.timeouts.startup_s
         t0 = time.monotonic()
-        ready = wait_healthy({r.label: (r.url, stack.replicas[r.label]) for r in plan.replicas}, deadline_s=deadline)
+        model = plan.profile.model.served_model_name
+        ready = wait_healthy(
+            {r.label: (r.url, stack.replicas[r.label]) for r in plan.replicas},
+            deadline_s=deadline,
+            identify=lambda url: not_our_replica(url, api_key=upstream_key, model=model),
+        )
         stack.startup_s.update(ready)
         self.say(f"replicas healthy: {', '.join(f'{k} {v:.0f}s' for k, v in ready.items())}")
-        warm = warm_up(plan, upstream_key)
+        # The warm-up is part of the start: on a loaded host its long prompt took over 60 s, so it may take
+        # whatever is left of startup_s.
+        warm = warm_up(plan, upstream_key, timeout_s=max(60.0, deadline - (time.monotonic() - t0)))
         self.say(f"replicas warmed up in {warm:.1f}s")
         stack.router = router.start(config_dir, ROUTER_CONFIG_NAME, run_id=self.run_id)
         left = max(10.0, deadline - (time.monotonic() - t0))

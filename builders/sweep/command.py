@@ -60,6 +60,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=1.0,
         help="multiply every rate after calibration (10 with --no-calibrate forces an overload)",
     )
+    parser.add_argument(
+        "--model-size",
+        default=None,
+        metavar="HIDDENxLAYERS",
+        help="serve the sweep's model at this size from the start (e.g. 256x5, what an earlier calibration "
+        "chose, under its table): calibration then sizes only the rates, and no profile starts twice",
+    )
     parser.set_defaults(func=run)
 
 
@@ -84,6 +91,9 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--startup-s {args.startup_s}: give a positive number of seconds")
         changes["timeouts"] = {"startup_s": args.startup_s}
     sweep_changes: dict[str, Any] = {}
+    if args.model_size is not None:
+        changes["model"] = _model_size(args.model_size)
+        sweep_changes["resize_model"] = False
     if args.no_calibrate:
         sweep_changes["calibrate"] = False
     if args.load_fraction is not None:
@@ -120,3 +130,13 @@ def run(args: argparse.Namespace) -> int:
             hint="run where the model fits (or lower sweep.load_fraction); do not read this table as a ranking",
         )
     return 1 if report["failed_profiles"] else 0
+
+
+def _model_size(text: str) -> dict[str, int]:
+    hidden, _, layers = text.lower().partition("x")
+    if not (hidden.isdigit() and layers.isdigit()) or int(hidden) % 64 or not int(hidden) or not int(layers):
+        raise UsageError(
+            f"--model-size {text}: give HIDDENxLAYERS, hidden a multiple of 64 (e.g. 256x5)",
+            hint="the size an earlier calibration chose is under its table ('model resized for this host')",
+        )
+    return {"hidden_size": int(hidden), "num_hidden_layers": int(layers)}

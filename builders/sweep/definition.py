@@ -44,6 +44,22 @@ class SweepSettings(BaseModel):
     min_scale: float = Field(
         default=0.01, gt=0, description="Smallest factor calibration may lower the configured rates by."
     )
+    min_arrivals: int = Field(
+        default=8,
+        ge=1,
+        description="Calibration thins no open-loop class below this many arrivals in the window (or the class's "
+        "own count): what thinning may not remove comes off the model's size (builders/sweep/calibrate.py).",
+    )
+    max_window_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="How long calibration may stretch the traffic window so that thinned classes keep min_arrivals.",
+    )
+    resize_model: bool = Field(
+        default=True,
+        description="Let calibration shrink the model (layers, then hidden size) when thinning alone would not "
+        "bring the load down to load_fraction; the profile is then started again with the smaller model.",
+    )
     served_floor: float = Field(
         default=0.5,
         ge=0,

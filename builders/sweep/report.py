@@ -126,13 +126,40 @@ def summary_lines(report: Mapping[str, Any]) -> list[str]:
             f"{capacity['prefill_tokens_per_s']} tok/s, decode {decode}; configured load "
             f"{calibration['configured_utilisation']}x of {calibration['replicas_worth']:g} replica(s), rates "
             f"x{calibration['applied_factor']:g} for {calibration['load_fraction']:g} of capacity"
-            + (" (clamped)" if calibration.get("clamped") else "")
+            + (" (held up by the per-class floor)" if calibration.get("clamped") else "")
         )
+        lines += _sizing_lines(report, calibration)
     elif calibration:
         lines.append(f"calibration off: configured rates x{calibration.get('applied_factor', 1.0):g}")
     validity = report.get("validity") or {}
     if validity:
         lines.append(("valid: " if validity["valid"] else "INVALID RUN: ") + validity["why"])
+    return lines
+
+
+def _sizing_lines(report: Mapping[str, Any], calibration: Mapping[str, Any]) -> list[str]:
+    """What calibration kept (every class's arrivals in the window) and what it took off (the model's size)."""
+    sizing = calibration.get("sizing") or {}
+    if not sizing:
+        return []
+    arrivals = ", ".join(f"{name} {n}" for name, n in sizing["arrivals"].items())
+    lines = [
+        f"arrivals in the {calibration.get('window_s', sizing['window_s']):g} s window (min {sizing['min_arrivals']}): {arrivals}"
+    ]
+    model = report.get("model") or calibration.get("model") or {}
+    for resize in calibration.get("resized", []):
+        was, now = resize["from"], resize["to"]
+        lines.append(
+            f"model resized for this host: {was['num_hidden_layers']} layers of {was['hidden_size']} -> "
+            f"{now['num_hidden_layers']} of {now['hidden_size']} (the rates alone would have thinned classes away)"
+        )
+    if model and not calibration.get("resized"):
+        lines.append(f"model: {model['num_hidden_layers']} layers of {model['hidden_size']}, not resized in this run")
+    if "over_fraction" in calibration:
+        lines.append(
+            f"load above the fraction asked for: an estimated {calibration['over_fraction']:g} of capacity "
+            "(no class was thinned below its minimum to hide it)"
+        )
     return lines
 
 

@@ -18,7 +18,17 @@ from builders.smoke.plan import StackPlan
 from builders.smoke.profile import parse_cpuset
 from builders.smoke.runtimes import ReplicaRuntime, RouterRuntime
 from builders.smoke.stack import SmokeOptions, SmokeRun, traffic_plan
-from builders.sweep.calibrate import describe_rates, measure, offered_work, scale_traffic
+from builders.sweep.calibrate import (
+    LoadSize,
+    ModelSize,
+    arrivals_within,
+    describe_rates,
+    measure,
+    open_loop_classes,
+    scale_traffic,
+    size_load,
+    smaller_model,
+)
 from builders.sweep.definition import SweepProfile, SweepSettings
 from builders.sweep.report import class_rows, compare_to, judge_validity, render_markdown, write_plots
 from builders.traffic.plan import TrafficPlan
@@ -42,70 +52,153 @@ class SweepOptions:
 def describe_load(first: SweepProfile, plan: TrafficPlan | None = None) -> str:
     """The offered load in words: every open-loop class's rate, the duration and the CPU budget."""
     plan = plan or traffic_plan(first.profile, str(first.path))
-    return f"{describe_rates(plan)}; {plan.deadline_s:g} s, seed {plan.seed}; {first.cpu_budget} CPUs per profile"
+    return f"{describe_rates(plan)}; {plan.deadline_s:.4g} s, seed {plan.seed}; {first.cpu_budget} CPUs per profile"
+
+
+class ModelResize(Exception):
+    """Raised from the first profile's traffic hook: the model must shrink before the load can fit, so that
+    profile is torn down and started again with `size` (its replicas load the model when they start)."""
+
+    def __init__(self, size: ModelSize) -> None:
+        super().__init__(f"the model shrinks to {size.num_hidden_layers} layers of {size.hidden_size}")
+        self.size = size
+
+
+def model_size(profile: SweepProfile) -> ModelSize:
+    model = profile.profile.model
+    return ModelSize(hidden_size=model.hidden_size, num_hidden_layers=model.num_hidden_layers)
+
+
+def resized(profile: SweepProfile, size: ModelSize) -> SweepProfile:
+    """The profile serving a model of `size`; an explicit MLP width shrinks with the hidden size."""
+    model = profile.profile.model
+    update: dict[str, Any] = size.as_json()
+    if model.intermediate_size is not None:
+        update["intermediate_size"] = max(64, model.intermediate_size * size.hidden_size // model.hidden_size)
+    stack_profile = profile.profile.model_copy(update={"model": model.model_copy(update=update)})
+    return SweepProfile(profile=stack_profile, path=profile.path)
 
 
 @dataclass(kw_only=True)
 class LoadSizer:
-    """Measures one replica of the first profile that starts, then gives every profile the same scaled plan."""
+    """Measures one replica of the first profile that starts (again after a model resize), then gives every
+    profile the same scaled plan."""
 
     options: SweepOptions
+    profiles: list[SweepProfile]
+    """The sweep's profiles as they run: after a resize, with the smaller model."""
     console: Console
     record: dict[str, Any]
-    factor: float | None = None
+    size: LoadSize | None = None
+    resizes: int = 0
+    sized: bool = False
 
     def batch_sizes(self) -> tuple[int, ...]:
         # The largest batch every profile's pools allow (interactive-tuned pools take 16), and one stream.
-        seqs = [p.max_num_seqs for sp in self.options.profiles for p in sp.profile.pools.values() if p.max_num_seqs]
+        seqs = [p.max_num_seqs for sp in self.profiles for p in sp.profile.pools.values() if p.max_num_seqs]
         return (1, min(seqs) if seqs else 16)
 
     def __call__(self, plan: StackPlan, api_key: str, traffic: TrafficPlan) -> TrafficPlan:
         settings = self.options.settings
-        if self.factor is None:
-            if not settings.calibrate:
-                self.factor = 1.0
-                self.record.update({"calibrated": False, "factor": 1.0})
+        if not self.sized:
+            if settings.calibrate:
+                self._calibrate(plan, api_key, traffic)
             else:
-                self.factor = self._calibrate(plan, api_key, traffic)
-        factor = self.factor * self.options.rate_scale
+                self.record.update({"calibrated": False, "factor": 1.0})
+                self._announce_thin_classes(traffic, traffic.deadline_s)
+            self.sized = True
+        factor = (self.size.rate_factor if self.size else 1.0) * self.options.rate_scale
+        window = self.size.window_s if self.size else traffic.deadline_s
         self.record["rate_scale"] = self.options.rate_scale
         self.record["applied_factor"] = round(factor, 4)
-        return scale_traffic(traffic, factor) if factor != 1.0 else traffic
+        self.record["window_s"] = round(window, 1)
+        if factor == 1.0 and window == traffic.deadline_s:
+            return traffic
+        return scale_traffic(traffic, factor, window_s=window)
 
-    def _calibrate(self, plan: StackPlan, api_key: str, traffic: TrafficPlan) -> float:
+    def _announce_thin_classes(self, traffic: TrafficPlan, window: float) -> None:
+        minimum = self.options.settings.min_arrivals
+        thin = {
+            c.value: n
+            for c in open_loop_classes(traffic)
+            if (n := arrivals_within(scale_traffic(traffic, self.options.rate_scale), c, window)) < minimum
+        }
+        if thin:
+            listing = ", ".join(f"{name} {n}" for name, n in thin.items())
+            self.console.print(
+                f"[yellow]warning:[/yellow] uncalibrated, these classes get fewer than {minimum} arrivals in "
+                f"{window:g} s: {listing}; their gates judge too few requests to compare profiles by"
+            )
+            self.record["under_min_arrivals"] = thin
+
+    def _calibrate(self, plan: StackPlan, api_key: str, traffic: TrafficPlan) -> None:
         settings = self.options.settings
         replica = plan.replicas[0]
         # Half the context: a long prompt, with room to spare whatever the tokenizer makes of the words.
         prompt = min(traffic.prompt_tokens_at_most(RequestClass.LONG_PREFILL), traffic.max_model_len // 2)
-        self.console.print(f"calibration: measuring {replica.label} (cpus {replica.cpuset}) of {plan.profile.name}")
+        current = model_size(self.profiles[0])
+        self.console.print(
+            f"calibration: measuring {replica.label} (cpus {replica.cpuset}) of {plan.profile.name}, model "
+            f"{current.num_hidden_layers} layers of {current.hidden_size}"
+        )
         capacity = measure(
             replica, api_key=api_key, traffic=traffic, prompt_tokens=prompt, batch_sizes=self.batch_sizes()
         )
         replica_cpus = len(parse_cpuset(replica.cpuset)) if replica.cpuset else 1
-        replicas_worth = self.options.profiles[0].cpu_budget / replica_cpus
-        work = offered_work(traffic, capacity)
-        utilisation = work / replicas_worth if replicas_worth else float("inf")
-        wanted = settings.load_fraction / utilisation if utilisation else settings.max_scale
-        factor = min(max(wanted, settings.min_scale), settings.max_scale)
+        replicas_worth = self.profiles[0].cpu_budget / replica_cpus
+        size = size_load(
+            traffic,
+            capacity,
+            replicas_worth=replicas_worth,
+            load_fraction=settings.load_fraction,
+            min_arrivals=settings.min_arrivals,
+            max_window_s=settings.max_window_s,
+            min_scale=settings.min_scale,
+            max_scale=settings.max_scale,
+        )
+        measured = {"model": current.as_json(), "capacity": capacity.as_json(), **size.as_json()}
+        self.record.setdefault("measurements", []).append(measured)
         self.record.update(
             {
                 "calibrated": True,
                 "capacity": capacity.as_json(),
+                "model": current.as_json(),
                 "configured_load": describe_rates(traffic),
-                "configured_utilisation": round(utilisation, 3),
+                "configured_utilisation": round(size.configured_utilisation, 3),
                 "load_fraction": settings.load_fraction,
                 "replicas_worth": replicas_worth,
-                "factor": round(factor, 4),
-                "clamped": factor != wanted,
+                "factor": round(size.rate_factor, 4),
+                "clamped": size.rate_factor != size.wanted_factor,
+                "sizing": size.as_json(),
             }
         )
         self.console.print(
             f"calibration: prefill {capacity.prefill_tokens_per_s:.0f} tok/s, decode "
             + ", ".join(f"{v:.0f} tok/s at batch {b}" for b, v in sorted(capacity.decode_tokens_per_s.items()))
-            + f"; the configured load is {utilisation:.2f}x of {replicas_worth:g} replica(s): rates x{factor:.3g} "
-            f"for {settings.load_fraction:g} of capacity"
+            + f"; the configured load is {size.configured_utilisation:.2f}x of {replicas_worth:g} replica(s): "
+            f"rates x{size.rate_factor:.3g} over {size.window_s:.0f} s (x{size.wanted_factor:.3g} alone would land "
+            f"on {settings.load_fraction:g} of capacity; every class keeps {settings.min_arrivals} arrivals: "
+            + ", ".join(f"{k} {v}" for k, v in size.arrivals.items())
+            + ")"
         )
-        return factor
+        if size.model_ratio < 1.0:
+            smaller = smaller_model(current, size.model_ratio)
+            if settings.resize_model and self.resizes == 0 and smaller != current:
+                self.resizes += 1
+                self.console.print(
+                    f"calibration: the prefill work must come down to {size.model_ratio:.2g} of this model's: "
+                    f"starting {plan.profile.name} again with {smaller.num_hidden_layers} layers of "
+                    f"{smaller.hidden_size} (was {current.num_hidden_layers} of {current.hidden_size})"
+                )
+                self.record.setdefault("resized", []).append({"from": current.as_json(), "to": smaller.as_json()})
+                raise ModelResize(smaller)
+            self.console.print(
+                f"[yellow]warning:[/yellow] the load stays above the fraction asked for: an estimated "
+                f"{size.configured_utilisation * size.rate_factor:.2f} of capacity (the model is not shrunk further; decode's per-step "
+                "cost does not shrink with it)"
+            )
+            self.record["over_fraction"] = round(size.configured_utilisation * size.rate_factor, 3)
+        self.size = size
 
 
 def run_sweep(
@@ -131,8 +224,12 @@ def run_sweep(
         "profiles": {},
         "failed_profiles": {},
     }
-    sizer = LoadSizer(options=options, console=console, record=calibration)
-    for sweep_profile in options.profiles:
+    profiles = list(options.profiles)
+    sizer = LoadSizer(options=options, profiles=profiles, console=console, record=calibration)
+    index = 0
+    while index < len(profiles):
+        sweep_profile = profiles[index]
+        index += 1
         profile = sweep_profile.profile
         console.print(f"[bold]sweep: profile {profile.name}[/bold] ({profile.description})")
         run = SmokeRun(
@@ -149,6 +246,13 @@ def run_sweep(
         )
         try:
             run.execute()
+        except ModelResize as resize:
+            # Every profile serves the smaller model, this one included: it starts again, and the sizer
+            # measures its first replica anew before any traffic.
+            profiles[:] = [resized(p, resize.size) for p in profiles]
+            sizer.sized = False
+            index -= 1
+            continue
         except SmokeFailed as exc:
             if "main" not in run.results:
                 report["failed_profiles"][profile.name] = exc.message[:2000]
@@ -162,6 +266,7 @@ def run_sweep(
         result = run.results["main"]
         report.setdefault("dtype", run.report.get("dtype"))
         report["load"] = describe_load(sweep_profile, result.plan)
+        report["model"] = model_size(sweep_profile).as_json()
         report["profiles"][profile.name] = {
             "file": str(sweep_profile.path),
             "description": profile.description,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,8 +32,16 @@ def install(folder: Path) -> Path:
 
 
 class Replica:
-    def __init__(self) -> None:
+    def __init__(self, served_model_name: str = "forge-tiny") -> None:
         self.running = 0
+        self.served_model_name = served_model_name
+        self.api_key = os.environ.get("VLLM_API_KEY")
+
+    async def models(self, request: web.Request) -> web.Response:
+        # As vLLM does: /v1/* wants the key VLLM_API_KEY set, and lists the --served-model-name.
+        if self.api_key and request.headers.get("Authorization") != f"Bearer {self.api_key}":
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        return web.json_response({"object": "list", "data": [{"id": self.served_model_name, "object": "model"}]})
 
     async def health(self, _request: web.Request) -> web.Response:
         return web.Response(text="")
@@ -69,10 +78,12 @@ class Replica:
 def serve(argv: list[str]) -> None:
     port = int(argv[argv.index("--port") + 1])
     host = argv[argv.index("--host") + 1] if "--host" in argv else "127.0.0.1"
-    replica = Replica()
+    name = argv[argv.index("--served-model-name") + 1] if "--served-model-name" in argv else "forge-tiny"
+    replica = Replica(name)
     app = web.Application()
     app.router.add_get("/health", replica.health)
     app.router.add_get("/metrics", replica.metrics)
+    app.router.add_get("/v1/models", replica.models)
     app.router.add_post("/v1/chat/completions", replica.generate)
     app.router.add_post("/v1/completions", replica.generate)
     web.run_app(app, host=host, port=port, print=None, access_log=None)

@@ -5,15 +5,27 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from builders.errors import ConfigError
 from builders.router.classes import ALL_CLASSES, RequestClass
 from builders.smoke.stack import traffic_plan
-from builders.sweep.calibrate import Capacity, offered_work, scale_traffic
+from builders.sweep.calibrate import (
+    Capacity,
+    LoadSize,
+    ModelSize,
+    arrivals_within,
+    offered_work,
+    scale_traffic,
+    size_load,
+    smaller_model,
+    work_of,
+)
 from builders.sweep.definition import load_sweep, load_sweep_settings
-from builders.sweep.report import class_rows, judge_validity, render_markdown
+from builders.sweep.report import class_rows, judge_validity, render_markdown, summary_lines
+from builders.sweep.run import model_size, resized
 from builders.traffic.plan import TrafficPlan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -110,9 +122,134 @@ def test_an_invalid_sweep_has_an_exit_code_of_its_own() -> None:
     assert SweepInvalid.exit_code == 15 and SweepInvalid.exit_code not in others
 
 
-@pytest.mark.parametrize("flag", [["--rate-scale", "0"], ["--load-fraction", "-1"]])
+@pytest.mark.parametrize(
+    "flag", [["--rate-scale", "0"], ["--load-fraction", "-1"], ["--model-size", "250x3"], ["--model-size", "256"]]
+)
 def test_bad_load_flags_are_refused_before_anything_starts(flag: list[str]) -> None:
     from builders.cli import main
     from builders.errors import UsageError
 
     assert main(["--root", str(ROOT), "sweep", "no-such-image", *flag]) == UsageError.exit_code
+
+
+# The capacity the calibrated image run measured on this 2-core AVX2 host (README, "The serving sweep"):
+# the configured load was 5.4x what two replicas sustain.
+SLOW_HOST = Capacity(
+    replica="shared/0", cpus="0", prefill_tokens_per_s=226.0, decode_tokens_per_s={1: 16.3, 16: 90.8}, seconds=25.8
+)
+
+
+def sized(plan: TrafficPlan, cap: Capacity, **overrides: float) -> LoadSize:
+    settings: dict[str, Any] = {
+        "replicas_worth": 2.0,
+        "load_fraction": 0.5,
+        "min_arrivals": 8,
+        "max_window_s": 120.0,
+        "min_scale": 0.01,
+        "max_scale": 4.0,
+    } | overrides
+    return size_load(plan, cap, **settings)
+
+
+def test_an_overloaded_host_thins_no_class_below_its_minimum_and_takes_the_rest_off_the_model() -> None:
+    plan = sweep_traffic()
+    size = sized(plan, SLOW_HOST)
+    # Thinning alone (x0.093) would leave long_prefill and batch with nothing in the window, as it did.
+    assert size.wanted_factor == pytest.approx(0.5 / size.configured_utilisation)
+    thinned = scale_traffic(plan, size.wanted_factor)
+    assert min(arrivals_within(thinned, c, plan.deadline_s) for c in ALL_CLASSES) < 8
+    assert size.rate_factor == size.floor_factor > size.wanted_factor
+    assert plan.deadline_s < size.window_s <= 120.0 + 1.0
+    # The seeded arrivals the runner will send (same seed, scaled rates, the stretched window).
+    driven = scale_traffic(plan, size.rate_factor, window_s=size.window_s)
+    assert driven.deadline_s == size.window_s
+    for c in ALL_CLASSES:
+        assert arrivals_within(driven, c, driven.deadline_s) == size.arrivals[c.value] >= 8
+    # The least frequent class is exactly at its minimum: the rates were thinned as far as allowed.
+    assert min(size.arrivals.values()) == 8
+    # What is left over comes off the prefill work: the estimate with the cut lands on the fraction.
+    work = work_of(driven, SLOW_HOST)
+    assert size.model_ratio < 1
+    assert (work.prefill * size.model_ratio + work.decode) / 2 == pytest.approx(0.5)
+    assert size.expected_utilisation == pytest.approx(0.5)
+
+
+def test_a_host_with_room_to_spare_keeps_the_model_and_raises_the_rates_within_the_cap() -> None:
+    plan = sweep_traffic()
+    fast = Capacity(
+        replica="shared/0", cpus="0", prefill_tokens_per_s=1e5, decode_tokens_per_s={1: 500.0, 16: 4000.0}, seconds=1
+    )
+    size = sized(plan, fast)
+    assert size.model_ratio == 1.0 and size.rate_factor == size.wanted_factor == 4.0
+    assert size.window_s == plan.deadline_s
+    assert size.expected_utilisation == pytest.approx(size.configured_utilisation * 4.0)
+
+
+def test_a_class_configured_with_fewer_requests_than_the_minimum_is_held_to_its_own_count() -> None:
+    plan = sweep_traffic()
+    few = plan.model_copy(update={"batch": plan.batch.model_copy(update={"count": 3})})
+    size = sized(few, SLOW_HOST)
+    assert size.arrivals["batch"] == 3
+    assert min(v for k, v in size.arrivals.items() if k != "batch") >= 8
+
+
+def test_decode_alone_over_the_fraction_asks_for_the_smallest_model() -> None:
+    plan = sweep_traffic()
+    slow_decode = Capacity(
+        replica="shared/0", cpus="0", prefill_tokens_per_s=226.0, decode_tokens_per_s={1: 1.0, 16: 4.0}, seconds=1
+    )
+    size = sized(plan, slow_decode)
+    assert size.model_ratio == 0.0 and size.expected_utilisation > 0.5
+    current = ModelSize(hidden_size=1024, num_hidden_layers=8)
+    assert smaller_model(current, size.model_ratio) == ModelSize(hidden_size=256, num_hidden_layers=1)
+
+
+@pytest.mark.parametrize(
+    ("ratio", "expected"),
+    [
+        (1.0, (1024, 8)),
+        (0.5, (1024, 4)),  # half the layers is exactly half the cost
+        (0.125, (1024, 1)),
+        (0.1, (640, 2)),  # 2 x 640^2 is closer under 0.1 x 8 x 1024^2 than 1 x 896^2
+        (0.04, (256, 5)),
+        (0.001, (256, 1)),  # nothing fits: the smallest
+    ],
+)
+def test_the_resized_model_is_the_largest_that_costs_at_most_the_ratio(ratio: float, expected: tuple[int, int]) -> None:
+    current = ModelSize(hidden_size=1024, num_hidden_layers=8)
+    smaller = smaller_model(current, ratio)
+    assert (smaller.hidden_size, smaller.num_hidden_layers) == expected
+    assert smaller.cost <= max(ratio * current.cost, ModelSize(hidden_size=256, num_hidden_layers=1).cost)
+
+
+def test_a_resized_profile_serves_the_smaller_model_and_keeps_everything_else() -> None:
+    shared = load_sweep(["shared"], root=ROOT)[0]
+    small = resized(shared, ModelSize(hidden_size=256, num_hidden_layers=5))
+    assert model_size(small) == ModelSize(hidden_size=256, num_hidden_layers=5)
+    assert small.profile.pools == shared.profile.pools and small.profile.traffic == shared.profile.traffic
+    assert small.profile.model.max_model_len == shared.profile.model.max_model_len
+    assert model_size(shared) == ModelSize(hidden_size=1024, num_hidden_layers=8)
+
+
+def test_the_report_says_what_calibration_kept_and_what_it_took_off() -> None:
+    size = sized(sweep_traffic(), SLOW_HOST)
+    calibration = {
+        "calibrated": True,
+        "capacity": SLOW_HOST.as_json(),
+        "configured_utilisation": round(size.configured_utilisation, 3),
+        "replicas_worth": 2.0,
+        "applied_factor": size.rate_factor,
+        "load_fraction": 0.5,
+        "clamped": True,
+        "sizing": size.as_json(),
+        "window_s": round(size.window_s, 1),
+        "resized": [
+            {"from": {"hidden_size": 1024, "num_hidden_layers": 8}, "to": {"hidden_size": 256, "num_hidden_layers": 5}}
+        ],
+    }
+    lines = summary_lines({"calibration": calibration, "model": {"hidden_size": 256, "num_hidden_layers": 5}})
+    text = "\n".join(lines)
+    assert "(held up by the per-class floor)" in text
+    assert f"arrivals in the {round(size.window_s, 1):g} s window (min 8): interactive " in text
+    assert f"batch {size.arrivals['batch']}" in text
+    assert "8 layers of 1024 -> 5 of 256" in text

@@ -55,12 +55,13 @@ def test_a_short_sweep_writes_table_json_and_plots_for_each_profile(tmp_path: Pa
 
     report = run_sweep(
         # Calibration runs as in a full sweep; the tiny model is fast enough that it would raise the rates,
-        # which only costs CI time here, so the factor is capped at 1.
+        # which only costs CI time here, so the factor is capped at 1, and the window may stretch to 8 s at
+        # most to keep 4 arrivals per class.
         SweepOptions(
             profiles=profiles,
             report_dir=tmp_path,
             base_port=free_base_port(3),
-            settings=SweepSettings(max_scale=1.0),
+            settings=SweepSettings(max_scale=1.0, min_arrivals=4, max_window_s=8.0),
         ),
         replicas=replicas,
         router=router,
@@ -69,19 +70,27 @@ def test_a_short_sweep_writes_table_json_and_plots_for_each_profile(tmp_path: Pa
     assert report["failed_profiles"] == {}
     written = json.loads((tmp_path / "sweep.json").read_text(encoding="utf-8"))
     assert list(written["profiles"]) == ["shared", "work-conserving"]
-    assert written["cpu_budget"] == 2 and "4 s" in written["load"]
+    assert written["cpu_budget"] == 2 and written["load"].endswith("2 CPUs per profile")
     calibration = written["calibration"]
     assert calibration["calibrated"] and calibration["capacity"]["replica"] == "shared/0"
     assert calibration["capacity"]["prefill_tokens_per_s"] > 0
     assert set(calibration["capacity"]["decode_tokens_per_s"]) == {"1", "16"}
     assert 0 < calibration["applied_factor"] <= 1.0
+    # The model stays (the tiny one has room to spare) and every class keeps its minimum: what the runner
+    # sent is what the seeded plan the sizing counted holds.
+    assert written["model"] == {"hidden_size": 128, "num_hidden_layers": 2} and "resized" not in calibration
+    arrivals = calibration["sizing"]["arrivals"]
+    assert min(arrivals.values()) >= 4 and 4 <= calibration["window_s"] <= 9
     assert written["validity"]["valid"] and written["validity"]["reference"] == "shared"
     assert written["dtype"]["dtype"] in ("float32", "bfloat16") and written["dtype"]["source"]
     for profile in written["profiles"].values():
         assert set(profile["classes"]) == {c.value for c in ALL_CLASSES}
-        for row in profile["classes"].values():
+        for name, row in profile["classes"].items():
             assert set(row) == set(ROW_KEYS)
-            assert row["requests"] >= 1
+            if name == "agent":
+                assert row["requests"] >= arrivals[name]
+            else:
+                assert row["requests"] == arrivals[name]
     assert set(written["goal"]) == {"interactive_ttft_p99_ratio", "long_prefill_good_ratio", "batch_good_ratio"}
     served = written["profiles"]["shared"]["classes"]["batch"]["served_by"]
     assert sum(served.values()) == written["profiles"]["shared"]["classes"]["batch"]["requests"]
