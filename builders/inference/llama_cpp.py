@@ -7,8 +7,6 @@ would tie the tree to one distro's archive and its patches, and reach only Debia
 
 from __future__ import annotations
 
-import re
-import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +15,7 @@ from builders.distros import family_for
 from builders.engine import Engine
 from builders.errors import ConfigError
 from builders.image_tests import CheckResult
-from builders.inference.base import PreflightInputs
+from builders.inference.base import PreflightInputs, sdist_member
 from builders.plan import BuildPlan, ContextItem, PlanOptions
 from builders.platforms import platform_of
 from builders.preflight.findings import Finding
@@ -165,20 +163,13 @@ class LlamaCpp:
 
 def read_member(sdist: Path, relative: str) -> str:
     """A file of the vendored tree, read from the sdist without unpacking it."""
-    with tarfile.open(sdist) as tar:
-        top = tar.getmembers()[0].name.split("/", 1)[0]
-        member = tar.extractfile(f"{top}/{VENDORED}/{relative}")
-        if member is None:
-            raise ConfigError(f"{sdist.name}: {VENDORED}/{relative} is not a file")
-        return member.read().decode("utf-8", errors="replace")
-
-
-def find_line(text: str, pattern: str) -> tuple[int, re.Match[str]] | None:
-    for number, line in enumerate(text.splitlines(), start=1):
-        match = re.search(pattern, line)
-        if match:
-            return number, match
-    return None
+    text = sdist_member(sdist, f"{VENDORED}/{relative}")
+    if text is None:
+        raise ConfigError(
+            f"{sdist.name}: {VENDORED}/{relative} is missing",
+            hint="the recipe's source must be an sdist that vendors llama.cpp (llama-cpp-python's)",
+        )
+    return text
 
 
 ENGINE = LlamaCpp()
