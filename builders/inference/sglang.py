@@ -35,7 +35,7 @@ SGL_KERNEL_CPU_CMAKE = (
 AVX512_FLAGS = ("avx512f", "avx512dq", "avx512bw", "avx512vl")
 # SGLang's own probe, in the sdist: the intel_amx backend runs only where torch reports AMX tiles.
 AMX_PROBE_FILE = "sglang/srt/utils/common.py"
-AMX_PROBE = "_is_amx_tile_supported"
+AMX_PROBE = r"=\s*torch\._C\._cpu\._is_amx_tile_supported\(\)"
 AMX_FLAGS = ("amx_tile",)
 KERNEL_SOURCE = "sgl-kernel"
 
