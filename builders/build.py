@@ -445,7 +445,12 @@ def _inspect_toolchain(ctx: Context) -> None:
 
 def _test(ctx: Context) -> None:
     assert ctx.image_id is not None
-    checks = run_checks(ctx.engine, ctx.image_id, ctx.plan)
+    if ctx.target.native:
+        from builders.inference import native_engine
+
+        checks = native_engine(ctx.recipe).checks(ctx.engine, ctx.image_id, ctx.plan)
+    else:
+        checks = run_checks(ctx.engine, ctx.image_id, ctx.plan)
     ctx.report.tests = [c.as_report() for c in checks]
     for entry in ctx.report.tests:
         ctx.log.info(f"test {entry['name']}: {status_text(entry)}")

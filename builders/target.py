@@ -13,6 +13,12 @@ from typing import Literal
 from builders.config.models import Distro, GpuMode, Recipe
 
 
+def engine_module(recipe: Recipe) -> str:
+    """The module that plans, preflights and tests a kind=native recipe, named by its engine (llama-cpp →
+    builders/inference/llama_cpp.py)."""
+    return f"builders.inference.{recipe.engine.replace('-', '_')}"
+
+
 @dataclass(frozen=True, kw_only=True)
 class Target:
     distro: Distro
@@ -56,6 +62,10 @@ class Target:
         """Another engine's C/C++ server (llama.cpp): its module in builders/inference plans, preflights and tests
         it, so none of the vLLM phases above apply."""
         return self.recipe.kind == "native"
+
+    @property
+    def engine_module(self) -> str:
+        return engine_module(self.recipe)
 
     @property
     def compiles(self) -> bool:

@@ -8,21 +8,12 @@ never which engine it is.
 
 from __future__ import annotations
 
-import importlib
-
 from builders.config.models import Recipe
-from builders.errors import ConfigError
 from builders.inference.base import NativeEngine
+from builders.plan import native_module
 
 
 def native_engine(recipe: Recipe) -> NativeEngine:
-    module_name = f"builders.inference.{recipe.engine.replace('-', '_')}"
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        raise ConfigError(
-            f"recipes/{recipe.name}.yaml: engine {recipe.engine!r} with kind native has no module {module_name}",
-            hint="kind: native is for engines with a module in builders/inference; vLLM recipes use source or wheel",
-        ) from exc
-    engine: NativeEngine = module.ENGINE
+    """The engine module of a kind=native recipe: its planner, gates and test stage."""
+    engine: NativeEngine = native_module(recipe).ENGINE
     return engine

@@ -15,31 +15,12 @@ from builders.distros import family_for
 from builders.engine import Engine
 from builders.errors import ConfigError
 from builders.image_tests import CheckResult
-from builders.inference.base import PreflightInputs, sdist_member
+from builders.inference import llama_cpp_checks, llama_cpp_gates
+from builders.inference.base import PreflightInputs
+from builders.inference.llama_cpp_tree import GGML_ISA_FLAGS, VENDORED
 from builders.plan import BuildPlan, ContextItem, PlanOptions
 from builders.platforms import platform_of
 from builders.preflight.findings import Finding
-
-# The tree inside the sdist: every path the gates cite is relative to the sdist's top folder.
-VENDORED = "vendor/llama.cpp"
-
-# GGML's CPU-backend options (ggml/CMakeLists.txt) and the /proc/cpuinfo flag each one makes the binary require.
-GGML_ISA_FLAGS: dict[str, tuple[str, ...]] = {
-    "GGML_SSE42": ("sse4_2",),
-    "GGML_AVX": ("avx",),
-    "GGML_AVX2": ("avx2",),
-    "GGML_FMA": ("fma",),
-    "GGML_F16C": ("f16c",),
-    "GGML_BMI2": ("bmi2",),
-    "GGML_AVX_VNNI": ("avx_vnni",),
-    "GGML_AVX512": ("avx512f",),
-    "GGML_AVX512_VBMI": ("avx512vbmi",),
-    "GGML_AVX512_VNNI": ("avx512_vnni",),
-    "GGML_AVX512_BF16": ("avx512_bf16",),
-    "GGML_AMX_TILE": ("amx_tile",),
-    "GGML_AMX_INT8": ("amx_int8",),
-    "GGML_AMX_BF16": ("amx_bf16",),
-}
 
 # Everything but the ISA, which comes from the recipe as build args. Why each is set:
 CMAKE_DEFINES: dict[str, str] = {
@@ -151,25 +132,10 @@ class LlamaCpp:
         return None
 
     def preflight(self, inputs: PreflightInputs) -> list[Finding]:
-        from builders.inference.llama_cpp_gates import preflight
-
-        return preflight(inputs)
+        return llama_cpp_gates.preflight(inputs)
 
     def checks(self, engine: Engine, image: str, plan: BuildPlan) -> list[CheckResult]:
-        from builders.inference.llama_cpp_checks import run
-
-        return run(engine, image, plan)
-
-
-def read_member(sdist: Path, relative: str) -> str:
-    """A file of the vendored tree, read from the sdist without unpacking it."""
-    text = sdist_member(sdist, f"{VENDORED}/{relative}")
-    if text is None:
-        raise ConfigError(
-            f"{sdist.name}: {VENDORED}/{relative} is missing",
-            hint="the recipe's source must be an sdist that vendors llama.cpp (llama-cpp-python's)",
-        )
-    return text
+        return llama_cpp_checks.run(engine, image, plan)
 
 
 ENGINE = LlamaCpp()

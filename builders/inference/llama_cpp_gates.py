@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from builders.inference.base import PreflightInputs, find_line
-from builders.inference.llama_cpp import GGML_ISA_FLAGS, VENDORED, read_member
+from builders.inference.llama_cpp_tree import GGML_ISA_FLAGS, VENDORED, read_member
 from builders.preflight.findings import Finding, blocker, passed, unchecked, warning
 
 # The oldest GCC whose libstdc++ gives a C++ standard in full, <filesystem> included without -lstdc++fs (GCC 9

@@ -24,6 +24,7 @@ from builders.inference.base import PreflightInputs, find_line, sdist_member
 from builders.plan import TORCH_INDEXES, BuildPlan, ContextItem, CudaPlan, PlanOptions, TorchSpec
 from builders.platforms import platform_of
 from builders.preflight.findings import Finding, blocker, passed, unchecked, warning
+from builders.target import Target
 
 # sgl-kernel's CPU build, read where it lives (not reachable from build hosts here, hence pinned as data):
 SGL_KERNEL_CPU_CMAKE = (
@@ -89,7 +90,7 @@ class SGLang:
             # Never served by Forge: the test stage only runs the entrypoint's --help.
             "test_checks": (),
         }
-        if recipe.device == "cuda":
+        if Target.resolve(distro, recipe).cuda:
             return self._cuda_plan(distro, recipe, options, pin.version, torch_version, labels, common)
         # sgl-kernel's CMake compiles with -march=native: the build host's CPU decides, by SGLang's design.
         labels["dev.forge.isa"] = "sgl-kernel CPU: -march=native (its CMake's choice); needs AVX-512 and AMX"
@@ -192,7 +193,7 @@ class SGLang:
 
     def preflight(self, inputs: PreflightInputs) -> list[Finding]:
         recipe = inputs.recipe
-        if recipe.device == "cuda":
+        if Target.resolve(inputs.distro, recipe).cuda:
             return [
                 passed(
                     "gpu-mode",
