@@ -53,6 +53,12 @@ class Target:
         return self.recipe.device == "cpu"
 
     @property
+    def smokes(self) -> bool:
+        """A CPU image that serves in its test stage: smoke and sweep sessions and CI's smoke step run on it (SGLang's
+        CPU image, rendered only, does not)."""
+        return self.cpu and self.recipe.serve_test
+
+    @property
     def runs_vllm(self) -> bool:
         """The image carries vLLM (not the router alone): a toolchain, tcmalloc and the base probe matter."""
         return self.recipe.device != "none" and not self.native

@@ -68,7 +68,7 @@ def entry(distro: Distro, recipe: Recipe) -> MatrixEntry:
         kind=target.kind,
         device=target.device,
         job=job_id(distro.name, recipe.target),
-        smoke=target.cpu,
+        smoke=target.smokes,
         timeout_minutes=TIMEOUT_MINUTES[target.kind],
         disk_gb=recipe.resources.disk_gb,
         base_image=distro.base.pinned_ref,
