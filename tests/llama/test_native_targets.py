@@ -148,3 +148,9 @@ def test_sglang_renders_a_cpu_image_and_a_gpu_one_beside_vllms(project: Project)
     text = render(plan, ROOT / "containers")
     assert "sglang==0.5.10.post1" in text and plan.cuda is not None
     assert f"ARG RUNTIME_IMAGE={plan.cuda.runtime_ref}" in text
+
+
+def test_a_native_recipe_whose_engine_has_no_module_is_refused_naming_the_recipe(project: Project) -> None:
+    recipe = project.recipe_for("llama-cpp").model_copy(update={"engine": "tgi"})
+    with pytest.raises(ConfigError, match=r"recipes/llama-cpp\.yaml: engine 'tgi' .* builders\.inference\.tgi"):
+        make_plan(project.distro("debian-14"), recipe, PlanOptions(max_jobs=1))
