@@ -475,7 +475,9 @@ def _tag(ctx: Context) -> None:
     engine.tag(image_id, tag.rsplit(":", 1)[0] + ":latest")
     info = engine.image_info(image_id)
     ctx.report.image = {"id": info.id, "tags": list(info.tags), "size": info.size}
-    ctx.report.versions.setdefault("python", _python_version(engine, tag))
+    if not ctx.target.native:
+        # A native engine's runtime has no Python to ask (llama-server's image is one binary).
+        ctx.report.versions.setdefault("python", _python_version(engine, tag))
 
 
 def _sbom(ctx: Context) -> None:
