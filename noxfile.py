@@ -15,6 +15,7 @@ ROOT = Path(__file__).parent
 sys.path.insert(0, str(ROOT))
 
 from builders.config import Project  # noqa: E402
+from builders.target import Target  # noqa: E402
 
 nox.options.sessions = ["engines", "lint", "render", "tests"]
 nox.options.default_venv_backend = "none"
@@ -70,7 +71,7 @@ def _sweep_session(distro: str, target: str) -> None:
 for _distro, _recipe in PROJECT.pairs():
     _aliases = [f"build-{_distro.family}-{_recipe.target}"] if _distro.default_for_family else []
     _build_session(_distro.name, _recipe.target, _aliases)
-    if _recipe.device == "cpu":
+    if Target.resolve(_distro, _recipe).smokes:
         _smoke_session(_distro.name, _recipe.target)
         _sweep_session(_distro.name, _recipe.target)
 

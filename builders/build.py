@@ -320,6 +320,10 @@ def _preflight(ctx: Context) -> None:
 
 def _sources(ctx: Context) -> None:
     project, distro, recipe, report = ctx.project, ctx.distro, ctx.recipe, ctx.report
+    if ctx.target.native:
+        # Another engine's pinned archive: staged as the plan's sdist, its version read by the engine's module.
+        sdist = ctx.sources["vllm"] = resolve_sdist(recipe, project.root, ctx.options.source_overrides)
+        report.source = {"origin": sdist.origin, "sha256": sdist.sha256, "path": str(sdist.path)}
     if ctx.compiles:
         vllm = ctx.sources["vllm"] = resolve_sdist(recipe, project.root, ctx.options.source_overrides)
         report.source = {"origin": vllm.origin, "sha256": vllm.sha256, "path": str(vllm.path)}
@@ -441,7 +445,12 @@ def _inspect_toolchain(ctx: Context) -> None:
 
 def _test(ctx: Context) -> None:
     assert ctx.image_id is not None
-    checks = run_checks(ctx.engine, ctx.image_id, ctx.plan)
+    if ctx.target.native:
+        from builders.inference import native_engine
+
+        checks = native_engine(ctx.recipe).checks(ctx.engine, ctx.image_id, ctx.plan)
+    else:
+        checks = run_checks(ctx.engine, ctx.image_id, ctx.plan)
     ctx.report.tests = [c.as_report() for c in checks]
     for entry in ctx.report.tests:
         ctx.log.info(f"test {entry['name']}: {status_text(entry)}")
@@ -466,7 +475,9 @@ def _tag(ctx: Context) -> None:
     engine.tag(image_id, tag.rsplit(":", 1)[0] + ":latest")
     info = engine.image_info(image_id)
     ctx.report.image = {"id": info.id, "tags": list(info.tags), "size": info.size}
-    ctx.report.versions.setdefault("python", _python_version(engine, tag))
+    if not ctx.target.native:
+        # A native engine's runtime has no Python to ask (llama-server's image is one binary).
+        ctx.report.versions.setdefault("python", _python_version(engine, tag))
 
 
 def _sbom(ctx: Context) -> None:

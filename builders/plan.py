@@ -5,15 +5,17 @@ The executor (builders/build.py) stages what the plan names and runs it; tests c
 
 from __future__ import annotations
 
+import importlib
 import shlex
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from types import ModuleType
+from typing import Literal, Protocol
 
 from builders.config.models import Distro, GpuMode, Recipe, TorchIndex, WheelFile
 from builders.distros import family_for
 from builders.errors import ConfigError, UsageError
 from builders.platforms import isa_for, platform_of
-from builders.target import Target
+from builders.target import Target, engine_module
 
 TORCH_INDEXES = {
     "pytorch-cpu": "https://download.pytorch.org/whl/cpu",
@@ -113,6 +115,8 @@ class BuildPlan:
     vllm_version: str | None
     test_checks: tuple[str, ...] = field(default=())
     cuda: CudaPlan | None = None
+    # kind=native: the -D options of the engine's CMake configure, apart from the ISA build args
+    cmake_defines: dict[str, str] = field(default_factory=dict)
 
     @property
     def session_id(self) -> str:
@@ -148,6 +152,28 @@ def torch_spec(target: Target, options: PlanOptions) -> TorchSpec | None:
     )
 
 
+class NativePlanner(Protocol):
+    def plan(self, distro: Distro, recipe: Recipe, options: PlanOptions) -> BuildPlan: ...
+
+
+def native_module(recipe: Recipe) -> ModuleType:
+    """The engine module of a kind=native recipe. A plugin boundary: engine modules (builders/inference) import this
+    module, never the reverse, so it is loaded by the name the recipe's engine gives it."""
+    target_module = engine_module(recipe)
+    try:
+        return importlib.import_module(target_module)
+    except ModuleNotFoundError as exc:
+        raise ConfigError(
+            f"recipes/{recipe.name}.yaml: engine {recipe.engine!r} with kind native has no module {target_module}",
+            hint="kind: native is for engines with a module in builders/inference; vLLM recipes use source or wheel",
+        ) from exc
+
+
+def native_planner(target: Target) -> NativePlanner:
+    planner: NativePlanner = native_module(target.recipe).ENGINE
+    return planner
+
+
 def make_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> BuildPlan:
     if not recipe.supports(distro.name):
         # A usage error, not a traceback: `forge plan debian-13 gpu` says which distros the recipe takes.
@@ -157,6 +183,8 @@ def make_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> BuildPlan
             hint=f"its distros: {supported} (`forge list` shows every distro × target)",
         )
     target = Target.resolve(distro, recipe, gpu_mode=options.gpu_mode)
+    if target.native:
+        return native_planner(target).plan(distro, recipe, options)
     if target.cuda:
         return make_cuda_plan(distro, recipe, options)
     family = family_for(distro)

@@ -13,6 +13,12 @@ from typing import Literal
 from builders.config.models import Distro, GpuMode, Recipe
 
 
+def engine_module(recipe: Recipe) -> str:
+    """The module that plans, preflights and tests a kind=native recipe, named by its engine (llama-cpp →
+    builders/inference/llama_cpp.py)."""
+    return f"builders.inference.{recipe.engine.replace('-', '_')}"
+
+
 @dataclass(frozen=True, kw_only=True)
 class Target:
     distro: Distro
@@ -33,7 +39,7 @@ class Target:
         return self.recipe.device
 
     @property
-    def kind(self) -> Literal["source", "wheel", "python-app"]:
+    def kind(self) -> Literal["source", "wheel", "python-app", "native"]:
         """How the recipe gets its software, as CI's matrix reports it and sizes its timeout."""
         return self.recipe.kind
 
@@ -47,9 +53,25 @@ class Target:
         return self.recipe.device == "cpu"
 
     @property
+    def smokes(self) -> bool:
+        """A CPU image that serves in its test stage: smoke and sweep sessions and CI's smoke step run on it (SGLang's
+        CPU image, rendered only, does not)."""
+        return self.cpu and self.recipe.serve_test
+
+    @property
     def runs_vllm(self) -> bool:
         """The image carries vLLM (not the router alone): a toolchain, tcmalloc and the base probe matter."""
-        return self.recipe.device != "none"
+        return self.recipe.device != "none" and not self.native
+
+    @property
+    def native(self) -> bool:
+        """Another engine's C/C++ server (llama.cpp): its module in builders/inference plans, preflights and tests
+        it, so none of the vLLM phases above apply."""
+        return self.recipe.kind == "native"
+
+    @property
+    def engine_module(self) -> str:
+        return engine_module(self.recipe)
 
     @property
     def compiles(self) -> bool:

@@ -149,7 +149,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     wanted = set(args.sources or [])
     if recipe.source and recipe.source.pypi and (not wanted or "vllm" in wanted):
         got = fetch_sdist(recipe, project.root)
-        print(f"vllm: {got.path} ({got.origin})")
+        print(f"{recipe.source.pypi.name}: {got.path} ({got.origin})")
     if recipe.wheelhouse and (not wanted or "wheelhouse" in wanted):
         print(f"wheelhouse: {fetch_wheelhouse(recipe, distro, project.root)}")
     for fetched in recipe.fetched_sources:
