@@ -111,7 +111,7 @@ class LoadSizer:
 def run_sweep(
     options: SweepOptions,
     *,
-    replicas: Callable[[Path, Path], ReplicaRuntime],
+    replicas: Callable[[str, str | None, Path, Path], ReplicaRuntime],
     router: Callable[[Path], RouterRuntime],
     console: Console,
 ) -> dict[str, Any]:
