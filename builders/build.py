@@ -320,6 +320,10 @@ def _preflight(ctx: Context) -> None:
 
 def _sources(ctx: Context) -> None:
     project, distro, recipe, report = ctx.project, ctx.distro, ctx.recipe, ctx.report
+    if ctx.target.native:
+        # Another engine's pinned archive: staged as the plan's sdist, its version read by the engine's module.
+        sdist = ctx.sources["vllm"] = resolve_sdist(recipe, project.root, ctx.options.source_overrides)
+        report.source = {"origin": sdist.origin, "sha256": sdist.sha256, "path": str(sdist.path)}
     if ctx.compiles:
         vllm = ctx.sources["vllm"] = resolve_sdist(recipe, project.root, ctx.options.source_overrides)
         report.source = {"origin": vllm.origin, "sha256": vllm.sha256, "path": str(vllm.path)}

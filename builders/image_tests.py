@@ -432,6 +432,10 @@ def emulated(plan: BuildPlan) -> bool:
 
 
 def run_checks(engine: Engine, image: str, plan: BuildPlan) -> list[CheckResult]:
+    if plan.recipe.kind == "native":
+        from builders.inference import native_engine
+
+        return native_engine(plan.recipe).checks(engine, image, plan)
     results: list[CheckResult] = []
     if "entrypoint-help" in plan.test_checks:
         results.append(check_entrypoint(engine, image, plan))

@@ -113,6 +113,8 @@ class BuildPlan:
     vllm_version: str | None
     test_checks: tuple[str, ...] = field(default=())
     cuda: CudaPlan | None = None
+    # kind=native: the -D options of the engine's CMake configure, apart from the ISA build args
+    cmake_defines: dict[str, str] = field(default_factory=dict)
 
     @property
     def session_id(self) -> str:
@@ -157,6 +159,10 @@ def make_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> BuildPlan
             hint=f"its distros: {supported} (`forge list` shows every distro × target)",
         )
     target = Target.resolve(distro, recipe, gpu_mode=options.gpu_mode)
+    if target.native:
+        from builders.inference import native_engine
+
+        return native_engine(recipe).plan(distro, recipe, options)
     if target.cuda:
         return make_cuda_plan(distro, recipe, options)
     family = family_for(distro)

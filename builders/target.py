@@ -33,7 +33,7 @@ class Target:
         return self.recipe.device
 
     @property
-    def kind(self) -> Literal["source", "wheel", "python-app"]:
+    def kind(self) -> Literal["source", "wheel", "python-app", "native"]:
         """How the recipe gets its software, as CI's matrix reports it and sizes its timeout."""
         return self.recipe.kind
 
@@ -49,7 +49,13 @@ class Target:
     @property
     def runs_vllm(self) -> bool:
         """The image carries vLLM (not the router alone): a toolchain, tcmalloc and the base probe matter."""
-        return self.recipe.device != "none"
+        return self.recipe.device != "none" and not self.native
+
+    @property
+    def native(self) -> bool:
+        """Another engine's C/C++ server (llama.cpp): its module in builders/inference plans, preflights and tests
+        it, so none of the vLLM phases above apply."""
+        return self.recipe.kind == "native"
 
     @property
     def compiles(self) -> bool:

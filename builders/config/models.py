@@ -253,7 +253,13 @@ class Recipe(Strict):
     target: str = Field(description="target name in session ids: cpu, gpu, cpu-wheel, router")
     description: str = Field(description="one line for `forge list` and `nox -l`")
     template: str = Field(description="Jinja2 template in containers/")
-    kind: Literal["source", "wheel", "python-app"] = Field(description="how the image gets its software")
+    kind: Literal["source", "wheel", "python-app", "native"] = Field(
+        description="how the image gets its software; native: a C/C++ server compiled from a pinned archive, "
+        "planned, preflighted and tested by its engine's module (builders/inference)"
+    )
+    engine: Literal["vllm", "llama-cpp", "sglang"] = Field(
+        default="vllm", description="the inference engine the image serves with (builders/inference names each)"
+    )
     device: Literal["cpu", "cuda", "none"] = Field(description="VLLM_TARGET_DEVICE, or none")
     distros: tuple[str, ...] | Literal["all"] = Field(default="all", description="distros this recipe supports")
     source: Source | None = Field(default=None, description="vLLM source, for kind=source")
@@ -277,8 +283,8 @@ class Recipe(Strict):
 
     @model_validator(mode="after")
     def _kind_fields(self) -> Recipe:
-        if self.kind == "source" and self.source is None:
-            raise ValueError("kind=source needs a source")
+        if self.kind in {"source", "native"} and self.source is None:
+            raise ValueError(f"kind={self.kind} needs a source")
         if self.kind == "wheel" and self.wheelhouse is None:
             raise ValueError("kind=wheel needs a wheelhouse")
         if self.device == "cuda" and self.cuda is None:

@@ -490,6 +490,22 @@ def run_preflight(
     start = time.monotonic()
     host = host or read_host_facts()
     target = Target.resolve(distro, recipe, gpu_mode=gpu_mode)
+    if target.native:
+        return _native_preflight(
+            project,
+            distro,
+            recipe,
+            engine=engine,
+            source=source,
+            max_jobs=max_jobs,
+            scratch_dir=scratch_dir,
+            run_flags=run_host_flags if run_host_flags is not None else host.cpu_flags,
+            run_source=run_host_source or "build host /proc/cpuinfo",
+            host=host,
+            fetch=fetch,
+            progress=progress,
+            start=start,
+        )
     device, arch = target.device, distro.arch
     findings: list[Finding] = []
     cuda = gpu_plan(distro, recipe, gpu_mode)
@@ -614,6 +630,67 @@ def run_preflight(
         source=str(source_path) if source_path else None,
         max_jobs=jobs,
         probe_image=probe_result.image if probe_result else None,
+    )
+
+
+def _native_preflight(
+    project: Project,
+    distro: Distro,
+    recipe: Recipe,
+    *,
+    engine: Engine | None,
+    source: Path | None,
+    max_jobs: int | None,
+    scratch_dir: Path,
+    run_flags: frozenset[str],
+    run_source: str,
+    host: HostFacts,
+    fetch: bool,
+    progress: Progress,
+    start: float,
+) -> PreflightReport:
+    """Another engine's gates come from its module, read from its own build files; disk and RAM are the same
+    gates as every build's."""
+    from builders.inference import native_engine
+    from builders.inference.base import PreflightInputs
+
+    source_path, why = _source_or_fetch(project, recipe, source, fetch, progress)
+    jobs, jobs_origin = _jobs(recipe, True, max_jobs, host.memory.available, host.cores)
+    findings = native_engine(recipe).preflight(
+        PreflightInputs(
+            distro=distro,
+            recipe=recipe,
+            host=host,
+            source=source_path,
+            source_why=why,
+            max_jobs=jobs,
+            run_flags=run_flags,
+            run_source=run_source,
+        )
+    )
+    disk, reserved = _disk_findings(recipe, engine, scratch_dir, host)
+    findings += disk
+    findings.append(
+        gates.ram_gate(
+            memory=host.memory,
+            max_jobs=jobs,
+            jobs_origin=jobs_origin,
+            per_job_gb=recipe.resources.ram_per_job_gb,
+            per_job_source=f"recipes/{recipe.name}.yaml: resources.ram_per_job_gb",
+            cores=host.cores,
+            reserved=reserved,
+            reserved_why="the tmpfs scratch dir" if reserved else "",
+        )
+    )
+    return PreflightReport.from_findings(
+        findings,
+        distro=distro.name,
+        target=recipe.target,
+        recipe=recipe.name,
+        mode="declared",
+        seconds=time.monotonic() - start,
+        source=str(source_path) if source_path else None,
+        max_jobs=jobs,
     )
 
 

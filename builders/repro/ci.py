@@ -33,7 +33,8 @@ DEFAULT_REGISTRY = "ghcr.io/${{ github.repository_owner }}"
 ON_MAIN = "github.event_name == 'push' && github.ref == 'refs/heads/main'"
 # Hosted runners keep about 14 GB free; recipes needing more get the preinstalled SDKs removed first.
 RUNNER_FREE_GB = 14
-TIMEOUT_MINUTES = {"source": 360, "wheel": 60, "python-app": 20}
+# native: a llama-server compile, about 10 min on 2 cores with tests and tools off.
+TIMEOUT_MINUTES = {"source": 360, "wheel": 60, "python-app": 20, "native": 60}
 
 
 @dataclass(frozen=True, kw_only=True)

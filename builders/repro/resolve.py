@@ -233,6 +233,16 @@ def resolve_pair(
                 TreeLock(name=fetched.name, tree_sha256=digest, files=count, version=got.version, origin=got.origin)
             )
 
+    if target.native:
+        # Another engine's pinned archive: the build installs nothing from an index, so it is the only input
+        # beside the base.
+        try:
+            sdist = _sdist(project, recipe, overrides)
+            archives.append(ArchiveLock(name=recipe.engine, file=sdist.name, sha256=sha256_file(sdist)))
+            epoch, epoch_from = sdist_epoch(sdist), f"{sdist.name}: newest member's mtime (release date)"
+        except SourceUnavailable as exc:
+            missing.append(f"{exc.message} ({exc.hint})")
+
     if target.from_wheelhouse:
         assert recipe.wheelhouse is not None
         folder = wheelhouse or wheelhouse_dir(project.root, distro, recipe)

@@ -74,22 +74,32 @@ def router_image() -> str:
     return os.environ.get("FORGE_SMOKE_ROUTER_IMAGE") or _forge_image("router")
 
 
+def llama_image() -> str:
+    """FORGE_SMOKE_LLAMA_IMAGE, else the Debian 14 llama-cpp image, compiled (and test-staged) by Forge once.
+
+    Two jobs: llama-server's compile is the only step that costs minutes, and a job needs about 1 GB."""
+    return os.environ.get("FORGE_SMOKE_LLAMA_IMAGE") or _forge_image("llama-cpp", distro_name="debian-14", max_jobs=2)
+
+
 @functools.cache
-def _forge_image(target: str) -> str:
+def _forge_image(target: str, *, distro_name: str = "debian-12", max_jobs: int = 1) -> str:
     from builders.build import BuildOptions, build
     from builders.config import Project
     from builders.sources import fetch_wheelhouse
 
     project = Project.load(ROOT)
-    distro, recipe = project.distro("debian-12"), project.recipe_for(target)
+    distro, recipe = project.distro(distro_name), project.recipe_for(target)
     wheelhouse = fetch_wheelhouse(recipe, distro, ROOT) if recipe.wheelhouse else None
-    tag = f"forge/debian-12-{target}:smoke-test"
+    tag = f"forge/{distro_name}-{target}:smoke-test"
     report = build(
         project,
         distro,
         recipe,
         BuildOptions(
-            max_jobs=1, wheelhouse=wheelhouse, tag=tag, reports_dir=ROOT / "reports" / f"smoke-debian-12-{target}"
+            max_jobs=max_jobs,
+            wheelhouse=wheelhouse,
+            tag=tag,
+            reports_dir=ROOT / "reports" / f"smoke-{distro_name}-{target}",
         ),
         lambda _line: None,
     )

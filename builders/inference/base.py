@@ -1,0 +1,53 @@
+"""What an engine module provides: its plan, its preflight gates and its image's test stage."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from builders.config.models import Distro, Recipe
+    from builders.engine import Engine
+    from builders.image_tests import CheckResult
+    from builders.plan import BuildPlan, PlanOptions
+    from builders.preflight.findings import Finding
+    from builders.preflight.host import HostFacts
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreflightInputs:
+    """What preflight hands an engine module: the pair, the host, and where the pinned source is (if at hand)."""
+
+    distro: Distro
+    recipe: Recipe
+    host: HostFacts
+    source: Path | None  # the pinned archive, or None when it is not in the cache and may not be fetched
+    source_why: str  # why source is None
+    max_jobs: int | None
+    run_flags: frozenset[str]  # CPU flags of the host the image will run on
+    run_source: str
+
+
+class NativeEngine(Protocol):
+    name: str
+
+    def plan(self, distro: Distro, recipe: Recipe, options: PlanOptions) -> BuildPlan:
+        """distro + recipe + options → BuildPlan, pure."""
+        ...
+
+    def source_version(self, source: Path) -> str | None:
+        """The engine's own version as its pinned source states it (recorded in the report and labels)."""
+        ...
+
+    def preflight(self, inputs: PreflightInputs) -> list[Finding]:
+        """The gates this engine's build has, read from its own build files and cited by file and line."""
+        ...
+
+    def checks(self, engine: Engine, image: str, plan: BuildPlan) -> list[CheckResult]:
+        """The test stage: run the built image and judge it."""
+        ...
+
+
+Progress = Callable[[str], None]

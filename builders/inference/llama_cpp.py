@@ -1,0 +1,184 @@
+"""llama.cpp's `llama-server`, CPU backend, compiled from the llama.cpp tree PyPI's llama-cpp-python sdist vendors.
+
+Why that source: it is a sha256-pinned file on PyPI, fetched and locked exactly as vLLM's sdist is (`forge fetch`,
+forge.lock), reachable wherever PyPI is, and identical for every distro. Debian forky's `llama.cpp` source package
+would tie the tree to one distro's archive and its patches, and reach only Debian-family builds.
+"""
+
+from __future__ import annotations
+
+import re
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from builders.config.models import Distro, Recipe
+from builders.distros import family_for
+from builders.engine import Engine
+from builders.errors import ConfigError
+from builders.image_tests import CheckResult
+from builders.inference.base import PreflightInputs
+from builders.plan import BuildPlan, ContextItem, PlanOptions
+from builders.platforms import platform_of
+from builders.preflight.findings import Finding
+
+# The tree inside the sdist: every path the gates cite is relative to the sdist's top folder.
+VENDORED = "vendor/llama.cpp"
+
+# GGML's CPU-backend options (ggml/CMakeLists.txt) and the /proc/cpuinfo flag each one makes the binary require.
+GGML_ISA_FLAGS: dict[str, tuple[str, ...]] = {
+    "GGML_SSE42": ("sse4_2",),
+    "GGML_AVX": ("avx",),
+    "GGML_AVX2": ("avx2",),
+    "GGML_FMA": ("fma",),
+    "GGML_F16C": ("f16c",),
+    "GGML_BMI2": ("bmi2",),
+    "GGML_AVX_VNNI": ("avx_vnni",),
+    "GGML_AVX512": ("avx512f",),
+    "GGML_AVX512_VBMI": ("avx512vbmi",),
+    "GGML_AVX512_VNNI": ("avx512_vnni",),
+    "GGML_AVX512_BF16": ("avx512_bf16",),
+    "GGML_AMX_TILE": ("amx_tile",),
+    "GGML_AMX_INT8": ("amx_int8",),
+    "GGML_AMX_BF16": ("amx_bf16",),
+}
+
+# Everything but the ISA, which comes from the recipe as build args. Why each is set:
+CMAKE_DEFINES: dict[str, str] = {
+    "CMAKE_BUILD_TYPE": "Release",
+    # One static llama-server: the runtime stage copies one file and needs no libllama/libggml beside it.
+    "BUILD_SHARED_LIBS": "OFF",
+    # The build host's CPU must never choose the instruction sets (-march=native): the recipe's ISA args do.
+    "GGML_NATIVE": "OFF",
+    # ggml's own thread pool instead of OpenMP: no libgomp to install in the runtime on each distro family.
+    "GGML_OPENMP": "OFF",
+    "LLAMA_BUILD_TESTS": "OFF",
+    "LLAMA_BUILD_EXAMPLES": "OFF",
+    "LLAMA_BUILD_TOOLS": "ON",
+    "LLAMA_BUILD_SERVER": "ON",
+    "LLAMA_BUILD_APP": "OFF",
+    # The web UI is off, and its prebuilt assets would be downloaded from Hugging Face mid-build.
+    "LLAMA_BUILD_UI": "OFF",
+    "LLAMA_USE_PREBUILT_UI": "OFF",
+    # HTTPS model downloads are not what a server behind Forge's router needs, and OpenSSL headers are not a role.
+    "LLAMA_OPENSSL": "OFF",
+}
+
+SERVE_DEADLINE_S = 120
+
+
+@dataclass(frozen=True, kw_only=True)
+class LlamaCpp:
+    name: str = "llama-cpp"
+
+    def plan(self, distro: Distro, recipe: Recipe, options: PlanOptions) -> BuildPlan:
+        if distro.arch != "x86_64":
+            raise ConfigError(
+                f"recipes/{recipe.name}.yaml: the llama-cpp recipe's ISA settings are x86 options, "
+                f"and distros/{distro.name}.yaml is {distro.arch}",
+                hint="build it on an x86_64 distro",
+            )
+        unknown = sorted(set(recipe.isa) - set(GGML_ISA_FLAGS))
+        if unknown:
+            raise ConfigError(
+                f"recipes/{recipe.name}.yaml: isa.{unknown[0]} is not one of GGML's CPU-backend ISA options",
+                hint=f"use {', '.join(GGML_ISA_FLAGS)} (ggml/CMakeLists.txt), each ON or OFF",
+            )
+        bad = sorted(k for k, v in recipe.isa.items() if v not in {"ON", "OFF"})
+        if bad:
+            raise ConfigError(f"recipes/{recipe.name}.yaml: isa.{bad[0]} is {recipe.isa[bad[0]]!r}, not ON or OFF")
+        assert recipe.source is not None and recipe.source.pypi is not None
+        pin = recipe.source.pypi
+        family = family_for(distro)
+        roles = ["c_compiler", "cmake", "build_tools"] + (["ccache"] if "ccache" in distro.packages else [])
+        # Every ISA option is passed, so a default in ggml's CMake (ON for some with GGML_NATIVE=OFF) never decides.
+        isa = {key: recipe.isa.get(key, "OFF") for key in GGML_ISA_FLAGS}
+        version = options.vllm_version or pin.version
+        compile_env = {k: v for k, v in family.compiler_env().items() if k != "PATH"}
+        compile_env.update(recipe.build_env)
+        compile_env["MAX_JOBS"] = str(options.max_jobs)
+        build_args = {"BASE_IMAGE": distro.base.local_tag, **isa}
+        if options.source_date_epoch is not None:
+            build_args["SOURCE_DATE_EPOCH"] = str(options.source_date_epoch)
+        enabled = " ".join(k.removeprefix("GGML_") for k, v in isa.items() if v == "ON") or "none"
+        labels = {
+            "org.opencontainers.image.title": f"{recipe.name} on {distro.name}",
+            "org.opencontainers.image.description": recipe.description,
+            "org.opencontainers.image.version": version,
+            "org.opencontainers.image.base.name": distro.base.pinned_ref,
+            "org.opencontainers.image.base.digest": options.base_digest or distro.base.digest or "unpinned",
+            "org.opencontainers.image.vendor": "Forge",
+            "org.opencontainers.image.source": f"https://pypi.org/project/{pin.name}/",
+            "dev.forge.recipe": recipe.name,
+            "dev.forge.distro": distro.name,
+            "dev.forge.target": recipe.target,
+            "dev.forge.platform": platform_of(distro).name,
+            "dev.forge.engine": self.name,
+            "dev.forge.source.sha256": pin.sha256,
+            "dev.forge.isa": f"GGML_NATIVE=OFF; ON: {enabled}",
+        }
+        return BuildPlan(
+            distro=distro,
+            recipe=recipe,
+            target=recipe.target,
+            base_ref=distro.base.local_tag,
+            image_tag=options.tag or f"forge/{distro.name}-{recipe.target}{platform_of(distro).suffix}:{version}",
+            containerfile="Containerfile",
+            template=recipe.template,
+            final_stage="runtime",
+            max_jobs=options.max_jobs,
+            buildkit=options.buildkit,
+            trust_ca_bundle=options.trust_ca_bundle,
+            cmake_from_pip=False,
+            torch=None,
+            compile_env=compile_env,
+            build_args=build_args,
+            context=(
+                ContextItem(
+                    name=f"sources/{pin.name}-{pin.version}.tar.gz",
+                    kind="sdist",
+                    origin=f"PyPI {pin.name}=={pin.version} sha256:{pin.sha256} ({VENDORED})",
+                ),
+            ),
+            labels=labels,
+            secrets=(),
+            runtime_packages=(),
+            build_packages=tuple(family.packages(roles)),  # type: ignore[arg-type]
+            vllm_version=version,
+            test_checks=("llama-server-version", "no-compilers", "serve-gguf") if recipe.serve_test else (),
+            cmake_defines=dict(CMAKE_DEFINES),
+        )
+
+    def source_version(self, source: Path) -> str | None:
+        return None
+
+    def preflight(self, inputs: PreflightInputs) -> list[Finding]:
+        from builders.inference.llama_cpp_gates import preflight
+
+        return preflight(inputs)
+
+    def checks(self, engine: Engine, image: str, plan: BuildPlan) -> list[CheckResult]:
+        from builders.inference.llama_cpp_checks import run
+
+        return run(engine, image, plan)
+
+
+def read_member(sdist: Path, relative: str) -> str:
+    """A file of the vendored tree, read from the sdist without unpacking it."""
+    with tarfile.open(sdist) as tar:
+        top = tar.getmembers()[0].name.split("/", 1)[0]
+        member = tar.extractfile(f"{top}/{VENDORED}/{relative}")
+        if member is None:
+            raise ConfigError(f"{sdist.name}: {VENDORED}/{relative} is not a file")
+        return member.read().decode("utf-8", errors="replace")
+
+
+def find_line(text: str, pattern: str) -> tuple[int, re.Match[str]] | None:
+    for number, line in enumerate(text.splitlines(), start=1):
+        match = re.search(pattern, line)
+        if match:
+            return number, match
+    return None
+
+
+ENGINE = LlamaCpp()

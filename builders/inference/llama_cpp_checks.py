@@ -1,0 +1,143 @@
+"""The llama-cpp image's test stage: llama-server runs as built, the runtime carries no compilers, and the server
+serves a Forge-written GGUF: /v1/models lists it and a streamed chat completion arrives as SSE chunks."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+
+from builders.engine import Engine
+from builders.image_tests import CheckResult, free_port, server_log_excerpt
+from builders.plan import BuildPlan
+
+SERVED_NAME = "tiny"
+# A 2-layer, 64-wide model loads in well under a second; the rest of the budget is a loaded CI machine.
+SERVE_DEADLINE_S = 120
+COMPILERS = ("gcc", "g++", "cc", "c++", "cmake", "clang")
+
+
+def run(engine: Engine, image: str, plan: BuildPlan) -> list[CheckResult]:
+    results = [check_version(engine, image)]
+    if not results[0].ok:
+        return results
+    if "no-compilers" in plan.test_checks:
+        results.append(check_runtime(engine, image))
+    if "serve-gguf" in plan.test_checks:
+        results.append(check_serve(engine, image, plan))
+    return results
+
+
+def check_version(engine: Engine, image: str) -> CheckResult:
+    start = time.monotonic()
+    rc, out = engine.run_once(image, ["--version"], timeout=60, network_host=False)
+    lines = [ln for ln in out.strip().splitlines() if ln.startswith("version") or "built with" in ln]
+    return CheckResult(
+        name="llama-server-version",
+        ok=rc == 0 and bool(lines),
+        detail="; ".join(lines) if rc == 0 and lines else out[-800:],
+        seconds=time.monotonic() - start,
+    )
+
+
+def check_runtime(engine: Engine, image: str) -> CheckResult:
+    """Non-root, and no compiler or CMake on the PATH: the toolchain stage stayed behind."""
+    start = time.monotonic()
+    script = f"id -u; for t in {' '.join(COMPILERS)}; do command -v $t || true; done"
+    rc, out = engine.run_once(image, ["-c", script], entrypoint=["/bin/sh"], timeout=60, network_host=False)
+    lines = out.strip().splitlines()
+    uid = lines[0].strip() if lines else "?"
+    found = [ln for ln in lines[1:] if ln.strip()]
+    ok = rc == 0 and uid == "1000" and not found
+    detail = f"uid {uid}; compilers: {', '.join(found) or 'none'}"
+    return CheckResult(name="no-compilers", ok=ok, detail=detail, seconds=time.monotonic() - start)
+
+
+def streamed_chat(base_url: str, model: str, *, max_tokens: int = 8, timeout: float = 60) -> tuple[int, str]:
+    """POST a streamed chat completion; return (content chunks, finish_reason) after `data: [DONE]`.
+
+    Raises ValueError naming what the stream lacked (no [DONE], a chunk that is not JSON)."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "hello world, please explain the system"}],
+        "max_tokens": max_tokens,
+        "stream": True,
+    }
+    chunks, finish, done = 0, "", False
+    with requests.post(f"{base_url}/v1/chat/completions", json=body, stream=True, timeout=timeout) as resp:
+        resp.raise_for_status()
+        for raw in resp.iter_lines(decode_unicode=True):
+            if not raw or not raw.startswith("data: "):
+                continue
+            data = raw.removeprefix("data: ").strip()
+            if data == "[DONE]":
+                done = True
+                break
+            event = json.loads(data)
+            for choice in event.get("choices", []):
+                if choice.get("delta", {}).get("content"):
+                    chunks += 1
+                finish = choice.get("finish_reason") or finish
+    if not done:
+        raise ValueError(f"the stream ended without data: [DONE] after {chunks} content chunks")
+    return chunks, finish
+
+
+def check_serve(engine: Engine, image: str, plan: BuildPlan) -> CheckResult:
+    from builders.gguf_model import write_tiny_gguf
+
+    start = time.monotonic()
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="forge-tiny-gguf-") as tmp:
+        model = write_tiny_gguf(Path(tmp) / "tiny.gguf")
+        Path(tmp).chmod(0o755)
+        model.chmod(0o644)
+        cid = engine.run_detached(
+            image=image,
+            command=[
+                *("-m", "/model/tiny.gguf", "--host", "127.0.0.1", "--port", str(port), "--alias", SERVED_NAME),
+                *("-c", "1024", "-np", "2", "-t", "2"),
+            ],
+            volumes={tmp: "/model"},
+            labels={"forge.test": plan.session_id},
+        )
+        base = f"http://127.0.0.1:{port}"
+        try:
+            # llama-server answers /health with 503 while it loads the model, then 200.
+            deadline, loading = time.monotonic() + SERVE_DEADLINE_S, 0
+            while True:
+                if not engine.is_running(cid):
+                    return _failed(start, "llama-server exited:\n" + server_log_excerpt(engine, cid))
+                if time.monotonic() > deadline:
+                    return _failed(
+                        start, f"/health not 200 within {SERVE_DEADLINE_S}s:\n" + server_log_excerpt(engine, cid)
+                    )
+                try:
+                    status = requests.get(f"{base}/health", timeout=2).status_code
+                except requests.RequestException:
+                    status = 0
+                if status == 200:
+                    break
+                loading += status == 503
+                time.sleep(0.5)
+            ids = [m["id"] for m in requests.get(f"{base}/v1/models", timeout=10).json().get("data", [])]
+            if SERVED_NAME not in ids:
+                return _failed(start, f"/v1/models -> {ids}, without {SERVED_NAME!r}")
+            chunks, finish = streamed_chat(base, SERVED_NAME)
+        except (requests.RequestException, ValueError) as exc:
+            return _failed(start, f"{exc}\n" + server_log_excerpt(engine, cid))
+        finally:
+            engine.stop_and_remove(cid)
+    ok = chunks > 0
+    detail = (
+        f"/v1/models -> {ids}; streamed chat: {chunks} content chunks, finish_reason {finish or '?'}"
+        f" (/health answered 503 {loading}x while loading)"
+    )
+    return CheckResult(name="serve-gguf", ok=ok, detail=detail, seconds=time.monotonic() - start)
+
+
+def _failed(start: float, detail: str) -> CheckResult:
+    return CheckResult(name="serve-gguf", ok=False, detail=detail, seconds=time.monotonic() - start)
