@@ -30,6 +30,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default="all",
         help="comma-separated profiles of profiles/sweep/ (or YAML paths); 'all' (default) runs every one",
     )
+    parser.add_argument(
+        "--engines",
+        default=None,
+        help="comma-separated serving engines (vllm,llama-cpp): run every profile on each, engine × profile in "
+        "one table; a profile's `engines.<engine>` section gives its knobs there (default: as each is written)",
+    )
     parser.add_argument("--report", type=Path, default=Path("reports/sweep"), metavar="DIR", help="output folder")
     parser.add_argument("--local-vllm", type=Path, default=None, metavar="PATH", help="run replicas on this host")
     parser.add_argument("--router-image", default=None, metavar="IMAGE", help="run the router from this image")
@@ -98,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
         sweep_changes["load_fraction"] = args.load_fraction
     if sweep_changes:
         changes["sweep"] = sweep_changes
-    profiles = load_sweep(names, root=root, changes=changes)
+    engines = [e for e in args.engines.split(",") if e] if args.engines else None
+    profiles = load_sweep(names, root=root, changes=changes, engines=engines)
     settings = load_sweep_settings(root, changes=changes)
     report = run_sweep(
         SweepOptions(

@@ -166,6 +166,7 @@ def run_sweep(
             "file": str(sweep_profile.path),
             "description": profile.description,
             "dtype": run.report.get("dtype", {}).get("dtype"),
+            "engine": sweep_profile.engine,
             "pools": {
                 name: {"replicas": pool.replicas, "cpus": list(pool.cpus)} for name, pool in profile.pools.items()
             },
