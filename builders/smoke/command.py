@@ -22,7 +22,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser(
         "smoke",
         help="start a router stack on an image and judge mixed traffic against per-class SLOs",
-        description="Start vLLM pools from IMAGE (a tiny random model, loopback only), the class-aware router "
+        description="Start the profile's pools from IMAGE (vLLM) or --llama-image (llama.cpp pools; a tiny random "
+        "model, loopback only), the class-aware router "
         "in front, drive the profile's traffic plan, judge each class's gate, write a report, and tear "
         "everything down, also on failure or Ctrl-C.",
     )

@@ -394,7 +394,10 @@ class Runtimes:
         images = {k: v for k, v in (("vllm", image), ("llama-cpp", llama_image)) if v is not None}
         local = {k: v for k, v in (("vllm", local_vllm), ("llama-cpp", local_llama)) if v is not None}
         if not images and not local:
-            raise UsageError("give an IMAGE to test, or --local-vllm PATH to run vLLM on this host")
+            raise UsageError(
+                "give an IMAGE to test, or --local-vllm PATH to run vLLM on this host",
+                hint="for a profile's llama.cpp pools: --llama-image IMAGE or --local-llama-server PATH",
+            )
         for kind in set(images) & set(local):
             serving = SERVING_ENGINES[kind]
             raise UsageError(f"give either {serving.image_option} or {serving.local_option}, not both")
