@@ -59,6 +59,8 @@ class ServingEngine(abc.ABC):
     """PoolSettings fields only this kind reads; a pool of another kind that sets one is refused."""
     busy_metric: ClassVar[str]
     """The Prometheus gauge that is above 0 while the replica generates (the kill check waits for it)."""
+    deployable: ClassVar[bool]
+    """Whether `forge deploy` renders Kubernetes manifests for its pools."""
     image_option: ClassVar[str]
     """The command-line option that names its image (`forge smoke`, `forge sweep`)."""
     local_option: ClassVar[str]

@@ -120,6 +120,7 @@ class LlamaCpp(ServingEngine):
     model_format: ClassVar[ModelFormat] = "gguf"
     knobs: ClassVar[frozenset[str]] = frozenset({"llama_cpp"})
     busy_metric: ClassVar[str] = "llamacpp:requests_processing"
+    deployable: ClassVar[bool] = False
     image_option: ClassVar[str] = "--llama-image"
     local_option: ClassVar[str] = "--local-llama-server"
     local_hint: ClassVar[str] = "pass a llama-server binary built from llama.cpp (build/bin/llama-server)"

@@ -147,3 +147,12 @@ def test_the_llama_model_is_the_gguf_the_server_loads(tmp_path: Path) -> None:
 def test_the_shipped_llama_profile_validates() -> None:
     loaded, _ = load_profile("ci-llama", root=ROOT)
     assert {p.engine for p in loaded.pools.values()} == {"llama-cpp"}
+
+
+def test_deploy_refuses_a_llama_pool_by_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from builders.cli import main
+
+    code = main(["deploy", "render", "--profile", "ci-llama", "--image", "x:1", "-o", str(tmp_path / "out")])
+    assert code == 2
+    assert "pools.interactive: forge deploy renders vLLM pools only" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
