@@ -156,3 +156,35 @@ def test_deploy_refuses_a_llama_pool_by_name(tmp_path: Path, capsys: pytest.Capt
     assert code == 2
     assert "pools.interactive: forge deploy renders vLLM pools only" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+HELP = Path(__file__).parent / "fixtures" / "llama-server-help.txt"
+
+
+def test_llama_server_help_parses_into_its_flags() -> None:
+    from builders.serving.llama_cpp import parse_server_help
+
+    spec = parse_server_help(HELP.read_text(encoding="utf-8"), source="fixture")
+    for flag in ("--parallel", "-np", "--ctx-size", "-c", "--batch-size", "-ub", "--threads", "--cpu-range"):
+        assert spec.lookup(flag) is not None, flag
+    assert spec.lookup("--parallel") is spec.lookup("-np")
+    assert spec.options["--metrics"].takes_value is False
+    assert spec.options["--threads"].takes_value is True
+    assert "--help" not in spec.options
+
+
+def test_the_shipped_llama_profile_is_accepted_by_that_llama_server_and_a_typo_is_not() -> None:
+    from builders.serving.base import ServerProbe
+    from builders.serving.llama_cpp import parse_server_help
+    from builders.smoke.vllm_args import PoolArgv
+
+    probe = ServerProbe(spec=parse_server_help(HELP.read_text(encoding="utf-8"), source="fixture"), entry=("x",))
+    loaded, _ = load_profile("ci-llama", root=ROOT)
+    plan = plan_stack(loaded, run_id="t", base_port=25500)
+    llama = SERVING_ENGINES["llama-cpp"]
+    assert llama.check(plan.pool_argvs(), probe) == []
+    bad = llama.check([PoolArgv(pool="a", argv=("--paralel", "2"), keys=("pools.a.extra_args[0]",) * 2)], probe)
+    assert [p.render() for p in bad] == [
+        "pool 'a', pools.a.extra_args[0]: --paralel: not an option of this llama-server (fixture) "
+        "(did you mean --parallel?)"
+    ]
