@@ -79,7 +79,8 @@ def parse_server_help(text: str, *, source: str) -> ServeArgSpec:
     container's combined output (log lines about the CPU backend) can be passed as is."""
     options: dict[str, ServeOption] = {}
     for line in text.splitlines():
-        head = re.split(r"(?<!,)\s{2,}", line.rstrip(), maxsplit=1)[0]
+        # The first flag is padded after its comma ("-t,    --threads N"); the help starts after 2+ spaces.
+        head = re.split(r"\s{2,}", re.sub(r"^(-\S+,)\s+", r"\1 ", line.rstrip()), maxsplit=1)[0]
         if not head.startswith("-"):
             continue
         parts = re.split(r",\s+(?=-)", head)

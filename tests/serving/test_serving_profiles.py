@@ -186,5 +186,5 @@ def test_the_shipped_llama_profile_is_accepted_by_that_llama_server_and_a_typo_i
     bad = llama.check([PoolArgv(pool="a", argv=("--paralel", "2"), keys=("pools.a.extra_args[0]",) * 2)], probe)
     assert [p.render() for p in bad] == [
         "pool 'a', pools.a.extra_args[0]: --paralel: not an option of this llama-server (fixture) "
-        "(did you mean --parallel?)"
+        "(did you mean --parallel or --poll?)"
     ]
