@@ -59,6 +59,9 @@ class ServingEngine(abc.ABC):
     """PoolSettings fields only this kind reads; a pool of another kind that sets one is refused."""
     busy_metric: ClassVar[str]
     """The Prometheus gauge that is above 0 while the replica generates (the kill check waits for it)."""
+    reuses_connections: ClassVar[bool]
+    """Whether the router may send it a request on a connection a previous answer used (router
+    upstream_keep_alive)."""
     deployable: ClassVar[bool]
     """Whether `forge deploy` renders Kubernetes manifests for its pools."""
     image_option: ClassVar[str]

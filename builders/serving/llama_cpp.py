@@ -121,6 +121,7 @@ class LlamaCpp(ServingEngine):
     model_format: ClassVar[ModelFormat] = "gguf"
     knobs: ClassVar[frozenset[str]] = frozenset({"llama_cpp"})
     busy_metric: ClassVar[str] = "llamacpp:requests_processing"
+    reuses_connections: ClassVar[bool] = False
     deployable: ClassVar[bool] = False
     image_option: ClassVar[str] = "--llama-image"
     local_option: ClassVar[str] = "--local-llama-server"

@@ -23,6 +23,7 @@ class VLLM(ServingEngine):
     model_format: ClassVar[ModelFormat] = "hf-dir"
     knobs: ClassVar[frozenset[str]] = frozenset({*_SCHEDULER_FIELDS, "enable_prefix_caching"})
     busy_metric: ClassVar[str] = "vllm:num_requests_running"
+    reuses_connections: ClassVar[bool] = True
     deployable: ClassVar[bool] = True
     image_option: ClassVar[str] = "IMAGE"
     local_option: ClassVar[str] = "--local-vllm"

@@ -103,7 +103,10 @@ class StackPlan:
 
     def router_config(self, *, api_key: str, upstream_api_key: str) -> dict[str, Any]:
         """The router's config mapping: the profile's router section plus what this run decides."""
+        keep_alive = all(serving_engine(kind).reuses_connections for kind in self.engines())
         return {
+            # The profile's router section may still choose; keep-alive is off only where a server needs it.
+            **({} if keep_alive else {"upstream_keep_alive": False}),
             **self.profile.router,
             "host": LOOPBACK,
             "port": self.router_port,
