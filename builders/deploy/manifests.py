@@ -149,6 +149,14 @@ def render(profile: StackProfile, source: str, options: DeployOptions) -> Render
     host = options.network == "host"
     if host and options.router_replicas != 1:
         raise UsageError("--network host runs one router: two would listen on the same host port")
+    for name, settings in profile.pools.items():
+        if not settings.serving.deployable:
+            # The manifests start `vllm serve` on a model ConfigMap; another server needs its own pod spec.
+            raise UsageError(
+                f"{source}: pools.{name}: forge deploy renders vLLM pools only, and this pool runs "
+                f"{settings.serving.title}",
+                hint="deploy a profile whose pools all run engine: vllm",
+            )
     plan = plan_stack(profile, run_id="deploy", base_port=options.base_port)
     files: dict[str, list[Object]] = {"model.yaml": [_model_configmap(profile, prefix)]}
     keys = f"{prefix}-keys"

@@ -145,6 +145,12 @@ class RouterConfig(BaseModel):
     first_byte_timeout_s: float = Field(
         default=120.0, gt=0, description="Wait for a replica's first response byte (prefill included) before 504."
     )
+    upstream_keep_alive: bool = Field(
+        default=True,
+        description="Reuse a replica connection for the next request. Off: every request opens its own loopback "
+        "connection, for servers that close a reused one before answering (llama.cpp's llama-server did so "
+        "under the smoke traffic; forge smoke turns it off for stacks with llama.cpp pools).",
+    )
     upstream_idle_timeout_s: float = Field(
         default=60.0,
         gt=0,

@@ -250,7 +250,9 @@ class Router:
         # One connection per replica (limit_per_host), however many discovery finds.
         self._health_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=1))
         self._upstream = UpstreamPool(
-            limit=self.config.upstream_connection_limit, track_chunks=self.native_relay is not None
+            limit=self.config.upstream_connection_limit,
+            track_chunks=self.native_relay is not None,
+            keep_alive=self.config.upstream_keep_alive,
         )
         if self.membership.dynamic:
             await self.membership.refresh_all()

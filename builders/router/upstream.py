@@ -284,13 +284,16 @@ class UpstreamPool:
     count (as with aiohttp's connector): counted, the idle connections to one replica would hold every slot
     and starve requests to the others."""
 
-    def __init__(self, *, limit: int, max_idle_per_replica: int = 64, track_chunks: bool = False) -> None:
+    def __init__(
+        self, *, limit: int, max_idle_per_replica: int = 64, track_chunks: bool = False, keep_alive: bool = True
+    ) -> None:
         self._slots = asyncio.Semaphore(limit)
         self._exchange_type = BoundaryTrackingExchange if track_chunks else Exchange
         """track_chunks: the C relay will read the connections, and must know where chunks end."""
         self._loop = asyncio.get_running_loop()
         """Kept, not asked for: asyncio.get_running_loop() makes a getpid() system call each time (Python 3.11)."""
-        self._max_idle = max_idle_per_replica
+        # Without keep-alive no connection is kept idle: each request opens its own.
+        self._max_idle = max_idle_per_replica if keep_alive else 0
         self._idle: dict[tuple[str, int], list[Connection]] = {}
         self._open: set[Connection] = set()
         self._in_use: set[Connection] = set()

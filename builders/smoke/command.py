@@ -15,14 +15,15 @@ from builders.smoke.endpoint import EndpointOptions, smoke_endpoint
 from builders.smoke.profile import load_profile
 from builders.smoke.runtimes import Runtimes
 from builders.smoke.stack import SmokeOptions, SmokeRun, summary_table, validate_profile
-from builders.smoke.vllm_args import check_pools, raise_for_problems
+from builders.smoke.vllm_args import raise_for_problems
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "smoke",
         help="start a router stack on an image and judge mixed traffic against per-class SLOs",
-        description="Start vLLM pools from IMAGE (a tiny random model, loopback only), the class-aware router "
+        description="Start the profile's pools from IMAGE (vLLM) or --llama-image (llama.cpp pools; a tiny random "
+        "model, loopback only), the class-aware router "
         "in front, drive the profile's traffic plan, judge each class's gate, write a report, and tear "
         "everything down, also on failure or Ctrl-C.",
     )
@@ -42,6 +43,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="PATH",
         help="run replicas as host processes of this `vllm` executable instead of containers of IMAGE",
     )
+    add_llama_options(parser)
     parser.add_argument(
         "--endpoint",
         default=None,
@@ -79,6 +81,23 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(func=run)
 
 
+def add_llama_options(parser: argparse.ArgumentParser) -> None:
+    """Where pools with `engine: llama-cpp` run (`forge smoke` and `forge sweep` take the same)."""
+    parser.add_argument(
+        "--llama-image",
+        default=None,
+        metavar="IMAGE",
+        help="image with llama-server for the profile's llama-cpp pools (e.g. forge/debian-14-llama-cpp:latest)",
+    )
+    parser.add_argument(
+        "--local-llama-server",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="run llama-cpp pools as host processes of this `llama-server` binary instead",
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     console = log.console()
     root = Path(args.root).resolve() if getattr(args, "root", None) else find_root()
@@ -86,7 +105,13 @@ def run(args: argparse.Namespace) -> int:
         return run_endpoint(args, root, console)
     if (args.api_key is not None and "FORGE_API_KEY" not in os.environ) or args.model is not None:
         raise UsageError("--api-key and --model go with --endpoint; a stack Forge starts makes its own keys")
-    runtimes = Runtimes.choose(image=args.image, local_vllm=args.local_vllm, router_image=args.router_image)
+    runtimes = Runtimes.choose(
+        image=args.image,
+        local_vllm=args.local_vllm,
+        router_image=args.router_image,
+        llama_image=args.llama_image,
+        local_llama=args.local_llama_server,
+    )
     if args.base_port is not None and not 1024 <= args.base_port <= 65000:
         raise UsageError(f"--base-port {args.base_port}: use a port between 1024 and 65000")
     profile, path = load_profile(args.profile, root=root)
@@ -96,16 +121,17 @@ def run(args: argparse.Namespace) -> int:
     if args.validate_only:
         # The traffic plans and router config are checked first: they need no vLLM.
         valid = validate_profile(profile, str(path), run_id="validate", base_port=args.base_port)
-        runtime = runtimes.replicas(Path("/nonexistent"), Path("/nonexistent"))
-        probe = runtime.probe(timeout_s=profile.timeouts.probe_s)
-        problems = check_pools(valid.plan.pool_argvs(), probe.spec)
-        for problem in problems:
-            console.print(f"{problem.severity}: {problem.render()}")
-        raise_for_problems(problems, profile=str(path))
-        console.print(
-            f"profile {profile.name}: every pool's arguments are accepted by {runtime.description} "
-            f"(entry: {' '.join(probe.entry)})"
-        )
+        for group in valid.plan.runtime_groups():
+            runtime = runtimes.replicas(group.engine, group.image, Path("/nonexistent"), Path("/nonexistent"))
+            probe = runtime.probe(timeout_s=profile.timeouts.probe_s)
+            problems = runtime.serving.check(valid.plan.pool_argvs(pools=group.pools), probe)
+            for problem in problems:
+                console.print(f"{problem.severity}: {problem.render()}")
+            raise_for_problems(problems, profile=str(path), server=runtime.serving.title)
+            console.print(
+                f"profile {profile.name}: the arguments of pools {', '.join(group.pools)} are accepted by "
+                f"{runtime.description} (entry: {' '.join(probe.entry)})"
+            )
         return 0
 
     options = SmokeOptions(
@@ -134,6 +160,8 @@ def run_endpoint(args: argparse.Namespace, root: Path, console: Console) -> int:
         for flag, value in (
             ("IMAGE", args.image),
             ("--local-vllm", args.local_vllm),
+            ("--llama-image", args.llama_image),
+            ("--local-llama-server", args.local_llama_server),
             ("--router-image", args.router_image),
             ("--base-port", args.base_port),
             ("--validate-only", args.validate_only or None),

@@ -6,8 +6,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from builders.serving import DEFAULT_KIND, ServingEngine, serving_engine
 from builders.serving_dtype import DtypeChoice, choose_dtype, this_host
-from builders.smoke.profile import PoolSettings, StackProfile, format_cpuset, parse_cpuset
+from builders.smoke.profile import PoolSettings, StackProfile
 from builders.smoke.vllm_args import PoolArgv
 
 # Where the tiny model is mounted inside replica containers.
@@ -18,7 +19,7 @@ LOOPBACK = "127.0.0.1"
 
 @dataclass(frozen=True, kw_only=True)
 class ReplicaPlan:
-    """One vLLM server of one pool: its port, its arguments (without model and entry point), its env."""
+    """One server of one pool: its port, its arguments (without model and entry point), its env."""
 
     pool: str
     index: int
@@ -29,6 +30,12 @@ class ReplicaPlan:
     name: str
     cpuset: str | None = None
     """CPUs the whole replica (every process it starts) is confined to; None leaves it to the kernel."""
+    engine: str = DEFAULT_KIND
+    """The serving engine it runs (builders/serving)."""
+
+    @property
+    def serving(self) -> ServingEngine:
+        return serving_engine(self.engine)
 
     @property
     def url(self) -> str:
@@ -37,6 +44,19 @@ class ReplicaPlan:
     @property
     def label(self) -> str:
         return f"{self.pool}/{self.index}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuntimeGroup:
+    """Pools that run the same serving engine from the same image (None: the one given for that engine)."""
+
+    engine: str
+    image: str | None
+    pools: tuple[str, ...]
+
+    @property
+    def serving(self) -> ServingEngine:
+        return serving_engine(self.engine)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,16 +78,35 @@ class StackPlan:
             urls[replica.pool].append(replica.url)
         return urls
 
-    def pool_argvs(self) -> list[PoolArgv]:
-        """The arguments of each pool's first replica (the others differ only in port)."""
+    def pool_argvs(self, pools: tuple[str, ...] | None = None) -> list[PoolArgv]:
+        """The arguments of each pool's first replica (the others differ only in port and CPUs), of every pool
+        or of `pools`."""
         seen: dict[str, PoolArgv] = {}
         for replica in self.replicas:
-            seen.setdefault(replica.pool, PoolArgv(pool=replica.pool, argv=replica.args, keys=replica.keys))
+            if pools is None or replica.pool in pools:
+                seen.setdefault(replica.pool, PoolArgv(pool=replica.pool, argv=replica.args, keys=replica.keys))
         return list(seen.values())
+
+    def engines(self) -> list[str]:
+        """The serving engines this stack runs, in pool order."""
+        return list(dict.fromkeys(r.engine for r in self.replicas))
+
+    def runtime_groups(self) -> list[RuntimeGroup]:
+        """The pools grouped by what runs them (serving engine and image), in pool order."""
+        groups: dict[tuple[str, str | None], list[str]] = {}
+        for name, pool in self.profile.pools.items():
+            groups.setdefault((pool.engine, pool.image), []).append(name)
+        return [RuntimeGroup(engine=k, image=image, pools=tuple(names)) for (k, image), names in groups.items()]
+
+    def group_of(self, replica: ReplicaPlan) -> RuntimeGroup:
+        return next(g for g in self.runtime_groups() if replica.pool in g.pools)
 
     def router_config(self, *, api_key: str, upstream_api_key: str) -> dict[str, Any]:
         """The router's config mapping: the profile's router section plus what this run decides."""
+        keep_alive = all(serving_engine(kind).reuses_connections for kind in self.engines())
         return {
+            # The profile's router section may still choose; keep-alive is off only where a server needs it.
+            **({} if keep_alive else {"upstream_keep_alive": False}),
             **self.profile.router,
             "host": LOOPBACK,
             "port": self.router_port,
@@ -79,39 +118,19 @@ class StackPlan:
 
 
 def pool_args(
-    profile: StackProfile, name: str, pool: PoolSettings, port: int, dtype: str, *, host: str = LOOPBACK
+    profile: StackProfile,
+    name: str,
+    pool: PoolSettings,
+    port: int,
+    dtype: str,
+    *,
+    host: str = LOOPBACK,
+    cpuset: str | None = None,
 ) -> tuple[list[str], list[str]]:
-    """The `vllm serve` arguments of pool `name` (without model and entry point) and, for each token, the
-    profile key it comes from."""
-    model = profile.model
-    args: list[str] = []
-    keys: list[str] = []
-
-    def add(key: str, *tokens: str) -> None:
-        args.extend(tokens)
-        keys.extend([key] * len(tokens))
-
-    add("(run)", "--host", host, "--port", str(port))
-    add("(run)", "--load-format", "dummy")
-    add("model.served_model_name", "--served-model-name", model.served_model_name)
-    add("model.dtype", "--dtype", dtype)
-    add("model.seed", "--seed", str(model.seed))
-    add("model.kv_cache_memory", "--kv-cache-memory-bytes", model.kv_cache_memory)
-    if model.enforce_eager:
-        add("model.enforce_eager", "--enforce-eager")
-    length_key = f"pools.{name}.max_model_len" if pool.max_model_len else "model.max_model_len"
-    add(length_key, "--max-model-len", str(pool.max_model_len or model.max_model_len))
-    prefix = f"pools.{name}"
-    for field in ("max_num_batched_tokens", "max_num_seqs", "long_prefill_token_threshold", "stream_interval"):
-        value = getattr(pool, field)
-        if value is not None:
-            add(f"{prefix}.{field}", "--" + field.replace("_", "-"), str(value))
-    if pool.enable_prefix_caching is not None:
-        flag = "--enable-prefix-caching" if pool.enable_prefix_caching else "--no-enable-prefix-caching"
-        add(f"{prefix}.enable_prefix_caching", flag)
-    for i, token in enumerate(pool.extra_args):
-        add(f"{prefix}.extra_args[{i}]", token)
-    return args, keys
+    """The server arguments of pool `name` (without model and entry point), as its serving engine builds them,
+    and for each token the profile key it comes from."""
+    command = pool.serving.command(profile, name, pool, port=port, dtype=dtype, host=host, cpuset=cpuset)
+    return list(command.args), list(command.keys)
 
 
 def plan_stack(
@@ -132,23 +151,9 @@ def plan_stack(
     for name, pool in profile.pools.items():
         for index in range(pool.replicas):
             port += 1
-            args, keys = pool_args(profile, name, pool, port, choice.dtype)
-            env = {
-                # The model directory is all there is; a hub lookup would hang on this network.
-                "HF_HUB_OFFLINE": "1",
-                "TRANSFORMERS_OFFLINE": "1",
-                "VLLM_NO_USAGE_STATS": "1",
-                "DO_NOT_TRACK": "1",
-            }
             cpuset = pool.cpuset_of(index)
-            if cpuset is not None:
-                # vLLM binds one OpenMP thread to each listed CPU; left to its 'auto' it would pick CPUs by
-                # NUMA node and ignore the cpuset, and two pools would share a core again.
-                env["VLLM_CPU_OMP_THREADS_BIND"] = format_cpuset(parse_cpuset(cpuset))
-            elif profile.cpu_bind == "round_robin":
-                env["VLLM_CPU_OMP_THREADS_BIND"] = str(ordinal % max(cpus, 1))
-            elif profile.cpu_bind == "nobind":
-                env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+            args, keys = pool_args(profile, name, pool, port, choice.dtype, cpuset=cpuset)
+            env = pool.serving.replica_env(profile, pool, cpuset=cpuset, ordinal=ordinal, cpus=cpus)
             env.update(pool.env)
             replicas.append(
                 ReplicaPlan(
@@ -160,6 +165,7 @@ def plan_stack(
                     env=env,
                     name=f"forge-smoke-{run_id}-{name}-{index}",
                     cpuset=cpuset,
+                    engine=pool.engine,
                 )
             )
             ordinal += 1

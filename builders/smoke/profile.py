@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from builders.config.loading import load_yaml
 from builders.errors import ConfigError, UsageError
 from builders.router.classes import ALL_CLASSES, RequestClass
+from builders.serving import DEFAULT_KIND, SERVING_ENGINES, LlamaCppSettings, ServerKind, ServingEngine
 
 _POOL_NAME = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
 
@@ -71,9 +72,19 @@ class ModelSettings(_Strict):
 
 
 class PoolSettings(_Strict):
-    """One vLLM pool: identical replicas tuned for the classes routed to it."""
+    """One pool: identical replicas of one serving engine, tuned for the classes routed to it."""
 
-    replicas: int = Field(default=1, ge=1, le=8, description="Number of vLLM servers in the pool.")
+    engine: ServerKind = Field(
+        default=DEFAULT_KIND,
+        description="The server its replicas run: vllm (`vllm serve`) or llama-cpp (llama.cpp's llama-server). "
+        "Each has its own knobs; setting the other's is an error.",
+    )
+    image: str | None = Field(
+        default=None,
+        description="Image the replicas run from; default the image given on the command line for this engine "
+        "(IMAGE for vllm, --llama-image for llama-cpp).",
+    )
+    replicas: int = Field(default=1, ge=1, le=8, description="Number of servers in the pool.")
     max_num_batched_tokens: int | None = Field(
         default=None, ge=1, description="Token budget per scheduler step (small keeps decode steps short for TTFT/ITL)."
     )
@@ -85,11 +96,16 @@ class PoolSettings(_Strict):
         default=None, ge=1, description="Tokens per streamed chunk (1 = every token, lowest inter-token latency)."
     )
     enable_prefix_caching: bool | None = Field(default=None, description="Reuse KV blocks of shared prompt prefixes.")
+    llama_cpp: LlamaCppSettings | None = Field(
+        default=None, description="llama-server's own knobs (engine: llama-cpp only): slots, context, batches, threads."
+    )
     max_model_len: int | None = Field(
         default=None, ge=64, description="Context length of this pool; default from model."
     )
     extra_args: tuple[str, ...] = Field(
-        default=(), description="Further `vllm serve` arguments, checked against the image's vLLM before start."
+        default=(),
+        description="Further server arguments (`vllm serve` or `llama-server`), checked against the server's own "
+        "help in the image before start.",
     )
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment of each replica.")
     cpus: tuple[str, ...] = Field(
@@ -109,6 +125,19 @@ class PoolSettings(_Strict):
             except ValueError as exc:
                 raise ValueError(f"cpus[{i}]: {exc}") from None
         return cpus
+
+    @property
+    def serving(self) -> ServingEngine:
+        return SERVING_ENGINES[self.engine]
+
+    def foreign_knobs(self) -> list[tuple[str, ServingEngine]]:
+        """Settings given for another serving engine than this pool's, with the engine they belong to."""
+        return [
+            (field, other)
+            for field in sorted(self.model_fields_set)
+            for other in SERVING_ENGINES.values()
+            if other is not self.serving and field in other.knobs and field not in self.serving.knobs
+        ]
 
     def cpuset_of(self, index: int) -> str | None:
         """The CPU set replica `index` is confined to, or None when the pool sets none."""
@@ -257,6 +286,14 @@ class StackProfile(_Strict):
                     f"{self.model.max_position_embeddings}"
                 )
         for name, settings in self.pools.items():
+            for field, other in settings.foreign_knobs():
+                raise ValueError(
+                    f"pools.{name}.{field}: a {other.title} setting, but this pool's engine is {settings.engine}; "
+                    f"drop it, or set engine: {other.kind}"
+                )
+            problems = settings.serving.check_pool(self, name, settings)
+            if problems:
+                raise ValueError("; ".join(problems))
             if len(settings.cpus) not in (0, 1, settings.replicas):
                 raise ValueError(
                     f"pools.{name}.cpus: {len(settings.cpus)} CPU sets for {settings.replicas} replica(s); give one "

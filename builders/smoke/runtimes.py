@@ -1,7 +1,8 @@
 """Where the stack's servers run: containers from an image (through builders.engine) or host processes.
 
 Both give the same handles, so the orchestration in stack.py never knows which it drives. The host-process
-mode (`--local-vllm`) exists to develop the router against real vLLM without building an image.
+mode (`--local-vllm`, `--local-llama-server`) exists to develop the router against real servers without
+building an image.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from typing import IO, Protocol
 
 from builders.engine import Engine
 from builders.errors import EngineError, UsageError
+from builders.serving import DEFAULT_KIND, SERVING_ENGINES, ServerProbe, ServingEngine, serving_engine
 from builders.smoke.plan import CONTAINER_MODEL_DIR, RUN_LABEL, ReplicaPlan
 from builders.smoke.profile import parse_cpuset
-from builders.smoke.vllm_args import SERVE_ENTRIES, ServeProbe, local_cache_key, probe_serve
 
 ROUTER_CONFIG_DIR = "/forge/router"
 
@@ -166,10 +167,11 @@ def start_process(
 
 class ReplicaRuntime(Protocol):
     description: str
+    serving: ServingEngine
 
-    def probe(self, *, timeout_s: float) -> ServeProbe: ...
+    def probe(self, *, timeout_s: float) -> ServerProbe: ...
 
-    def start(self, replica: ReplicaPlan, probe: ServeProbe, *, run_id: str) -> Launched: ...
+    def start(self, replica: ReplicaPlan, probe: ServerProbe, *, run_id: str) -> Launched: ...
 
     def leftovers(self, run_id: str) -> list[str]:
         """What of this run still runs, for the report; empty after a clean teardown."""
@@ -178,26 +180,21 @@ class ReplicaRuntime(Protocol):
         """Remove whatever of this run still runs, also what was never handed back as a handle."""
 
 
-def serve_argv(probe: ServeProbe, model_path: str, args: Sequence[str]) -> list[str]:
-    """The full server command: entry point, model, then the pool's arguments."""
-    model = [model_path] if probe.model_is_positional else ["--model", model_path]
-    return [*probe.entry, *model, *args]
-
-
 class ContainerReplicas:
     """Replicas as containers of the image under test, on the host network, bound to loopback."""
 
-    def __init__(self, engine: Engine, image: str, *, model_dir: Path) -> None:
+    def __init__(self, engine: Engine, image: str, *, model_dir: Path, serving: ServingEngine | None = None) -> None:
         if not engine.image_exists(image):
             raise UsageError(f"image {image!r} is not in the engine", hint="build it first (`forge build`) or pull it")
         self.engine = engine
         self.image = image
         self.model_dir = model_dir
+        self.serving = serving or serving_engine(DEFAULT_KIND)
         self.image_id = engine.image_info(image).id
         self.description = f"image {image} ({self.image_id[:19]})"
         self._started: list[LaunchedContainer] = []
 
-    def probe(self, *, timeout_s: float) -> ServeProbe:
+    def probe(self, *, timeout_s: float) -> ServerProbe:
         def run(argv: list[str]) -> tuple[int, str]:
             return self.engine.run_once(
                 self.image,
@@ -207,12 +204,15 @@ class ContainerReplicas:
                 timeout=timeout_s,
             )
 
-        return probe_serve(
-            run, entries=SERVE_ENTRIES, source=self.description, cache_key=self.image_id.replace(":", "-")
+        return self.serving.probe(
+            run,
+            entries=self.serving.help_entries(None),
+            source=self.description,
+            cache_key=self.image_id.replace(":", "-"),
         )
 
-    def start(self, replica: ReplicaPlan, probe: ServeProbe, *, run_id: str) -> Launched:
-        argv = serve_argv(probe, CONTAINER_MODEL_DIR, replica.args)
+    def start(self, replica: ReplicaPlan, probe: ServerProbe, *, run_id: str) -> Launched:
+        argv = self.serving.argv(probe, CONTAINER_MODEL_DIR, replica.args)
         cid = self.engine.run_detached(
             image=self.image,
             entrypoint=[argv[0]],
@@ -238,28 +238,26 @@ class ContainerReplicas:
 
 
 class LocalReplicas:
-    """Replicas as host processes of a vLLM installed on this machine (`--local-vllm PATH_TO_vllm`)."""
+    """Replicas as host processes of a server installed on this machine (`--local-vllm PATH_TO_vllm`,
+    `--local-llama-server PATH`)."""
 
-    def __init__(self, vllm_binary: Path, *, model_dir: Path, log_dir: Path) -> None:
-        binary = vllm_binary if vllm_binary.is_absolute() or "/" in str(vllm_binary) else None
-        resolved = binary or (Path(found) if (found := shutil.which(str(vllm_binary))) else None)
+    def __init__(self, binary: Path, *, model_dir: Path, log_dir: Path, serving: ServingEngine | None = None) -> None:
+        self.serving = serving or serving_engine(DEFAULT_KIND)
+        given = binary if binary.is_absolute() or "/" in str(binary) else None
+        resolved = given or (Path(found) if (found := shutil.which(str(binary))) else None)
         if resolved is None or not resolved.is_file() or not os.access(resolved, os.X_OK):
             raise UsageError(
-                f"--local-vllm {vllm_binary}: not an executable file",
-                hint="pass the `vllm` script of a virtualenv with vLLM installed, e.g. VENV/bin/vllm",
+                f"{self.serving.local_option} {binary}: not an executable file",
+                hint=self.serving.local_hint,
             )
         self.binary = resolved
         self.model_dir = model_dir
         self.log_dir = log_dir
-        self.description = f"local vLLM {resolved}"
-        python = resolved.parent / "python"
-        self.entries: tuple[tuple[str, ...], ...] = (
-            (str(resolved), "serve"),
-            (str(python) if python.exists() else sys.executable, *SERVE_ENTRIES[1][1:]),
-        )
+        self.description = f"local {self.serving.title} {resolved}"
+        self.entries = self.serving.help_entries(resolved)
         self._started: list[LaunchedProcess] = []
 
-    def probe(self, *, timeout_s: float) -> ServeProbe:
+    def probe(self, *, timeout_s: float) -> ServerProbe:
         def run(argv: list[str]) -> tuple[int, str]:
             try:
                 done = subprocess.run(
@@ -275,10 +273,12 @@ class LocalReplicas:
                 return 127, f"cannot run {argv[0]}: {exc.strerror}"
             return done.returncode, (done.stdout + done.stderr).decode(errors="replace")
 
-        return probe_serve(run, entries=self.entries, source=self.description, cache_key=local_cache_key(self.binary))
+        return self.serving.probe(
+            run, entries=self.entries, source=self.description, cache_key=self.serving.local_cache_key(self.binary)
+        )
 
-    def start(self, replica: ReplicaPlan, probe: ServeProbe, *, run_id: str) -> Launched:
-        argv = serve_argv(probe, str(self.model_dir), replica.args)
+    def start(self, replica: ReplicaPlan, probe: ServerProbe, *, run_id: str) -> Launched:
+        argv = self.serving.argv(probe, str(self.model_dir), replica.args)
         launched = start_process(
             argv,
             name=replica.name,
@@ -373,19 +373,40 @@ class ContainerRouter:
 @dataclass(frozen=True, kw_only=True)
 class Runtimes:
     """Where a stack's replicas and router run, chosen once from the command line: `forge smoke` and `forge
-    sweep` start the same stacks."""
+    sweep` start the same stacks. Each serving engine has its own image or host binary."""
 
-    image: str | None
-    local_vllm: Path | None
+    images: Mapping[str, str]
+    """Serving engine -> the image its pools run (a pool's own `image` wins)."""
+    local: Mapping[str, Path]
+    """Serving engine -> the host binary its pools run as processes."""
     router_image: str | None
 
     @classmethod
-    def choose(cls, *, image: str | None, local_vllm: Path | None, router_image: str | None) -> Runtimes:
-        if image is None and local_vllm is None:
-            raise UsageError("give an IMAGE to test, or --local-vllm PATH to run vLLM on this host")
-        if image is not None and local_vllm is not None:
-            raise UsageError("give either IMAGE or --local-vllm, not both")
-        return cls(image=image, local_vllm=local_vllm, router_image=router_image)
+    def choose(
+        cls,
+        *,
+        image: str | None,
+        local_vllm: Path | None,
+        router_image: str | None,
+        llama_image: str | None = None,
+        local_llama: Path | None = None,
+    ) -> Runtimes:
+        images = {k: v for k, v in (("vllm", image), ("llama-cpp", llama_image)) if v is not None}
+        local = {k: v for k, v in (("vllm", local_vllm), ("llama-cpp", local_llama)) if v is not None}
+        if not images and not local:
+            raise UsageError(
+                "give an IMAGE to test, or --local-vllm PATH to run vLLM on this host",
+                hint="for a profile's llama.cpp pools: --llama-image IMAGE or --local-llama-server PATH",
+            )
+        for kind in set(images) & set(local):
+            serving = SERVING_ENGINES[kind]
+            raise UsageError(f"give either {serving.image_option} or {serving.local_option}, not both")
+        return cls(images=images, local=local, router_image=router_image)
+
+    @property
+    def image(self) -> str | None:
+        """The vLLM image, the one `forge smoke IMAGE` names."""
+        return self.images.get(DEFAULT_KIND)
 
     @cached_property
     def engine(self) -> Engine:
@@ -395,7 +416,7 @@ class Runtimes:
         """Pull every image named by digest (NAME@sha256:…) now, so the stack runs exactly what the registry holds
         under that digest, whatever the engine has under the name; returns one line per pull."""
         lines = []
-        for ref in dict.fromkeys(r for r in (self.image, self.router_image) if r and "@sha256:" in r):
+        for ref in dict.fromkeys(r for r in (*self.images.values(), self.router_image) if r and "@sha256:" in r):
             image_id = self.engine.pull(ref)
             served = self.engine.image_info(ref).digests
             if ref not in served:
@@ -403,11 +424,18 @@ class Runtimes:
             lines.append(f"pulled {ref} → image {image_id[:19]}")
         return lines
 
-    def replicas(self, model_dir: Path, logs_dir: Path) -> ReplicaRuntime:
-        if self.local_vllm is not None:
-            return LocalReplicas(self.local_vllm, model_dir=model_dir, log_dir=logs_dir)
-        assert self.image is not None
-        return ContainerReplicas(self.engine, self.image, model_dir=model_dir)
+    def replicas(self, kind: str, image: str | None, model_dir: Path, logs_dir: Path) -> ReplicaRuntime:
+        """The runtime of pools running serving engine `kind` (from `image`, the pool's own, when given)."""
+        serving = serving_engine(kind)
+        if image is None and kind in self.local:
+            return LocalReplicas(self.local[kind], model_dir=model_dir, log_dir=logs_dir, serving=serving)
+        chosen = image or self.images.get(kind)
+        if chosen is None:
+            raise UsageError(
+                f"the profile has {serving.title} pools, and no image or host binary was given for them",
+                hint=f"give {serving.image_option} IMAGE or {serving.local_option} PATH (or the pool's `image`)",
+            )
+        return ContainerReplicas(self.engine, chosen, model_dir=model_dir, serving=serving)
 
     def router(self, logs_dir: Path) -> RouterRuntime:
         if self.router_image is not None:

@@ -33,12 +33,12 @@ from builders.errors import ConfigError, ForgeError, SmokeFailed, UsageError
 from builders.log import console as wide_console
 from builders.router.classes import ALL_CLASSES, RequestClass
 from builders.router.config import RouterConfig, config_from_mapping
+from builders.serving import ServerProbe, ServingEngine
 from builders.serving_dtype import choose_dtype, this_host
-from builders.smoke.plan import ReplicaPlan, StackPlan, plan_stack
+from builders.smoke.plan import ReplicaPlan, RuntimeGroup, StackPlan, plan_stack
 from builders.smoke.profile import StackProfile, check_cpus_available, explain
 from builders.smoke.runtimes import Launched, ReplicaRuntime, RouterRuntime
-from builders.smoke.tiny_model import ModelShape, write_tiny_model
-from builders.smoke.vllm_args import ArgProblem, ServeProbe, check_pools, raise_for_problems
+from builders.smoke.vllm_args import ArgProblem, raise_for_problems
 from builders.traffic.metrics import RequestRecord
 from builders.traffic.plan import TrafficPlan
 from builders.traffic.results import TrafficResult
@@ -173,6 +173,8 @@ class RunningStack:
     replicas: dict[str, Launched] = field(default_factory=dict)
     router: Launched | None = None
     startup_s: dict[str, float] = field(default_factory=dict)
+    upstream_key: str = ""
+    """The key the replicas require (the router's upstream key)."""
 
     def everything(self) -> list[Launched]:
         started: list[Launched] = [self.router] if self.router is not None else []
@@ -186,20 +188,15 @@ def _healthy(url: str) -> bool:
         return False
 
 
-def generating(url: str) -> bool:
-    """Whether a vLLM replica has a request running, from its Prometheus gauge (unauthenticated)."""
+def generating(replica: ReplicaPlan, api_key: str | None = None) -> bool:
+    """Whether a replica has a request running, from its serving engine's Prometheus gauge (vLLM serves
+    /metrics to anyone, llama-server only with the key)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        text = requests.get(f"{url}/metrics", timeout=1.0).text
+        text = requests.get(f"{replica.url}/metrics", headers=headers, timeout=1.0).text
     except requests.RequestException:
         return False
-    for line in text.splitlines():
-        if line.startswith("vllm:num_requests_running"):
-            try:
-                if float(line.rsplit(" ", 1)[1]) > 0:
-                    return True
-            except (IndexError, ValueError):
-                continue
-    return False
+    return replica.serving.busy(text)
 
 
 def warm_up(plan: StackPlan, api_key: str, *, timeout_s: float = 60.0) -> float:
@@ -455,7 +452,9 @@ def judge_kill(
 @dataclass(kw_only=True)
 class SmokeRun:
     options: SmokeOptions
-    replicas_runtime_factory: Callable[[Path, Path], ReplicaRuntime]
+    replicas_runtime_factory: Callable[[str, str | None, Path, Path], ReplicaRuntime]
+    """(serving engine, the pools' own image or None, model directory, logs directory) -> where those pools'
+    replicas run."""
     router_runtime_factory: Callable[[Path], RouterRuntime]
     # Tests and library callers that pass none still get CI-readable tables: full width without a terminal.
     console: Console = field(default_factory=lambda: wide_console(sys.stdout))
@@ -505,14 +504,17 @@ class SmokeRun:
         workdir = Path(tempfile.mkdtemp(prefix=f"forge-smoke-{self.run_id}-"))
         stack: RunningStack | None = None
         error: BaseException | None = None
-        replicas_runtime: ReplicaRuntime | None = None
+        replica_runtimes: dict[RuntimeGroup, ReplicaRuntime] = {}
+        probes: dict[RuntimeGroup, ServerProbe] = {}
         router_runtime: RouterRuntime | None = None
 
         # Every way the run can end, SIGTERM and SIGHUP included, unwinds through the one `finally` below; a
         # second signal kills every server at once and ends the process (builders/interrupt.py).
         def kill_everything() -> None:
             """A second signal: every server dies now, and the report says so before Forge exits."""
-            _kill_everything(stack, [r for r in (replicas_runtime, router_runtime) if r is not None], self.run_id)
+            _kill_everything(
+                stack, [*replica_runtimes.values(), *([router_runtime] if router_runtime else [])], self.run_id
+            )
             if self.report.get("result") in {None, "passed"}:
                 self.report |= {"result": "interrupted", "signal": interrupt.first_signal(), "ended_in": self.running}
             self.report["ended_at_once"] = "a second signal killed every server and ended Forge before its teardown"
@@ -522,32 +524,31 @@ class SmokeRun:
         with interrupt.handled(), interrupt.on_second_signal(kill_everything):
             try:
                 with self._phase("probe"):
-                    model_dir = workdir / "model"
-                    write_tiny_model(
-                        model_dir,
-                        max_position_embeddings=profile.model.max_position_embeddings,
-                        shape=ModelShape(
-                            hidden_size=profile.model.hidden_size,
-                            num_hidden_layers=profile.model.num_hidden_layers,
-                            intermediate_size=profile.model.intermediate_size,
-                            torch_dtype=plan.dtype.dtype,
-                        ),
-                    )
-                    # Replicas may run as another user (the images use uid 1000): everything they read is public.
-                    for path in (workdir, model_dir, *model_dir.iterdir()):
-                        path.chmod(0o755 if path.is_dir() else 0o644)
                     logs_dir = workdir / "logs"
                     logs_dir.mkdir()
-                    replicas_runtime = self.replicas_runtime_factory(model_dir, logs_dir)
+                    # One runtime per serving engine and image: each reads its own server's help once.
+                    for group in plan.runtime_groups():
+                        serving = group.serving
+                        model_dir = workdir / f"model-{serving.kind}"
+                        if not model_dir.exists():
+                            serving.write_model(model_dir, profile, dtype=plan.dtype.dtype)
+                            # Replicas may run as another user (the images use uid 1000): all they read is public.
+                            for path in (workdir, model_dir, *model_dir.iterdir()):
+                                path.chmod(0o755 if path.is_dir() else 0o644)
+                        runtime = self.replicas_runtime_factory(serving.kind, group.image, model_dir, logs_dir)
+                        replica_runtimes[group] = runtime
                     router_runtime = self.router_runtime_factory(logs_dir)
-                    self.report["replicas_from"] = replicas_runtime.description
+                    self.report["replicas_from"] = "; ".join(r.description for r in replica_runtimes.values())
                     self.report["router_from"] = router_runtime.description
 
-                    self.say(f"asking {replicas_runtime.description} which `vllm serve` arguments it accepts")
-                    probe = replicas_runtime.probe(timeout_s=profile.timeouts.probe_s)
-                    problems = check_pools(plan.pool_argvs(), probe.spec)
-                    self._record_probe(probe, problems)
-                    raise_for_problems(problems, profile=source)
+                    for group, runtime in replica_runtimes.items():
+                        serving = runtime.serving
+                        self.say(f"asking {runtime.description} which {serving.title} arguments it accepts")
+                        probe = runtime.probe(timeout_s=profile.timeouts.probe_s)
+                        probes[group] = probe
+                        problems = serving.check(plan.pool_argvs(pools=group.pools), probe)
+                        self._record_probe(serving, probe, problems)
+                        raise_for_problems(problems, profile=source, server=serving.title)
 
                     config_dir = workdir / "router"
                     config_dir.mkdir(mode=0o755)
@@ -558,7 +559,7 @@ class SmokeRun:
 
                 stack = RunningStack(plan=plan)
                 with self._phase("start"):
-                    self._start(stack, replicas_runtime, router_runtime, probe, config_dir, valid.upstream_api_key)
+                    self._start(stack, replica_runtimes, router_runtime, probes, config_dir, valid.upstream_api_key)
                 with self._phase("traffic"):
                     traffic = valid.traffic
                     if self.before_traffic is not None:
@@ -576,7 +577,7 @@ class SmokeRun:
                     if error is not None:
                         self._finish(started, quiet=True)
                     with self._phase("teardown"):
-                        self._teardown(stack, replicas_runtime, router_runtime, workdir, error)
+                        self._teardown(stack, list(replica_runtimes.values()), router_runtime, workdir, error)
                     self._finish(started)
         return self.report
 
@@ -599,8 +600,8 @@ class SmokeRun:
             self.report["result"] = "failed"
         self.report["ended_in"] = self.running
 
-    def _record_probe(self, probe: ServeProbe, problems: list[ArgProblem]) -> None:
-        self.report["vllm"] = {
+    def _record_probe(self, serving: ServingEngine, probe: ServerProbe, problems: list[ArgProblem]) -> None:
+        self.report.setdefault("servers", {})[serving.kind] = {
             "entry": list(probe.entry),
             "flags_known": len({id(o) for o in probe.spec.options.values()}),
             "notes": list(probe.notes),
@@ -617,17 +618,20 @@ class SmokeRun:
     def _start(
         self,
         stack: RunningStack,
-        replicas: ReplicaRuntime,
+        replicas: dict[RuntimeGroup, ReplicaRuntime],
         router: RouterRuntime,
-        probe: ServeProbe,
+        probes: dict[RuntimeGroup, ServerProbe],
         config_dir: Path,
         upstream_key: str,
     ) -> None:
         plan = stack.plan
-        self.say(f"starting {len(plan.replicas)} vLLM replica(s) (run {self.run_id})")
+        stack.upstream_key = upstream_key
+        kinds = ", ".join(f"{sum(r.engine == k for r in plan.replicas)} {k}" for k in plan.engines())
+        self.say(f"starting {len(plan.replicas)} replica(s): {kinds} (run {self.run_id})")
         for replica in plan.replicas:
-            stack.replicas[replica.label] = replicas.start(
-                _with_env(replica, {"VLLM_API_KEY": upstream_key}), probe, run_id=self.run_id
+            group = plan.group_of(replica)
+            stack.replicas[replica.label] = replicas[group].start(
+                _with_env(replica, replica.serving.api_key_env(upstream_key)), probes[group], run_id=self.run_id
             )
         deadline = plan.profile.timeouts.startup_s
         t0 = time.monotonic()
@@ -730,7 +734,7 @@ class SmokeRun:
                 await asyncio.sleep(settings.after_s)
                 # Kill only while the victim is generating: a kill between requests cuts nothing and
                 # proves nothing, and on a fast machine the plan may be between requests at after_s.
-                while not await asyncio.to_thread(generating, victim.url):
+                while not await asyncio.to_thread(generating, victim, stack.upstream_key):
                     await asyncio.sleep(0.05)
                 # Taken before the kill call, so the measured wait for the error is never flattered.
                 killed_at.append(time.monotonic() - started)
@@ -778,7 +782,7 @@ class SmokeRun:
     def _teardown(
         self,
         stack: RunningStack | None,
-        replicas: ReplicaRuntime | None,
+        replicas: list[ReplicaRuntime],
         router: RouterRuntime | None,
         workdir: Path,
         error: BaseException | None,
@@ -800,7 +804,7 @@ class SmokeRun:
             teardown["stop_s"] = {"router": round(t1 - t0, 1), "replicas": round(time.monotonic() - t1, 1)}
             if errors:
                 teardown["stop_errors"] = errors
-        runtimes = [r for r in (replicas, router) if r is not None]
+        runtimes: list[ReplicaRuntime | RouterRuntime] = [*replicas, *([router] if router is not None else [])]
         for runtime in runtimes:
             # Whatever carries this run's label but was never handed back (a start that failed half way).
             runtime.sweep(self.run_id)
@@ -870,6 +874,7 @@ def _with_env(replica: ReplicaPlan, extra: dict[str, str]) -> ReplicaPlan:
         env={**replica.env, **extra},
         name=replica.name,
         cpuset=replica.cpuset,
+        engine=replica.engine,
     )
 
 

@@ -55,6 +55,8 @@ class ServeArgSpec:
 
     options: Mapping[str, ServeOption]
     source: str
+    server: str = "vLLM"
+    """How messages name the server whose help this is."""
 
     @property
     def long_flags(self) -> list[str]:
@@ -70,6 +72,7 @@ class ServeArgSpec:
         unique = {id(o): o for o in self.options.values()}.values()
         return {
             "source": self.source,
+            "server": self.server,
             "options": [{"flags": list(o.flags), "takes_value": o.takes_value, "choices": o.choices} for o in unique],
         }
 
@@ -88,7 +91,7 @@ class ServeArgSpec:
             )
             for flag in option.flags:
                 options[flag] = option
-        return cls(options=options, source=str(data.get("source", "cache")))
+        return cls(options=options, source=str(data.get("source", "cache")), server=str(data.get("server", "vLLM")))
 
 
 def parse_serve_help(text: str, *, source: str) -> ServeArgSpec:
@@ -244,7 +247,7 @@ def check_pool_argv(pool: PoolArgv, spec: ServeArgSpec) -> list[ArgProblem]:
                         pool=pool.pool,
                         key=key,
                         argument=flag,
-                        message=f"not an option of this vLLM ({spec.source})",
+                        message=f"not an option of this {spec.server} ({spec.source})",
                         suggestion=_did_you_mean(base, spec),
                     )
                 )
@@ -376,14 +379,14 @@ def check_pools(pools: Iterable[PoolArgv], spec: ServeArgSpec) -> list[ArgProble
     return [problem for pool in pools for problem in check_pool_argv(pool, spec)]
 
 
-def raise_for_problems(problems: Sequence[ArgProblem], *, profile: str) -> None:
+def raise_for_problems(problems: Sequence[ArgProblem], *, profile: str, server: str = "vLLM") -> None:
     """Stop before anything starts when an argument would be rejected; warnings pass."""
     errors = [p for p in problems if p.severity == "error"]
     if errors:
         lines = "\n  ".join(p.render() for p in errors)
         raise ConfigError(
-            f"profile {profile}: {len(errors)} vLLM argument(s) this vLLM would reject:\n  {lines}",
-            hint="fix the named keys in the profile (the flags come from the image's own `vllm serve --help=all`)",
+            f"profile {profile}: {len(errors)} {server} argument(s) this {server} would reject:\n  {lines}",
+            hint="fix the named keys in the profile (the flags come from the server's own help in the image)",
         )
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from builders import log
 from builders.config.project import find_root
 from builders.errors import SweepInvalid, UsageError
+from builders.smoke.command import add_llama_options
 from builders.smoke.runtimes import Runtimes
 from builders.sweep.definition import available_sweep_profiles, load_sweep, load_sweep_settings
 from builders.sweep.report import render_table, summary_lines
@@ -29,9 +30,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default="all",
         help="comma-separated profiles of profiles/sweep/ (or YAML paths); 'all' (default) runs every one",
     )
+    parser.add_argument(
+        "--engines",
+        default=None,
+        help="comma-separated serving engines (vllm,llama-cpp): run every profile on each, engine × profile in "
+        "one table; a profile's `engines.<engine>` section gives its knobs there (default: as each is written)",
+    )
     parser.add_argument("--report", type=Path, default=Path("reports/sweep"), metavar="DIR", help="output folder")
     parser.add_argument("--local-vllm", type=Path, default=None, metavar="PATH", help="run replicas on this host")
     parser.add_argument("--router-image", default=None, metavar="IMAGE", help="run the router from this image")
+    add_llama_options(parser)
     parser.add_argument("--base-port", type=int, default=None, help="router port; replicas use the ports after it")
     parser.add_argument(
         "--duration-s", type=float, default=None, help="override the traffic's duration (traffic.deadline_s)"
@@ -79,7 +87,13 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--rate-scale {args.rate_scale}: give a positive factor")
     if args.load_fraction is not None and not 0 < args.load_fraction <= 4:
         raise UsageError(f"--load-fraction {args.load_fraction}: give a fraction of capacity in (0, 4]")
-    runtimes = Runtimes.choose(image=args.image, local_vllm=args.local_vllm, router_image=args.router_image)
+    runtimes = Runtimes.choose(
+        image=args.image,
+        local_vllm=args.local_vllm,
+        router_image=args.router_image,
+        llama_image=args.llama_image,
+        local_llama=args.local_llama_server,
+    )
     names = available_sweep_profiles(root) if args.profiles == "all" else [n for n in args.profiles.split(",") if n]
     changes: dict[str, Any] = {}
     if args.duration_s is not None:
@@ -100,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
         sweep_changes["load_fraction"] = args.load_fraction
     if sweep_changes:
         changes["sweep"] = sweep_changes
-    profiles = load_sweep(names, root=root, changes=changes)
+    engines = [e for e in args.engines.split(",") if e] if args.engines else None
+    profiles = load_sweep(names, root=root, changes=changes, engines=engines)
     settings = load_sweep_settings(root, changes=changes)
     report = run_sweep(
         SweepOptions(

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from builders.config.loading import load_yaml
 from builders.errors import ConfigError, UsageError
+from builders.serving import SERVING_ENGINES
 from builders.smoke.profile import StackProfile, _suggest, parse_cpuset, profile_from_mapping
 from builders.smoke.stack import merged
 
@@ -23,6 +24,8 @@ COMMON = "common.yaml"
 # Keys a sweep profile may not set itself: they are what makes the comparison fair.
 SHARED_KEYS = ("model", "traffic", "sweep")
 SETTINGS_KEY = "sweep"
+# A profile's changes for running it on another serving engine (`engines: {llama-cpp: {pools: ...}}`).
+ENGINES_KEY = "engines"
 
 
 class SweepSettings(BaseModel):
@@ -89,6 +92,11 @@ class SweepProfile:
     path: Path
 
     @property
+    def engine(self) -> str:
+        """The serving engine(s) its pools run, as the report's engine column shows them."""
+        return "+".join(dict.fromkeys(p.engine for p in self.profile.pools.values()))
+
+    @property
     def cpu_budget(self) -> int:
         """CPUs summed over replicas: what the profile's replicas may use together."""
         return sum(
@@ -108,9 +116,34 @@ def _load_common(directory: Path) -> dict[str, Any]:
     return data
 
 
-def load_sweep(names: list[str], *, root: Path, changes: dict[str, Any] | None = None) -> list[SweepProfile]:
+def on_engine(data: dict[str, Any], kind: str, *, source: str) -> dict[str, Any]:
+    """A profile's mapping with every pool moved to serving engine `kind`: the knobs only another engine reads
+    are dropped, and the profile's `engines.<kind>` section is merged over the result (its own knobs for
+    `kind`). Replicas, CPU sets and the class map stay: the engine is the only thing that changes."""
+    changes = (data.get(ENGINES_KEY) or {}).get(kind, {})
+    if not isinstance(changes, dict):
+        raise ConfigError(f"{source}: {ENGINES_KEY}.{kind}: must be a mapping of profile changes")
+    serving = SERVING_ENGINES.get(kind)
+    if serving is None:
+        raise UsageError(
+            f"--engines: no serving engine {kind!r}{_suggest(kind, SERVING_ENGINES)}",
+            hint=f"serving engines: {', '.join(SERVING_ENGINES)}",
+        )
+    foreign = {k for other in SERVING_ENGINES.values() if other is not serving for k in other.knobs} - serving.knobs
+    pools = {
+        name: {**{k: v for k, v in pool.items() if k not in foreign}, "engine": kind}
+        for name, pool in (data.get("pools") or {}).items()
+    }
+    return merged({**data, "pools": pools}, changes)
+
+
+def load_sweep(
+    names: list[str], *, root: Path, changes: dict[str, Any] | None = None, engines: list[str] | None = None
+) -> list[SweepProfile]:
     """The named profiles of profiles/sweep/ (or YAML paths), each merged over common.yaml and `changes`
-    (a shortened run's overrides), checked to share one CPU budget with every replica confined."""
+    (a shortened run's overrides), checked to share one CPU budget with every replica confined. With
+    `engines`, each profile once per serving engine (engine × profile), named PROFILE@ENGINE beyond the
+    profile's own."""
     if not names:
         raise UsageError("name at least one profile to sweep", hint="e.g. --profiles shared,class-aware")
     directory = sweep_dir(root)
@@ -135,8 +168,23 @@ def load_sweep(names: list[str], *, root: Path, changes: dict[str, Any] | None =
                     f"{path}: {key}: a sweep profile may not set its own {key}",
                     hint=f"every profile of a sweep shares {directory / COMMON}'s {key}; change it there",
                 )
-        profile = profile_from_mapping(merged(common, own), source=str(path), name=path.stem)
-        loaded.append(SweepProfile(profile=profile, path=path))
+        data = merged(common, own)
+        if not engines:
+            data.pop(ENGINES_KEY, None)
+            loaded.append(SweepProfile(profile=profile_from_mapping(data, source=str(path), name=path.stem), path=path))
+            continue
+        as_written = profile_from_mapping(
+            {k: v for k, v in data.items() if k != ENGINES_KEY}, source=str(path), name=path.stem
+        )
+        own_engine = SweepProfile(profile=as_written, path=path).engine
+        for kind in engines:
+            if kind == own_engine:
+                loaded.append(SweepProfile(profile=as_written, path=path))
+                continue
+            moved = on_engine(data, kind, source=str(path))
+            moved.pop(ENGINES_KEY, None)
+            profile = profile_from_mapping(moved, source=f"{path} ({ENGINES_KEY}: {kind})", name=f"{path.stem}@{kind}")
+            loaded.append(SweepProfile(profile=profile, path=path))
     _check_budget(loaded)
     return loaded
 

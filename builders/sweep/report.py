@@ -169,6 +169,7 @@ def _pair(values: Mapping[str, float | None] | None) -> str:
 
 
 COLUMNS = (
+    "engine",
     "profile",
     "class",
     "req",
@@ -191,6 +192,8 @@ def table_rows(report: Mapping[str, Any]) -> list[list[str]]:
                 continue
             out.append(
                 [
+                    # Reports written before the engine axis ran vLLM only.
+                    str(profile.get("engine", "vllm")),
                     name,
                     class_name,
                     str(row["requests"]),
@@ -209,7 +212,7 @@ def table_rows(report: Mapping[str, Any]) -> list[list[str]]:
 def render_table(report: Mapping[str, Any]) -> Table:
     table = Table(title=f"forge sweep ({report['load']})")
     for column in COLUMNS:
-        table.add_column(column, justify="left" if column in ("profile", "class", "gate") else "right")
+        table.add_column(column, justify="left" if column in ("engine", "profile", "class", "gate") else "right")
     for row in table_rows(report):
         table.add_row(*row)
     validity = report.get("validity") or {}

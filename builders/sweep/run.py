@@ -204,7 +204,7 @@ class LoadSizer:
 def run_sweep(
     options: SweepOptions,
     *,
-    replicas: Callable[[Path, Path], ReplicaRuntime],
+    replicas: Callable[[str, str | None, Path, Path], ReplicaRuntime],
     router: Callable[[Path], RouterRuntime],
     console: Console,
 ) -> dict[str, Any]:
@@ -271,6 +271,7 @@ def run_sweep(
             "file": str(sweep_profile.path),
             "description": profile.description,
             "dtype": run.report.get("dtype", {}).get("dtype"),
+            "engine": sweep_profile.engine,
             "pools": {
                 name: {"replicas": pool.replicas, "cpus": list(pool.cpus)} for name, pool in profile.pools.items()
             },

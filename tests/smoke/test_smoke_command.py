@@ -45,3 +45,18 @@ def test_a_base_port_out_of_range_is_refused(capsys: pytest.CaptureFixture[str])
     code, err = run(["smoke", "--local-vllm", "/usr/bin/true", "--base-port", "80"], capsys)
     assert code == 2
     assert "--base-port 80" in err
+
+
+def test_a_llama_server_that_is_not_executable_is_named(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, err = run(
+        ["smoke", "--profile", "ci-llama", "--local-llama-server", str(tmp_path / "none"), "--validate-only"], capsys
+    )
+    assert code == 2
+    assert f"--local-llama-server {tmp_path / 'none'}: not an executable file" in err
+
+
+def test_llama_pools_without_a_llama_server_are_named(capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = run(["smoke", "some/image:tag", "--profile", "ci-llama", "--validate-only"], capsys)
+    assert code == 2
+    assert "the profile has llama.cpp pools, and no image or host binary was given for them" in err
+    assert "--llama-image IMAGE or --local-llama-server PATH" in err

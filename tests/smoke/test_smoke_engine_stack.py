@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow]
 def image_run(engine: Engine, image: str, options: SmokeOptions) -> SmokeRun:
     router = router_image()
 
-    def replicas(model_dir: Path, logs_dir: Path) -> ReplicaRuntime:
+    def replicas(kind: str, pool_image: str | None, model_dir: Path, logs_dir: Path) -> ReplicaRuntime:
         return ContainerReplicas(engine, image, model_dir=model_dir)
 
     def router_runtime(logs_dir: Path) -> RouterRuntime:

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.server]
 
 
 def local_run(options: SmokeOptions, binary: Path) -> SmokeRun:
-    def replicas(model_dir: Path, logs_dir: Path) -> ReplicaRuntime:
+    def replicas(kind: str, pool_image: str | None, model_dir: Path, logs_dir: Path) -> ReplicaRuntime:
         return LocalReplicas(binary, model_dir=model_dir, log_dir=logs_dir)
 
     def router(logs_dir: Path) -> RouterRuntime:

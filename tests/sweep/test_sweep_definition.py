@@ -92,3 +92,27 @@ def test_a_typo_in_a_profile_is_named_by_its_file_and_key(tmp_path: Path) -> Non
         load_sweep(["work-conserving"], root=tmp_path)
     assert f"{directory / 'work-conserving.yaml'}: pools.bulk.max_num_seq: unknown key" in caught.value.message
     assert "did you mean 'max_num_seqs'?" in caught.value.message
+
+
+def test_an_engine_axis_runs_each_profile_on_each_engine_with_the_same_budget() -> None:
+    loaded = load_sweep(["shared", "class-aware"], root=ROOT, engines=["vllm", "llama-cpp"])
+    assert [(p.profile.name, p.engine) for p in loaded] == [
+        ("shared", "vllm"),
+        ("shared@llama-cpp", "llama-cpp"),
+        ("class-aware", "vllm"),
+        ("class-aware@llama-cpp", "llama-cpp"),
+    ]
+    assert {p.cpu_budget for p in loaded} == {2}
+    moved = loaded[3].profile
+    # vLLM's scheduler knobs are gone, the profile's own llama.cpp knobs are in, the cores and classes stay.
+    assert moved.pools["interactive"].max_num_seqs is None
+    assert moved.pools["interactive"].llama_cpp is not None and moved.pools["interactive"].llama_cpp.ubatch == 128
+    assert moved.pools["bulk"].cpus == ("1",)
+    assert moved.classes == loaded[2].profile.classes
+    assert moved.traffic == loaded[2].profile.traffic
+
+
+def test_an_unknown_engine_on_the_axis_is_named() -> None:
+    with pytest.raises(UsageError) as err:
+        load_sweep(["shared"], root=ROOT, engines=["llama.cpp"])
+    assert "no serving engine 'llama.cpp' (did you mean 'llama-cpp'?)" in err.value.message

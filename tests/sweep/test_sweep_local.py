@@ -47,7 +47,7 @@ def test_a_short_sweep_writes_table_json_and_plots_for_each_profile(tmp_path: Pa
     binary = local_vllm()
     profiles = load_sweep(["shared", "work-conserving"], root=ROOT, changes=SHORT)
 
-    def replicas(model_dir: Path, logs_dir: Path) -> ReplicaRuntime:
+    def replicas(kind: str, pool_image: str | None, model_dir: Path, logs_dir: Path) -> ReplicaRuntime:
         return LocalReplicas(binary, model_dir=model_dir, log_dir=logs_dir)
 
     def router(logs_dir: Path) -> RouterRuntime:

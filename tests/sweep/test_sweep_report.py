@@ -85,7 +85,7 @@ def test_the_goal_compares_interactive_p99_and_long_prefill_good_requests_with_t
 def test_markdown_has_a_row_per_profile_and_class(tmp_path: Path) -> None:
     text = render_markdown(sweep_report())
     lines = text.splitlines()
-    assert lines[0].startswith("| profile | class |")
+    assert lines[0].startswith("| engine | profile | class |")
     assert len(lines) == 2 + 4
     assert "| work-conserving | interactive | 3 | 1 |" in text
     # No x-forge-pool answered in these records: the pool column says unknown rather than guessing.

@@ -1,0 +1,265 @@
+"""llama.cpp's `llama-server` as a serving engine: one GGUF file, slots instead of a scheduler budget.
+
+Its knobs differ from vLLM's in kind, not only in name: a replica has a fixed number of slots (`-np`), each
+with an equal share of the context (`-c` is the total unless the KV cache is unified), and a prompt is
+evaluated in logical batches of `-b` tokens split into physical micro-batches of `-ub`. Its help is
+llama.cpp's own table (common/arg.cpp, `common_arg::to_string`): an entry starts in column 0 with its
+flags, their value hint follows the last one, and the help text starts at column 40.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from builders.errors import SmokeFailed
+from builders.serving.base import HelpRunner, ModelFormat, PoolCommand, ServerProbe, ServingEngine
+from builders.smoke.vllm_args import ArgProblem, PoolArgv, ServeArgSpec, ServeOption, check_pools
+
+if TYPE_CHECKING:
+    from builders.smoke.profile import PoolSettings, StackProfile
+
+MODEL_FILE = "model.gguf"
+SERVER = "llama-server"
+# The image puts llama-server on PATH; the help is printed by the binary itself, no model needed.
+IMAGE_ENTRY: tuple[str, ...] = (SERVER,)
+
+_ENTRY_HEAD = re.compile(r"^(-[^\s,][^\s]*(?:,\s+-[^\s,]+)*)(?:\s(\S+))?(?:\s(\S+))?")
+_FLAG = re.compile(r"--?[A-Za-z0-9][A-Za-z0-9._-]*")
+_NOT_POOL_ARGS = frozenset({"-h", "--help", "--usage", "--version", "--completion-bash", "--license"})
+_RANGE = re.compile(r"^\d+-\d+$")
+
+
+class LlamaCppSettings(BaseModel):
+    """llama-server's own knobs for one pool; each becomes one flag, checked against the image's help."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    slots: int = Field(
+        default=1, ge=1, le=256, description="Requests one replica decodes at once (-np); each gets context/slots."
+    )
+    context: int | None = Field(
+        default=None,
+        ge=64,
+        description="Total KV context of a replica (-c), shared equally by its slots; default slots × the pool's "
+        "max_model_len, so every slot holds a whole request.",
+    )
+    batch: int | None = Field(default=None, ge=1, description="Logical batch: prompt tokens per decode call (-b).")
+    ubatch: int | None = Field(default=None, ge=1, description="Physical micro-batch within a batch (-ub).")
+    threads: int | None = Field(
+        default=None,
+        ge=1,
+        description="Generation threads (-t); default one per CPU of the replica's cpus, else 1.",
+    )
+    threads_batch: int | None = Field(
+        default=None, ge=1, description="Prompt-processing threads (-tb); default the same as threads."
+    )
+    cpu_range: str | None = Field(
+        default=None,
+        description="CPU range its threads are pinned to (-Cr lo-hi); default the replica's cpus when they are "
+        "one contiguous range.",
+    )
+
+    @field_validator("cpu_range")
+    @classmethod
+    def _range(cls, value: str | None) -> str | None:
+        if value is not None and not _RANGE.match(value):
+            raise ValueError(f"{value!r} is not a range 'lo-hi' like '0-1' (llama-server's --cpu-range)")
+        return value
+
+
+def parse_server_help(text: str, *, source: str) -> ServeArgSpec:
+    """Parse `llama-server --help` into the flags it accepts; lines that are not entries are skipped, so a
+    container's combined output (log lines about the CPU backend) can be passed as is."""
+    options: dict[str, ServeOption] = {}
+    for line in text.splitlines():
+        # The first flag is padded after its comma ("-t,    --threads N"); the help starts after 2+ spaces.
+        head = re.split(r"\s{2,}", re.sub(r"^(-\S+,)\s+", r"\1 ", line.rstrip()), maxsplit=1)[0]
+        if not head.startswith("-"):
+            continue
+        parts = re.split(r",\s+(?=-)", head)
+        flags: list[str] = []
+        hint: str | None = None
+        for part in parts:
+            flag, _, rest = part.partition(" ")
+            if not _FLAG.fullmatch(flag):
+                flags = []
+                break
+            flags.append(flag)
+            if rest.strip():
+                hint = rest.strip()
+        if not flags:
+            continue
+        choices = None
+        if hint is not None:
+            closed = re.fullmatch(r"[<\[{]([^<>\[\]{}]*)[>\]}]", hint.split(" ")[0])
+            if closed and "|" in closed.group(1):
+                choices = tuple(closed.group(1).split("|"))
+        option = ServeOption(flags=tuple(flags), takes_value=hint is not None, choices=choices)
+        for flag in flags:
+            options.setdefault(flag, option)
+    for flag in _NOT_POOL_ARGS:
+        options.pop(flag, None)
+    if len(options) < 20 or "--parallel" not in options:
+        raise SmokeFailed(
+            f"{source}: found only {len(options)} options in the `llama-server --help` output; "
+            "this is not the help of llama.cpp's server",
+            hint="check that the image has llama-server on PATH and that `llama-server --help` runs in it",
+        )
+    return ServeArgSpec(options=options, source=source, server=SERVER)
+
+
+class LlamaCpp(ServingEngine):
+    kind: ClassVar[str] = "llama-cpp"
+    title: ClassVar[str] = "llama.cpp"
+    model_format: ClassVar[ModelFormat] = "gguf"
+    knobs: ClassVar[frozenset[str]] = frozenset({"llama_cpp"})
+    busy_metric: ClassVar[str] = "llamacpp:requests_processing"
+    reuses_connections: ClassVar[bool] = False
+    deployable: ClassVar[bool] = False
+    image_option: ClassVar[str] = "--llama-image"
+    local_option: ClassVar[str] = "--local-llama-server"
+    local_hint: ClassVar[str] = "pass a llama-server binary built from llama.cpp (build/bin/llama-server)"
+
+    @staticmethod
+    def settings(pool: PoolSettings) -> LlamaCppSettings:
+        return pool.llama_cpp or LlamaCppSettings()
+
+    def context(self, profile: StackProfile, pool: PoolSettings) -> int:
+        knobs = self.settings(pool)
+        return knobs.context or knobs.slots * (pool.max_model_len or profile.model.max_model_len)
+
+    def check_pool(self, profile: StackProfile, name: str, pool: PoolSettings) -> list[str]:
+        knobs = self.settings(pool)
+        length = pool.max_model_len or profile.model.max_model_len
+        problems = []
+        if knobs.context is not None and knobs.context // knobs.slots < length:
+            problems.append(
+                f"pools.{name}.llama_cpp.context: {knobs.context} tokens over {knobs.slots} slot(s) leave "
+                f"{knobs.context // knobs.slots} per request, below the pool's max_model_len {length}; raise "
+                "context to slots × max_model_len or drop it"
+            )
+        if knobs.batch is not None and knobs.ubatch is not None and knobs.ubatch > knobs.batch:
+            problems.append(
+                f"pools.{name}.llama_cpp.ubatch: {knobs.ubatch} exceeds batch {knobs.batch} (a micro-batch is "
+                "part of a batch; llama.cpp would cut it to the batch silently)"
+            )
+        return problems
+
+    def command(
+        self,
+        profile: StackProfile,
+        name: str,
+        pool: PoolSettings,
+        *,
+        port: int,
+        dtype: str,
+        host: str,
+        cpuset: str | None = None,
+    ) -> PoolCommand:
+        from builders.smoke.profile import parse_cpuset
+
+        knobs = self.settings(pool)
+        prefix = f"pools.{name}.llama_cpp"
+        args: list[str] = []
+        keys: list[str] = []
+
+        def add(key: str, *tokens: str) -> None:
+            args.extend(tokens)
+            keys.extend([key] * len(tokens))
+
+        add("(run)", "--host", host, "--port", str(port))
+        # Prometheus gauges for the kill check and the sweep; the web UI is not needed behind a router.
+        add("(run)", "--metrics", "--no-webui")
+        add("model.served_model_name", "--alias", profile.model.served_model_name)
+        add("model.seed", "--seed", str(profile.model.seed))
+        add(f"{prefix}.slots", "--parallel", str(knobs.slots))
+        context_key = f"{prefix}.context" if knobs.context else f"pools.{name}.max_model_len"
+        add(context_key, "--ctx-size", str(self.context(profile, pool)))
+        if knobs.batch is not None:
+            add(f"{prefix}.batch", "--batch-size", str(knobs.batch))
+        if knobs.ubatch is not None:
+            add(f"{prefix}.ubatch", "--ubatch-size", str(knobs.ubatch))
+        cpus = sorted(parse_cpuset(cpuset)) if cpuset is not None else None
+        threads = knobs.threads or (len(cpus) if cpus else 1)
+        add(f"{prefix}.threads" if knobs.threads else f"pools.{name}.cpus", "--threads", str(threads))
+        if knobs.threads_batch is not None:
+            add(f"{prefix}.threads_batch", "--threads-batch", str(knobs.threads_batch))
+        cpu_range = knobs.cpu_range
+        if cpu_range is None and cpus and cpus == list(range(cpus[0], cpus[-1] + 1)):
+            cpu_range = f"{cpus[0]}-{cpus[-1]}"
+        if cpu_range is not None:
+            add(f"{prefix}.cpu_range" if knobs.cpu_range else f"pools.{name}.cpus", "--cpu-range", cpu_range)
+        for i, token in enumerate(pool.extra_args):
+            add(f"pools.{name}.extra_args[{i}]", token)
+        return PoolCommand(args=tuple(args), keys=tuple(keys))
+
+    def replica_env(
+        self, profile: StackProfile, pool: PoolSettings, *, cpuset: str | None, ordinal: int, cpus: int
+    ) -> dict[str, str]:
+        # ggml's threads are llama-server's own (-t, -Cr); nothing reads the environment for them.
+        return {}
+
+    def api_key_env(self, key: str) -> dict[str, str]:
+        # common/arg.cpp: --api-key has set_env("LLAMA_API_KEY"); an env keeps the key out of `ps` output.
+        return {"LLAMA_API_KEY": key}
+
+    def help_entries(self, local: Path | None) -> tuple[tuple[str, ...], ...]:
+        return (IMAGE_ENTRY,) if local is None else ((str(local),),)
+
+    def probe(
+        self, run: HelpRunner, *, entries: Sequence[Sequence[str]], source: str, cache_key: str | None
+    ) -> ServerProbe:
+        from builders.smoke.vllm_args import _cache_dir
+
+        cache_file = _cache_dir() / f"llama-{cache_key}.json" if cache_key else None
+        if cache_file is not None and cache_file.is_file():
+            try:
+                data = json.loads(cache_file.read_text(encoding="utf-8"))
+                return ServerProbe(spec=ServeArgSpec.from_json(data["spec"]), entry=tuple(data["entry"]))
+            except (ValueError, KeyError, TypeError):
+                cache_file.unlink(missing_ok=True)
+        failures = []
+        for entry in entries:
+            code, output = run([*entry, "--help"])
+            if code == 0:
+                spec = parse_server_help(output, source=f"`{' '.join(entry)} --help` in {source}")
+                if cache_file is not None:
+                    cache_file.parent.mkdir(parents=True, exist_ok=True)
+                    cache_file.write_text(json.dumps({"spec": spec.to_json(), "entry": list(entry)}), encoding="utf-8")
+                return ServerProbe(spec=spec, entry=tuple(entry))
+            last = output.strip().splitlines()[-1] if output.strip() else "(no output)"
+            failures.append(f"{' '.join(entry)} exited {code}: {last}")
+        raise SmokeFailed(
+            f"no llama-server runs in {source}:\n  " + "\n  ".join(failures),
+            hint="use an image built by `forge build DISTRO llama-cpp` (llama-server on PATH), or pass the binary",
+        )
+
+    def check(self, pools: Iterable[PoolArgv], probe: ServerProbe) -> list[ArgProblem]:
+        return check_pools(pools, probe.spec)
+
+    def local_cache_key(self, binary: Path) -> str:
+        stat = binary.stat()
+        digest = hashlib.sha256(f"{binary.resolve()}|{stat.st_mtime_ns}|{stat.st_size}".encode())
+        return "local-" + digest.hexdigest()[:24]
+
+    def model_argument(self, model_dir: str) -> str:
+        return f"{model_dir}/{MODEL_FILE}"
+
+    def write_model(self, model_dir: Path, profile: StackProfile, *, dtype: str) -> None:
+        from builders.gguf_model import write_tiny_gguf
+
+        # The weights are float32 whatever the run's dtype: ggml's CPU backend computes in f32 either way.
+        write_tiny_gguf(
+            model_dir / MODEL_FILE,
+            hidden=profile.model.hidden_size,
+            layers=profile.model.num_hidden_layers,
+            ctx=profile.model.max_position_embeddings,
+            seed=profile.model.seed,
+        )

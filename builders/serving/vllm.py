@@ -1,0 +1,137 @@
+"""vLLM as a serving engine: `vllm serve` on a Hugging Face model directory with dummy weights."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+from builders.serving.base import HelpRunner, ModelFormat, PoolCommand, ServerProbe, ServingEngine
+from builders.smoke.vllm_args import SERVE_ENTRIES, ArgProblem, PoolArgv, check_pools, local_cache_key, probe_serve
+
+if TYPE_CHECKING:
+    from builders.smoke.profile import PoolSettings, StackProfile
+
+# vLLM scheduler settings a profile names at pool level; `flag` spelling is `--` + the field with dashes.
+_SCHEDULER_FIELDS = ("max_num_batched_tokens", "max_num_seqs", "long_prefill_token_threshold", "stream_interval")
+
+
+class VLLM(ServingEngine):
+    kind: ClassVar[str] = "vllm"
+    title: ClassVar[str] = "vLLM"
+    model_format: ClassVar[ModelFormat] = "hf-dir"
+    knobs: ClassVar[frozenset[str]] = frozenset({*_SCHEDULER_FIELDS, "enable_prefix_caching"})
+    busy_metric: ClassVar[str] = "vllm:num_requests_running"
+    reuses_connections: ClassVar[bool] = True
+    deployable: ClassVar[bool] = True
+    image_option: ClassVar[str] = "IMAGE"
+    local_option: ClassVar[str] = "--local-vllm"
+    local_hint: ClassVar[str] = "pass the `vllm` script of a virtualenv with vLLM installed, e.g. VENV/bin/vllm"
+
+    def command(
+        self,
+        profile: StackProfile,
+        name: str,
+        pool: PoolSettings,
+        *,
+        port: int,
+        dtype: str,
+        host: str,
+        cpuset: str | None = None,
+    ) -> PoolCommand:
+        model = profile.model
+        args: list[str] = []
+        keys: list[str] = []
+
+        def add(key: str, *tokens: str) -> None:
+            args.extend(tokens)
+            keys.extend([key] * len(tokens))
+
+        add("(run)", "--host", host, "--port", str(port))
+        add("(run)", "--load-format", "dummy")
+        add("model.served_model_name", "--served-model-name", model.served_model_name)
+        add("model.dtype", "--dtype", dtype)
+        add("model.seed", "--seed", str(model.seed))
+        add("model.kv_cache_memory", "--kv-cache-memory-bytes", model.kv_cache_memory)
+        if model.enforce_eager:
+            add("model.enforce_eager", "--enforce-eager")
+        length_key = f"pools.{name}.max_model_len" if pool.max_model_len else "model.max_model_len"
+        add(length_key, "--max-model-len", str(pool.max_model_len or model.max_model_len))
+        prefix = f"pools.{name}"
+        for field in _SCHEDULER_FIELDS:
+            value = getattr(pool, field)
+            if value is not None:
+                add(f"{prefix}.{field}", "--" + field.replace("_", "-"), str(value))
+        if pool.enable_prefix_caching is not None:
+            flag = "--enable-prefix-caching" if pool.enable_prefix_caching else "--no-enable-prefix-caching"
+            add(f"{prefix}.enable_prefix_caching", flag)
+        for i, token in enumerate(pool.extra_args):
+            add(f"{prefix}.extra_args[{i}]", token)
+        return PoolCommand(args=tuple(args), keys=tuple(keys))
+
+    def replica_env(
+        self, profile: StackProfile, pool: PoolSettings, *, cpuset: str | None, ordinal: int, cpus: int
+    ) -> dict[str, str]:
+        # profile.py imports this module (a pool's knobs are validated per kind), so not at the top.
+        from builders.smoke.profile import format_cpuset, parse_cpuset
+
+        env = {
+            # The model directory is all there is; a hub lookup would hang on this network.
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+        }
+        if cpuset is not None:
+            # vLLM binds one OpenMP thread to each listed CPU; left to its 'auto' it would pick CPUs by NUMA node
+            # and ignore the cpuset, and two pools would share a core again.
+            env["VLLM_CPU_OMP_THREADS_BIND"] = format_cpuset(parse_cpuset(cpuset))
+        elif profile.cpu_bind == "round_robin":
+            env["VLLM_CPU_OMP_THREADS_BIND"] = str(ordinal % max(cpus, 1))
+        elif profile.cpu_bind == "nobind":
+            env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+        return env
+
+    def api_key_env(self, key: str) -> dict[str, str]:
+        return {"VLLM_API_KEY": key}
+
+    def help_entries(self, local: Path | None) -> tuple[tuple[str, ...], ...]:
+        if local is None:
+            return SERVE_ENTRIES
+        python = local.parent / "python"
+        return (
+            (str(local), "serve"),
+            (str(python) if python.exists() else sys.executable, *SERVE_ENTRIES[1][1:]),
+        )
+
+    def probe(
+        self, run: HelpRunner, *, entries: Sequence[Sequence[str]], source: str, cache_key: str | None
+    ) -> ServerProbe:
+        found = probe_serve(run, entries=entries, source=source, cache_key=cache_key)
+        return ServerProbe(
+            spec=found.spec, entry=found.entry, model_is_positional=found.model_is_positional, notes=found.notes
+        )
+
+    def check(self, pools: Iterable[PoolArgv], probe: ServerProbe) -> list[ArgProblem]:
+        return check_pools(pools, probe.spec)
+
+    def local_cache_key(self, binary: Path) -> str:
+        return local_cache_key(binary)
+
+    def model_argument(self, model_dir: str) -> str:
+        return model_dir
+
+    def write_model(self, model_dir: Path, profile: StackProfile, *, dtype: str) -> None:
+        from builders.smoke.tiny_model import ModelShape, write_tiny_model
+
+        write_tiny_model(
+            model_dir,
+            max_position_embeddings=profile.model.max_position_embeddings,
+            shape=ModelShape(
+                hidden_size=profile.model.hidden_size,
+                num_hidden_layers=profile.model.num_hidden_layers,
+                intermediate_size=profile.model.intermediate_size,
+                torch_dtype=dtype,
+            ),
+        )
