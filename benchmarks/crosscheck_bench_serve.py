@@ -104,7 +104,9 @@ def main() -> int:
     profile, path = load_profile("ci", root=ROOT)
     binary: Path = args.local_vllm
 
-    def replicas(model_dir: Path, logs_dir: Path) -> ReplicaRuntime:
+    def replicas(kind: str, image: str | None, model_dir: Path, logs_dir: Path) -> ReplicaRuntime:
+        # The cross-check compares two clients of one vLLM: the ci profile's pools are all vLLM on the host.
+        del kind, image
         return LocalReplicas(binary, model_dir=model_dir, log_dir=logs_dir)
 
     def router(logs_dir: Path) -> RouterRuntime:
