@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from builders.cpusets import parse_cpuset
 from builders.errors import ConfigError, UsageError
 from builders.router.config import RouterConfig, config_from_mapping
 from builders.serving_dtype import AUTO
 from builders.smoke.plan import CONTAINER_MODEL_DIR, plan_stack, pool_args
-from builders.smoke.profile import StackProfile, parse_cpuset
+from builders.smoke.profile import StackProfile
 from builders.smoke.tiny_model import ModelShape, write_tiny_model
 from builders.smoke.vllm_args import SERVE_ENTRIES
 

@@ -18,9 +18,9 @@ import socket
 import sys
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from builders.router.config import DnsDiscovery, KubernetesDiscovery, RouterConfig
+from builders.router.discoverer import Discoverer, DiscoveryFailed
 from builders.router.replicas import Pool, Replica
 
 Resolver = Callable[[str, int], Awaitable[list[str]]]
@@ -29,10 +29,6 @@ Resolver = Callable[[str, int], Awaitable[list[str]]]
 # getaddrinfo's answers for a name that exists but has no address (every pod of a headless Service gone):
 # the pool is empty, which is different from a resolver that could not be asked.
 _NO_ADDRESS = {socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)}
-
-
-class DiscoveryFailed(Exception):
-    """The source could not be asked (a DNS timeout): the pool is left as it was."""
 
 
 async def system_resolver(name: str, port: int) -> list[str]:
@@ -45,23 +41,6 @@ async def system_resolver(name: str, port: int) -> list[str]:
             return []
         raise DiscoveryFailed(f"resolving {name}: {exc.strerror or exc}") from None
     return sorted({str(info[4][0]) for info in infos})
-
-
-class Discoverer(Protocol):
-    """Where one pool's replicas are."""
-
-    @property
-    def interval_s(self) -> float | None:
-        """Seconds between questions; None: the answer never changes."""
-        ...
-
-    async def urls(self) -> list[str]:
-        """The pool's replica base URLs now; DiscoveryFailed when the source could not be asked."""
-        ...
-
-    async def close(self) -> None:
-        """Let go of what asking needs (a watch, a connection); the router is stopping."""
-        ...
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -24,7 +24,7 @@ from typing import Any
 
 from builders.errors import ConfigError
 from builders.router.config import KubernetesDiscovery
-from builders.router.discovery import DiscoveryFailed
+from builders.router.discoverer import DiscoveryFailed
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 WATCH_TIMEOUT_S = 240

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from builders.cpusets import parse_cpuset
 from builders.errors import SmokeFailed
 from builders.serving.base import HelpRunner, ModelFormat, PoolCommand, ServerProbe, ServingEngine
 from builders.smoke.vllm_args import ArgProblem, PoolArgv, ServeArgSpec, ServeOption, check_pools
@@ -163,7 +164,6 @@ class LlamaCpp(ServingEngine):
         host: str,
         cpuset: str | None = None,
     ) -> PoolCommand:
-        from builders.smoke.profile import parse_cpuset
 
         knobs = self.settings(pool)
         prefix = f"pools.{name}.llama_cpp"

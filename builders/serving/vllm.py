@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
+from builders.cpusets import format_cpuset, parse_cpuset
 from builders.serving.base import HelpRunner, ModelFormat, PoolCommand, ServerProbe, ServingEngine
 from builders.smoke.vllm_args import SERVE_ENTRIES, ArgProblem, PoolArgv, check_pools, local_cache_key, probe_serve
 
@@ -74,7 +75,6 @@ class VLLM(ServingEngine):
         self, profile: StackProfile, pool: PoolSettings, *, cpuset: str | None, ordinal: int, cpus: int
     ) -> dict[str, str]:
         # profile.py imports this module (a pool's knobs are validated per kind), so not at the top.
-        from builders.smoke.profile import format_cpuset, parse_cpuset
 
         env = {
             # The model directory is all there is; a hub lookup would hang on this network.

@@ -20,11 +20,11 @@ from functools import cached_property
 from pathlib import Path
 from typing import IO, Protocol
 
+from builders.cpusets import parse_cpuset
 from builders.engine import Engine
 from builders.errors import EngineError, UsageError
 from builders.serving import DEFAULT_KIND, SERVING_ENGINES, ServerProbe, ServingEngine, serving_engine
 from builders.smoke.plan import CONTAINER_MODEL_DIR, RUN_LABEL, ReplicaPlan
-from builders.smoke.profile import parse_cpuset
 
 ROUTER_CONFIG_DIR = "/forge/router"
 

@@ -15,9 +15,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from builders.config.loading import load_yaml
+from builders.cpusets import parse_cpuset
 from builders.errors import ConfigError, UsageError
 from builders.serving import SERVING_ENGINES
-from builders.smoke.profile import StackProfile, _suggest, parse_cpuset, profile_from_mapping
+from builders.smoke.profile import StackProfile, _suggest, profile_from_mapping
 from builders.smoke.stack import merged
 
 COMMON = "common.yaml"

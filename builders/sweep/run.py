@@ -12,10 +12,10 @@ from typing import Any
 from rich.console import Console
 
 from builders import interrupt
+from builders.cpusets import parse_cpuset
 from builders.errors import SmokeFailed
 from builders.router.classes import RequestClass
 from builders.smoke.plan import StackPlan
-from builders.smoke.profile import parse_cpuset
 from builders.smoke.runtimes import ReplicaRuntime, RouterRuntime
 from builders.smoke.stack import SmokeOptions, SmokeRun, traffic_plan
 from builders.sweep.calibrate import (

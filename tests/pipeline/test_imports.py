@@ -17,14 +17,30 @@ def _modules() -> dict[str, Path]:
     return out
 
 
+def _type_only(tree: ast.Module) -> set[ast.AST]:
+    """The nodes under `if TYPE_CHECKING:`: annotations a type checker reads, never executed, so no import order
+    can depend on them (a serving engine annotating with the profile's PoolSettings while the profile lists the
+    engines is a plugin and its registry, not a cycle)."""
+    hidden: set[ast.AST] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            for child in node.body:
+                hidden |= set(ast.walk(child))
+    return hidden
+
+
 def import_graph() -> dict[str, set[str]]:
-    """Module → the builders modules it imports anywhere in its body. `from pkg import sub` counts as importing
-    the submodule; a name that is not a submodule counts as importing the package that defines it."""
+    """Module → the builders modules it imports anywhere in its body that runs. `from pkg import sub` counts as
+    importing the submodule; a name that is not a submodule counts as importing the package that defines it."""
     modules = _modules()
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         deps: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        hidden = _type_only(tree)
+        for node in ast.walk(tree):
+            if node in hidden:
+                continue
             if isinstance(node, ast.Import):
                 deps |= {a.name for a in node.names if a.name in modules}
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in modules:
@@ -78,3 +94,15 @@ def test_builders_has_no_import_cycle() -> None:
         d for m in graph["builders.build"] for d in graph[m]
     }
     assert cycles(graph) == []
+
+
+def test_only_type_checking_imports_are_left_out_of_the_graph() -> None:
+    tree = ast.parse(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from builders.smoke.profile import PoolSettings\n"
+        "def late():\n    from builders.build import build\n"
+    )
+    hidden = _type_only(tree)
+    imports = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module != "typing"]
+    assert [n.module for n in imports if n in hidden] == ["builders.smoke.profile"]
+    assert [n.module for n in imports if n not in hidden] == ["builders.build"]

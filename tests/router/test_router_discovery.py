@@ -13,7 +13,8 @@ from router_fakes import Behavior, FakeReplica, chat_body, run, sse_data
 from builders.errors import ConfigError
 from builders.router import start_router
 from builders.router.config import config_from_mapping
-from builders.router.discovery import DiscoveryFailed, system_resolver
+from builders.router.discoverer import DiscoveryFailed
+from builders.router.discovery import system_resolver
 
 NAME = "forge-pool-p.test.svc.cluster.local"
 

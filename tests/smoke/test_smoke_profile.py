@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
+from builders.cpusets import format_cpuset, parse_cpuset
 from builders.errors import ConfigError, UsageError
 from builders.router.classes import ALL_CLASSES, RequestClass
 from builders.router.config import RouterConfig
@@ -16,9 +17,7 @@ from builders.smoke.plan import plan_stack
 from builders.smoke.profile import (
     available_profiles,
     check_cpus_available,
-    format_cpuset,
     load_profile,
-    parse_cpuset,
 )
 from builders.smoke.stack import merged, validate_profile
 from builders.smoke.vllm_args import check_pools, parse_serve_help
