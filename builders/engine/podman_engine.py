@@ -395,7 +395,18 @@ class PodmanEngine(Engine):
         return proc.stdout.strip().splitlines()[-1]
 
     def stop_and_remove(self, cid: str, timeout: int = 5) -> None:
-        self._run("rm", "--force", "--time", str(timeout), cid, timeout=timeout + 60, check=False)
+        # A `podman rm` can fail while buildah holds the storage lock (a build committing beside a test stage):
+        # one such failure, ignored, left a test-stage container behind. Retry, then say so rather than leave it.
+        error = ""
+        for attempt in range(3):
+            proc = self._run("rm", "--force", "--time", str(timeout), cid, timeout=timeout + 60, check=False)
+            if proc.returncode == 0 or self._run("container", "exists", cid, check=False).returncode == 1:
+                return
+            error = proc.stderr.strip() or proc.stdout.strip()
+            time.sleep(2 * (attempt + 1))
+        raise EngineError(
+            f"podman rm --force {cid} failed three times: {error}", hint=f"remove it by hand: podman rm --force {cid}"
+        )
 
     def kill(self, cid: str) -> None:
         self._run("kill", cid, check=False)
