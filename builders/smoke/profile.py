@@ -132,10 +132,14 @@ class PoolSettings(_Strict):
         return SERVING_ENGINES[self.engine]
 
     def foreign_knobs(self) -> list[tuple[str, ServingEngine]]:
-        """Settings given for another serving engine than this pool's, with the engine they belong to."""
+        """Settings given for another serving engine than this pool's, with the engine they belong to. A knob
+        written out at its default (a dumped profile spells every field, `llama_cpp: null` included) sets nothing,
+        so a profile read back from its own dump is the same profile."""
+        fields = type(self).model_fields
         return [
             (field, other)
             for field in sorted(self.model_fields_set)
+            if getattr(self, field) != fields[field].get_default(call_default_factory=True)
             for other in SERVING_ENGINES.values()
             if other is not self.serving and field in other.knobs and field not in self.serving.knobs
         ]

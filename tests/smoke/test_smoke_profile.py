@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -268,3 +269,11 @@ def test_router_config_carries_the_profile_settings_and_the_runs_pools() -> None
     assert router.pool_for(RequestClass.BATCH) == "bulk"
     assert router.api_key == valid.api_key and router.upstream_api_key == valid.upstream_api_key
     assert router.api_key != router.upstream_api_key
+
+
+def test_a_profile_read_back_from_its_own_dump_is_accepted(tmp_path: Path) -> None:
+    ci, _ = load_profile("ci", root=ROOT)
+    dumped = tmp_path / "dumped.yaml"
+    dumped.write_text(json.dumps(ci.model_dump(mode="json", exclude={"name"})), encoding="utf-8")
+    again, _ = load_profile(str(dumped), root=ROOT)
+    assert again.pools == ci.pools
