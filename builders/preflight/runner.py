@@ -587,18 +587,7 @@ def run_preflight(
     findings += disk
     jobs, jobs_origin = _jobs(recipe, compiles, max_jobs, max(host.memory.available - reserved, 0), host.cores)
     if not gpu_wheel:
-        findings.append(
-            gates.ram_gate(
-                memory=host.memory,
-                max_jobs=jobs,
-                jobs_origin=jobs_origin,
-                per_job_gb=recipe.resources.ram_per_job_gb,
-                per_job_source=f"recipes/{recipe.name}.yaml: resources.ram_per_job_gb",
-                cores=host.cores,
-                reserved=reserved,
-                reserved_why="the tmpfs scratch dir" if reserved else "",
-            )
-        )
+        findings.append(_ram_finding(recipe, host, jobs, jobs_origin, reserved))
     if target.cpu:
         findings.append(
             gates.isa_gate(
@@ -655,7 +644,9 @@ def _native_preflight(
     from builders.inference.base import PreflightInputs
 
     source_path, why = _source_or_fetch(project, recipe, source, fetch, progress)
-    jobs, jobs_origin = _jobs(recipe, True, max_jobs, host.memory.available, host.cores)
+    # The same order as vLLM's path: a tmpfs scratch dir's reservation comes off the RAM the jobs may use.
+    disk, reserved = _disk_findings(recipe, engine, scratch_dir, host)
+    jobs, jobs_origin = _jobs(recipe, True, max_jobs, max(host.memory.available - reserved, 0), host.cores)
     findings = native_engine(recipe).preflight(
         PreflightInputs(
             distro=distro,
@@ -668,20 +659,8 @@ def _native_preflight(
             run_source=run_source,
         )
     )
-    disk, reserved = _disk_findings(recipe, engine, scratch_dir, host)
     findings += disk
-    findings.append(
-        gates.ram_gate(
-            memory=host.memory,
-            max_jobs=jobs,
-            jobs_origin=jobs_origin,
-            per_job_gb=recipe.resources.ram_per_job_gb,
-            per_job_source=f"recipes/{recipe.name}.yaml: resources.ram_per_job_gb",
-            cores=host.cores,
-            reserved=reserved,
-            reserved_why="the tmpfs scratch dir" if reserved else "",
-        )
-    )
+    findings.append(_ram_finding(recipe, host, jobs, jobs_origin, reserved))
     return PreflightReport.from_findings(
         findings,
         distro=distro.name,
@@ -691,6 +670,20 @@ def _native_preflight(
         seconds=time.monotonic() - start,
         source=str(source_path) if source_path else None,
         max_jobs=jobs,
+    )
+
+
+def _ram_finding(recipe: Recipe, host: HostFacts, jobs: int, jobs_origin: str, reserved: int) -> Finding:
+    """RAM for the compile jobs: the same gate for every engine's build."""
+    return gates.ram_gate(
+        memory=host.memory,
+        max_jobs=jobs,
+        jobs_origin=jobs_origin,
+        per_job_gb=recipe.resources.ram_per_job_gb,
+        per_job_source=f"recipes/{recipe.name}.yaml: resources.ram_per_job_gb",
+        cores=host.cores,
+        reserved=reserved,
+        reserved_why="the tmpfs scratch dir" if reserved else "",
     )
 
 
