@@ -174,6 +174,36 @@ def native_planner(target: Target) -> NativePlanner:
     return planner
 
 
+def image_labels(
+    distro: Distro, recipe: Recipe, *, version: str, base_name: str, base_digest: str, with_source: bool = True
+) -> dict[str, str]:
+    """The OCI and Forge labels every image carries, whichever engine or planner made the plan: a registry
+    or `inspect` reader finds the recipe, distro, base and source the same way on each."""
+    labels = {
+        "org.opencontainers.image.title": f"{recipe.name} on {distro.name}",
+        "org.opencontainers.image.description": recipe.description,
+        "org.opencontainers.image.version": version,
+        "org.opencontainers.image.base.name": base_name,
+        "org.opencontainers.image.base.digest": base_digest,
+        "org.opencontainers.image.vendor": "Forge",
+        "dev.forge.recipe": recipe.name,
+        "dev.forge.distro": distro.name,
+        "dev.forge.target": recipe.target,
+    }
+    if with_source and recipe.source and recipe.source.pypi:
+        labels["dev.forge.source.sha256"] = recipe.source.pypi.sha256
+        labels["org.opencontainers.image.source"] = f"https://pypi.org/project/{recipe.source.pypi.name}/"
+    return labels
+
+
+def image_build_args(base: dict[str, str], options: PlanOptions) -> dict[str, str]:
+    """The build args a plan names, plus the ones every build takes from its options."""
+    args = dict(base)
+    if options.source_date_epoch is not None:
+        args["SOURCE_DATE_EPOCH"] = str(options.source_date_epoch)
+    return args
+
+
 def make_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> BuildPlan:
     if not recipe.supports(distro.name):
         # A usage error, not a traceback: `forge plan debian-13 gpu` says which distros the recipe takes.
@@ -264,27 +294,18 @@ def make_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> BuildPlan
         extra = family.packages(role for f in recipe.fetched_sources for role in f.build_roles)
         build_packages += tuple(p for p in extra if p not in build_packages)
 
-    labels = {
-        "org.opencontainers.image.title": f"{recipe.name} on {distro.name}",
-        "org.opencontainers.image.description": recipe.description,
-        "org.opencontainers.image.version": vllm_version or "",
-        "org.opencontainers.image.base.name": distro.base.pinned_ref,
-        "org.opencontainers.image.base.digest": options.base_digest or distro.base.digest or "unpinned",
-        "org.opencontainers.image.vendor": "Forge",
-        "dev.forge.recipe": recipe.name,
-        "dev.forge.distro": distro.name,
-        "dev.forge.target": recipe.target,
-        "dev.forge.platform": platform_of(distro).name,
-    }
-    if recipe.source and recipe.source.pypi:
-        labels["dev.forge.source.sha256"] = recipe.source.pypi.sha256
-        labels["org.opencontainers.image.source"] = f"https://pypi.org/project/{recipe.source.pypi.name}/"
+    labels = image_labels(
+        distro,
+        recipe,
+        version=vllm_version or "",
+        base_name=distro.base.pinned_ref,
+        base_digest=options.base_digest or distro.base.digest or "unpinned",
+    )
+    labels["dev.forge.platform"] = platform_of(distro).name
     if torch:
         labels["dev.forge.torch"] = f"{torch.requirement} from {torch.index}"
 
-    build_args = {"BASE_IMAGE": base_ref}
-    if options.source_date_epoch is not None:
-        build_args["SOURCE_DATE_EPOCH"] = str(options.source_date_epoch)
+    build_args = image_build_args({"BASE_IMAGE": base_ref}, options)
 
     checks: tuple[str, ...] = ()
     if target.runs_vllm:
@@ -460,20 +481,20 @@ def make_cuda_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> Buil
         else:
             compile_env.update({"CC": "gcc", "CXX": "g++"})
 
-    labels = {
-        "org.opencontainers.image.title": f"{recipe.name} on {distro.name}",
-        "org.opencontainers.image.description": recipe.description,
-        "org.opencontainers.image.version": vllm_version,
-        "org.opencontainers.image.base.name": runtime_ref,
-        "org.opencontainers.image.base.digest": (
+    labels = image_labels(
+        distro,
+        recipe,
+        version=vllm_version,
+        base_name=runtime_ref,
+        base_digest=(
             (options.base_digest or distro.base.digest or "unpinned")
             if runtime_ref == distro.base.local_tag
             else (cuda.runtime_digest or "unpinned")
         ),
-        "org.opencontainers.image.vendor": "Forge",
-        "dev.forge.recipe": recipe.name,
-        "dev.forge.distro": distro.name,
-        "dev.forge.target": recipe.target,
+        # A wheel build's source is the wheel's project, set below; only a source build names the sdist.
+        with_source=mode == "source",
+    )
+    labels |= {
         "dev.forge.gpu.mode": mode,
         "dev.forge.cuda.version": cuda.version,
         "dev.forge.cuda.runtime": runtime_ref,
@@ -483,18 +504,14 @@ def make_cuda_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> Buil
         assert recipe.source is not None and recipe.source.pypi is not None and devel_ref is not None
         labels["dev.forge.cuda.devel"] = devel_ref
         labels["dev.forge.cuda.arch_list"] = compile_env["TORCH_CUDA_ARCH_LIST"]
-        labels["dev.forge.source.sha256"] = recipe.source.pypi.sha256
-        labels["org.opencontainers.image.source"] = f"https://pypi.org/project/{recipe.source.pypi.name}/"
     else:
         assert wheel is not None
         labels["dev.forge.wheel"] = f"{wheel.filename} sha256:{wheel.sha256}"
         labels["org.opencontainers.image.source"] = f"https://pypi.org/project/{gpu.wheel_project}/"
 
-    build_args = {"RUNTIME_IMAGE": runtime_ref}
-    if devel_ref:
-        build_args["BASE_IMAGE"] = devel_ref
-    if options.source_date_epoch is not None:
-        build_args["SOURCE_DATE_EPOCH"] = str(options.source_date_epoch)
+    build_args = image_build_args(
+        {"RUNTIME_IMAGE": runtime_ref, **({"BASE_IMAGE": devel_ref} if devel_ref else {})}, options
+    )
 
     runtime_packages = tuple(family.packages(["runtime"]))
     runtime_packages += tuple(p for p in cuda.runtime_packages if p not in runtime_packages)

@@ -18,7 +18,7 @@ from builders.image_tests import CheckResult
 from builders.inference import llama_cpp_checks, llama_cpp_gates
 from builders.inference.base import PreflightInputs
 from builders.inference.llama_cpp_tree import GGML_ISA_FLAGS, VENDORED
-from builders.plan import BuildPlan, ContextItem, PlanOptions
+from builders.plan import BuildPlan, ContextItem, PlanOptions, image_build_args, image_labels
 from builders.platforms import platform_of
 from builders.preflight.findings import Finding
 
@@ -76,24 +76,17 @@ class LlamaCpp:
         compile_env = {k: v for k, v in family.compiler_env().items() if k != "PATH"}
         compile_env.update(recipe.build_env)
         compile_env["MAX_JOBS"] = str(options.max_jobs)
-        build_args = {"BASE_IMAGE": distro.base.local_tag, **isa}
-        if options.source_date_epoch is not None:
-            build_args["SOURCE_DATE_EPOCH"] = str(options.source_date_epoch)
+        build_args = image_build_args({"BASE_IMAGE": distro.base.local_tag, **isa}, options)
         enabled = " ".join(k.removeprefix("GGML_") for k, v in isa.items() if v == "ON") or "none"
-        labels = {
-            "org.opencontainers.image.title": f"{recipe.name} on {distro.name}",
-            "org.opencontainers.image.description": recipe.description,
-            "org.opencontainers.image.version": version,
-            "org.opencontainers.image.base.name": distro.base.pinned_ref,
-            "org.opencontainers.image.base.digest": options.base_digest or distro.base.digest or "unpinned",
-            "org.opencontainers.image.vendor": "Forge",
-            "org.opencontainers.image.source": f"https://pypi.org/project/{pin.name}/",
-            "dev.forge.recipe": recipe.name,
-            "dev.forge.distro": distro.name,
-            "dev.forge.target": recipe.target,
+        labels = image_labels(
+            distro,
+            recipe,
+            version=version,
+            base_name=distro.base.pinned_ref,
+            base_digest=options.base_digest or distro.base.digest or "unpinned",
+        ) | {
             "dev.forge.platform": platform_of(distro).name,
             "dev.forge.engine": self.name,
-            "dev.forge.source.sha256": pin.sha256,
             "dev.forge.isa": f"GGML_NATIVE=OFF; ON: {enabled}",
         }
         return BuildPlan(
