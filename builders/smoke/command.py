@@ -105,13 +105,7 @@ def run(args: argparse.Namespace) -> int:
         return run_endpoint(args, root, console)
     if (args.api_key is not None and "FORGE_API_KEY" not in os.environ) or args.model is not None:
         raise UsageError("--api-key and --model go with --endpoint; a stack Forge starts makes its own keys")
-    runtimes = Runtimes.choose(
-        image=args.image,
-        local_vllm=args.local_vllm,
-        router_image=args.router_image,
-        llama_image=args.llama_image,
-        local_llama=args.local_llama_server,
-    )
+    runtimes = Runtimes.from_args(args)
     if args.base_port is not None and not 1024 <= args.base_port <= 65000:
         raise UsageError(f"--base-port {args.base_port}: use a port between 1024 and 65000")
     profile, path = load_profile(args.profile, root=root)

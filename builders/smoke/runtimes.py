@@ -7,6 +7,7 @@ building an image.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import shutil
@@ -402,6 +403,18 @@ class Runtimes:
             serving = SERVING_ENGINES[kind]
             raise UsageError(f"give either {serving.image_option} or {serving.local_option}, not both")
         return cls(images=images, local=local, router_image=router_image)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Runtimes:
+        """From the options `forge smoke` and `forge sweep` both take (IMAGE, --local-vllm, --router-image and
+        add_llama_options'), so the two commands cannot read them differently."""
+        return cls.choose(
+            image=args.image,
+            local_vllm=args.local_vllm,
+            router_image=args.router_image,
+            llama_image=args.llama_image,
+            local_llama=args.local_llama_server,
+        )
 
     @property
     def image(self) -> str | None:

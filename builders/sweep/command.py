@@ -87,13 +87,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--rate-scale {args.rate_scale}: give a positive factor")
     if args.load_fraction is not None and not 0 < args.load_fraction <= 4:
         raise UsageError(f"--load-fraction {args.load_fraction}: give a fraction of capacity in (0, 4]")
-    runtimes = Runtimes.choose(
-        image=args.image,
-        local_vllm=args.local_vllm,
-        router_image=args.router_image,
-        llama_image=args.llama_image,
-        local_llama=args.local_llama_server,
-    )
+    runtimes = Runtimes.from_args(args)
     names = available_sweep_profiles(root) if args.profiles == "all" else [n for n in args.profiles.split(",") if n]
     changes: dict[str, Any] = {}
     if args.duration_s is not None:
