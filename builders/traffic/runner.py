@@ -209,6 +209,11 @@ async def _open_loop(run: _Run, request_class: RequestClass, start: Callable[[in
     assert plan.rate_per_s is not None
     running: list[asyncio.Task[None]] = []
     for index, at in enumerate(arrival_times(run.plan.seed, request_class, plan.rate_per_s, plan.count)):
+        if run.started + at >= run.deadline:
+            # Not slept for: at a rate scaled far down the next arrival can be minutes past the deadline, and
+            # the run would wait for a request it will never send.
+            run.deadline_hit = True
+            break
         delay = run.started + at - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)

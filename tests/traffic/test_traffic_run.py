@@ -208,6 +208,27 @@ def test_open_loop_arrivals_are_seeded_and_do_not_wait_for_answers() -> None:
     assert arrival_times(3, RequestClass.RAG, 10.0, 8) != arrival_times(3, RequestClass.INTERACTIVE, 10.0, 8)
 
 
+def test_an_open_loop_whose_next_arrival_is_after_the_deadline_stops_at_the_deadline() -> None:
+    """A sweep scaled far down (rates × 0.02 on a slow host) puts arrivals minutes apart: the run must end at
+    its deadline, not sleep until an arrival it will never send (seen: a 20 s run outlived a 200 s bound)."""
+
+    async def body() -> None:
+        server = await FakeOpenAI(max_tokens_cap=2).start()
+        try:
+            plan = plan_with(interactive={"count": 8, "concurrency": 1, "rate_per_s": 0.01}, seed=3, deadline_s=1.0)
+            started = time.monotonic()
+            result = await run_traffic(server.url, plan)
+            took = time.monotonic() - started
+        finally:
+            await server.stop()
+        first = arrival_times(3, RequestClass.INTERACTIVE, 0.01, 8)[0]
+        assert first > 5.0, first  # the seed's first arrival is well after the deadline
+        assert took < 3.0, took
+        assert result.stopped_by == "deadline" and not result.records
+
+    run(body())
+
+
 def _written_before_the_deadline(receive_buffer_bytes: int | None) -> int:
     """Bytes a server streaming a 4 MiB answer got written while one slow client read it for a second
     (about 50 KB read in that second, at 512 bytes every 10 ms)."""
