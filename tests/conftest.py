@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -130,3 +131,41 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         return
     with local_registry(tmp_path_factory.mktemp("registry")) as host:
         yield host
+
+
+# Big images are released after the last test that uses it, not at the end of the session: the tests that use
+# one run together (pytest's file order), and a small CI disk then holds one big image at a time. A test names
+# the images it needs with @pytest.mark.image("podman:cpu-wheel", ...) (module-wide through pytestmark).
+_IMAGE_USERS = pytest.StashKey[dict[str, set[str]]]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "image(*keys): the session-built images (ENGINE:TARGET) the test uses")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    users: dict[str, set[str]] = {}
+    for item in items:
+        for mark in item.iter_markers("image"):
+            for key in mark.args:
+                users.setdefault(str(key), set()).add(item.nodeid)
+    config.stash[_IMAGE_USERS] = users
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    users = item.config.stash.get(_IMAGE_USERS, {})
+    for key in [str(k) for mark in item.iter_markers("image") for k in mark.args]:
+        waiting = users.get(key)
+        if waiting is None:
+            continue
+        waiting.discard(item.nodeid)
+        if not waiting:
+            del users[key]
+            if str(ROOT / "tests" / "smoke") not in sys.path:
+                sys.path.insert(0, str(ROOT / "tests" / "smoke"))
+            from smoke_helpers import release_image
+
+            done = release_image(key)
+            if done:
+                item.config.get_terminal_writer().line(f"\n[forge tests] {done}")

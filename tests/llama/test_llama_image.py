@@ -18,7 +18,7 @@ from builders.plan import PlanOptions, make_plan
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "smoke"))
 from smoke_helpers import llama_image
 
-pytestmark = [pytest.mark.engine, pytest.mark.slow]
+pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.image("docker:llama-cpp")]
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,7 @@ from builders.smoke.stack import _with_env
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "smoke"))
 from smoke_helpers import ROOT, llama_image
 
-pytestmark = [pytest.mark.server, pytest.mark.engine]
+pytestmark = [pytest.mark.server, pytest.mark.engine, pytest.mark.image("docker:llama-cpp")]
 
 LLAMA = SERVING_ENGINES["llama-cpp"]
 KEY = "upstream-key"

@@ -81,8 +81,20 @@ def llama_image() -> str:
     return os.environ.get("FORGE_SMOKE_LLAMA_IMAGE") or _forge_image("llama-cpp", distro_name="debian-14", max_jobs=2)
 
 
-@functools.cache
+# The images this session built, by ledger key ("docker:cpu-wheel"): each is built once and shared, and
+# release_image() removes one after the last test that uses it (tests/conftest.py, marker `image`).
+_BUILT: dict[str, str] = {}
+RECLAIM_ENV = "FORGE_TEST_RECLAIM"
+
+
 def _forge_image(target: str, *, distro_name: str = "debian-12", max_jobs: int = 1) -> str:
+    key = f"docker:{target}"
+    if key not in _BUILT:
+        _BUILT[key] = _build_forge_image(target, distro_name=distro_name, max_jobs=max_jobs)
+    return _BUILT[key]
+
+
+def _build_forge_image(target: str, *, distro_name: str, max_jobs: int) -> str:
     from builders.build import BuildOptions, build
     from builders.config import Project
     from builders.sources import fetch_wheelhouse
@@ -154,9 +166,32 @@ def marked_ca_bundle() -> Path:
     return bundle
 
 
-@functools.cache
 def podman_image(target: str) -> str:
     """The Debian 12 image of `target` built (and test-staged) by Forge with --engine podman, once per session."""
+    key = f"podman:{target}"
+    if key not in _BUILT:
+        _BUILT[key] = _build_podman_image(target)
+    return _BUILT[key]
+
+
+def release_image(key: str) -> str | None:
+    """Remove an image this session built, and its engine's leftovers of that build, once no test needs it.
+
+    Only with FORGE_TEST_RECLAIM=1 (.ci/run sets it): a CI machine with 9 GB free cannot hold the Podman and
+    the Docker cpu-wheel images, their build layers and the llama.cpp toolchain at once, while on a developer's
+    machine the images and caches are worth keeping for the next run. Returns what was done, for the log."""
+    tag = _BUILT.pop(key, None)
+    if tag is None or os.environ.get(RECLAIM_ENV) != "1":
+        return None
+    engine = key.split(":", 1)[0]
+    # The build cache goes too: on this CI host it is ours alone, and it holds another copy of the big layers.
+    prune = ["docker", "builder", "prune", "-af"] if engine == "docker" else ["podman", "image", "prune", "-f"]
+    for command in ([engine, "rmi", "-f", tag], prune):
+        subprocess.run(command, capture_output=True, timeout=600, check=False)
+    return f"released {key} ({tag})"
+
+
+def _build_podman_image(target: str) -> str:
     from builders.build import BuildOptions, build
     from builders.config import Project
     from builders.sources import fetch_wheelhouse

@@ -127,6 +127,7 @@ def test_preflight_checks_buildahs_scratch_dir_where_it_is_a_small_tmpfs(
 
 
 @pytest.mark.timeout(1200)
+@pytest.mark.image("podman:router")
 def test_router_built_on_podman_passes_its_tests_and_no_layer_holds_the_ca_bundle(podman: Engine) -> None:
     tag = podman_image("router")
     report = _report("router")
@@ -160,6 +161,7 @@ def test_router_built_on_podman_passes_its_tests_and_no_layer_holds_the_ca_bundl
 
 # The cpu-wheel image built on Podman is shared with the kube-play test (podman_image() builds it once a session).
 @pytest.mark.timeout(1800)
+@pytest.mark.image("podman:cpu-wheel", "podman:router")
 def test_smoke_on_podman_passes_the_ci_profile_and_leaves_nothing(
     podman: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

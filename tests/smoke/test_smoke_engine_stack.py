@@ -19,7 +19,7 @@ from builders.smoke.profile import load_profile
 from builders.smoke.runtimes import ContainerReplicas, ContainerRouter, ReplicaRuntime, RouterRuntime
 from builders.smoke.stack import SmokeOptions, SmokeRun
 
-pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow]
+pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow, pytest.mark.image("docker:cpu-wheel")]
 
 
 def image_run(engine: Engine, image: str, options: SmokeOptions) -> SmokeRun:
