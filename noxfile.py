@@ -191,3 +191,24 @@ def kube_play(session: nox.Session) -> None:
     """Only the kube-play test of the default suite: the ci profile rendered, played with podman kube play, smoked
     through --endpoint, torn down (minutes)."""
     session.run("pytest", "tests/deploy/test_deploy_kube_play.py", "-s", *session.posargs, external=True)
+
+
+@nox.session(python=False, name="sweep-engines", default=False)
+def sweep_engines(session: nox.Session) -> None:
+    """The engine axis of the serving sweep: the shared and class-aware profiles on vLLM (the Debian 12 cpu-wheel
+    image) and on llama.cpp (the Debian 14 llama-cpp image), the same seeded traffic, one engine × profile table."""
+    session.run(
+        "forge",
+        "sweep",
+        "forge/debian-12-cpu-wheel:latest",
+        "--llama-image",
+        "forge/debian-14-llama-cpp:latest",
+        "--engines",
+        "vllm,llama-cpp",
+        "--profiles",
+        "shared,class-aware",
+        "--report",
+        str(ROOT / "reports" / "sweep-engines"),
+        *session.posargs,
+        external=True,
+    )
