@@ -6,10 +6,10 @@ Rule order (the first that matches decides):
 2. ``agent``: the request carries ``tools``, a ``tool`` message or an assistant ``tool_calls`` turn;
 3. ``long_prefill``: estimated prompt tokens (characters / 4, plus exact counts of token-id prompts)
    >= ``long_prefill_tokens``;
-4. ``rag``: the prompt's shared prefix (its first ``prefix_chars`` characters, roles included, only
+4. ``batch``: not streamed and ``max_tokens`` (or ``max_completion_tokens``) >= ``batch_max_tokens``
+   (a request without max_tokens is not batch), a seen prefix or not;
+5. ``rag``: the prompt's shared prefix (its first ``prefix_chars`` characters, roles included, only
    when the prompt is longer than that) was seen within ``prefix_ttl_s``;
-5. ``batch``: not streamed and ``max_tokens`` (or ``max_completion_tokens``) >= ``batch_max_tokens``
-   (a request without max_tokens is not batch);
 6. ``slow_stream``: header ``x-client-slow: 1``, or the client (``x-client-id``) stalled a stream recently;
 7. ``interactive``.
 """
@@ -115,10 +115,13 @@ class Classifier:
             return Decision(request_class=RequestClass.AGENT, reason="tools", prefix=prefix)
         if parsed.token_estimate >= cfg.long_prefill_tokens:
             return Decision(request_class=RequestClass.LONG_PREFILL, reason="token_estimate", prefix=prefix)
-        if prefix is not None and self.prefixes.contains(prefix):
-            return Decision(request_class=RequestClass.RAG, reason="shared_prefix", prefix=prefix)
+        # Batch before rag: a long unstreamed answer is what the client asked for, a seen prefix only a guess
+        # at cache reuse, and a batch answer decoded on the interactive pool costs its latency for the whole
+        # decode while the prefix would save only the prefill (a summary of a document seen before went there).
         if not parsed.stream and parsed.max_tokens is not None and parsed.max_tokens >= cfg.batch_max_tokens:
             return Decision(request_class=RequestClass.BATCH, reason="max_tokens", prefix=prefix)
+        if prefix is not None and self.prefixes.contains(prefix):
+            return Decision(request_class=RequestClass.RAG, reason="shared_prefix", prefix=prefix)
         if headers.get(SLOW_HEADER, "").strip() == "1":
             return Decision(request_class=RequestClass.SLOW_STREAM, reason="slow_header", prefix=prefix)
         client = self.client_id(headers)

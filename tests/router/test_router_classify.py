@@ -88,6 +88,18 @@ def test_shared_prefix_makes_rag_on_second_sight() -> None:
     assert classifier.classify(other_role, {}).request_class is RequestClass.INTERACTIVE
 
 
+def test_a_batch_request_over_a_seen_prefix_is_batch_not_rag() -> None:
+    classifier = Classifier(CONFIG)
+    classifier.classify(parse_request(Endpoint.CHAT, chat({"role": "system", "content": DOC}, user("who?"))), {})
+    summary = json.loads(chat({"role": "system", "content": DOC}, user("summarise it")))
+    summary |= {"stream": False, "max_tokens": CONFIG.batch_max_tokens}
+    decision = classifier.classify(parse_request(Endpoint.CHAT, json.dumps(summary).encode()), {})
+    assert (decision.request_class, decision.reason) == (RequestClass.BATCH, "max_tokens")
+    # Streamed, the same request over the same prefix is rag: only a long unstreamed answer is batch.
+    streamed = json.dumps(summary | {"stream": True}).encode()
+    assert classifier.classify(parse_request(Endpoint.CHAT, streamed), {}).request_class is RequestClass.RAG
+
+
 def test_short_prompts_have_no_prefix_so_repeats_stay_interactive() -> None:
     classifier = Classifier(CONFIG)
     for _ in range(3):
