@@ -58,6 +58,11 @@ def _no_child_left() -> Iterator[None]:
             proc.wait()
 
 
+def _default_signals() -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def _child(
     tmp_path: Path, *, cleanup_s: float = 0.0, deferred_s: float = 0.0, preexec: Callable[[], None] | None = None
 ) -> subprocess.Popen[str]:
@@ -69,8 +74,9 @@ def _child(
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
-        # As a terminal's shell does: Ctrl-C's default restored, whatever this test runner inherited.
-        preexec_fn=preexec or (lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)),
+        # As a terminal's shell does: the defaults restored, whatever this test runner inherited (a suite started
+        # under nohup hands its children SIGHUP ignored, which the last test here shows Forge keeps).
+        preexec_fn=preexec or _default_signals,
     )
     _started.append(proc)
     assert proc.stdout is not None
