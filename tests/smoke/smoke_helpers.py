@@ -194,11 +194,17 @@ def release_image(key: str) -> str | None:
     if tag is None or os.environ.get(RECLAIM_ENV) != "1":
         return None
     engine = key.split(":", 1)[0]
+    # By id, not by tag: a build tags :latest beside the test tag, and an image with a tag left keeps its layers.
+    found = subprocess.run(
+        [engine, "image", "inspect", "--format", "{{.Id}}", tag], capture_output=True, text=True, check=False
+    )
+    image_id = found.stdout.strip() if found.returncode == 0 else tag
     # The build cache goes too: on this CI host it is ours alone, and it holds another copy of the big layers.
     prune = ["docker", "builder", "prune", "-af"] if engine == "docker" else ["podman", "image", "prune", "-f"]
-    for command in ([engine, "rmi", "-f", tag], prune):
+    for command in ([engine, "rmi", "-f", image_id], prune):
         subprocess.run(command, capture_output=True, timeout=600, check=False)
-    return f"released {key} ({tag})"
+    gone = subprocess.run([engine, "image", "inspect", image_id], capture_output=True, check=False).returncode != 0
+    return f"released {key} ({tag}, {image_id[:19]}){'' if gone else ': still present'}"
 
 
 def _build_podman_image(target: str) -> str:
