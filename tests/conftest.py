@@ -167,5 +167,6 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
             from smoke_helpers import release_image
 
             done = release_image(key)
-            if done:
-                item.config.get_terminal_writer().line(f"\n[forge tests] {done}")
+            reporter = item.config.pluginmanager.get_plugin("terminalreporter")
+            if done and reporter is not None:
+                reporter.write_line(f"[forge tests] {done}")
