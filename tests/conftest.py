@@ -144,12 +144,27 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The users of one big image run together, at the place of its last user: the kube-play test (tests/deploy)
+    # otherwise held the Podman cpu-wheel image through every test up to tests/smoke, the forced Debian 12
+    # source build among them, and that was the suite's disk peak.
+    for key in dict.fromkeys(str(k) for item in items for mark in item.iter_markers("image") for k in mark.args):
+        marked = [i for i, item in enumerate(items) if key in _image_keys(item)]
+        if len(marked) > 1:
+            last = items[marked[-1]]
+            moved = [items[i] for i in marked[:-1]]
+            rest = [item for i, item in enumerate(items) if i not in set(marked[:-1])]
+            at = rest.index(last)
+            items[:] = rest[:at] + moved + rest[at:]
     users: dict[str, set[str]] = {}
     for item in items:
         for mark in item.iter_markers("image"):
             for key in mark.args:
                 users.setdefault(str(key), set()).add(item.nodeid)
     config.stash[_IMAGE_USERS] = users
+
+
+def _image_keys(item: pytest.Item) -> set[str]:
+    return {str(k) for mark in item.iter_markers("image") for k in mark.args}
 
 
 @pytest.hookimpl(trylast=True)
