@@ -289,7 +289,9 @@ def interrupt_forge_smoke(
     try:
         for line in process.stdout:
             output.append(line)
-            found = re.search(r"replica\(s\) \(run ([0-9a-f]+)\)", line)
+            # "starting 2 replica(s): 2 vllm (run 1a2b3c4d)": the engines' part was added with llama.cpp pools,
+            # and a pattern without it waited for a run id that never came while the run went on to pass.
+            found = re.search(r"starting \d+ replica\(s\)[^(]*\(run ([0-9a-f]+)\)", line)
             if found:
                 run_id = found.group(1)
                 break
