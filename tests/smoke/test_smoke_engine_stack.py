@@ -40,8 +40,11 @@ def image_run(engine: Engine, image: str, options: SmokeOptions) -> SmokeRun:
 
 
 # No rerun: the pools' replicas are confined to their own cores (profiles/ci.yaml pools.*.cpus).
+# The kill check only: killing a container is this runtime's own path, while the slow-client check judges the
+# router, which is the same process whatever runs the replicas, and runs (with its negative control) on the
+# host-process stack (test_smoke_local_stack.py). Its baseline run cost CI a minute here for nothing new.
 @pytest.mark.timeout(900)
-def test_ci_profile_passes_on_the_image_with_both_checks(engine: Engine, tmp_path: Path) -> None:
+def test_ci_profile_passes_on_the_image_with_the_kill_check(engine: Engine, tmp_path: Path) -> None:
     image = smoke_image()
     profile, path = load_profile("ci", root=ROOT)
     options = SmokeOptions(
@@ -49,7 +52,6 @@ def test_ci_profile_passes_on_the_image_with_both_checks(engine: Engine, tmp_pat
         profile_path=path,
         report_dir=tmp_path,
         base_port=free_base_port(profile.replica_count),
-        check_slow_clients=True,
         check_kill_replica=True,
     )
     run = image_run(engine, image, options)
