@@ -17,7 +17,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import requests
 
@@ -26,6 +26,9 @@ from builders.errors import EngineError
 from builders.plan import BuildPlan
 
 SERVE_DEADLINE_S = 420
+
+if TYPE_CHECKING:
+    from builders.smoke.tiny_model import ModelShape
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,48 +129,86 @@ def check_tcmalloc(engine: Engine, image: str, plan: BuildPlan) -> CheckResult:
 
 def check_serve(engine: Engine, image: str, plan: BuildPlan) -> CheckResult:
     from builders.serving_dtype import choose_dtype, this_host
-    from builders.smoke.tiny_model import ModelShape, write_tiny_model
+    from builders.smoke.tiny_model import ModelShape
+
+    # The test stage serves on the engine's host, this one: the same choice a smoke run makes here.
+    dtype = choose_dtype("auto", this_host())
+    return _serve_tiny_model(
+        engine,
+        image,
+        plan,
+        name="serve-models",
+        dtype=dtype.dtype,
+        shape=ModelShape(torch_dtype=dtype.dtype),
+        env={"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"},
+        note=f" (dtype {dtype.dtype}: {dtype.reason})",
+    )
+
+
+def _serve_tiny_model(
+    engine: Engine,
+    image: str,
+    plan: BuildPlan,
+    *,
+    name: str,
+    dtype: str,
+    env: dict[str, str],
+    note: str = "",
+    shape: ModelShape | None = None,
+    extra_args: tuple[str, ...] = (),
+    gpus: bool = False,
+) -> CheckResult:
+    """`vllm serve` of a tiny random model in the image, judged by its /v1/models answer: the CPU and the GPU
+    serve checks differ only in dtype, environment and the GPU's own arguments."""
+    from builders.smoke.tiny_model import write_tiny_model
 
     start = time.monotonic()
     port = free_port()
-    # The test stage serves on the engine's host, this one: the same choice a smoke run makes here.
-    dtype = choose_dtype("auto", this_host())
     with tempfile.TemporaryDirectory(prefix="forge-tiny-model-") as tmp:
-        model = write_tiny_model(Path(tmp) / "model", shape=ModelShape(torch_dtype=dtype.dtype))
+        model = write_tiny_model(Path(tmp) / "model", shape=shape)
+        # Readable by the image's uid 1000, whoever made the temporary folder.
         model.chmod(0o755)
         for child in model.iterdir():
             child.chmod(0o644)
         Path(tmp).chmod(0o755)
-        cid = engine.run_detached(
-            image=image,
-            command=[
-                "/model",
-                "--load-format",
-                "dummy",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--max-model-len",
-                "512",
-                "--max-num-seqs",
-                "4",
-                "--served-model-name",
-                "tiny",
-                "--dtype",
-                dtype.dtype,
-            ],
-            volumes={str(model): "/model"},
-            env={"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"},
-            shm_size="2g",
-            labels={"forge.test": plan.session_id},
-        )
+        command = [
+            "/model",
+            "--load-format",
+            "dummy",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--max-model-len",
+            "512",
+            "--max-num-seqs",
+            "4",
+            "--served-model-name",
+            "tiny",
+            "--dtype",
+            dtype,
+            *extra_args,
+        ]
+        try:
+            cid = engine.run_detached(
+                image=image,
+                command=command,
+                volumes={str(model): "/model"},
+                env=env,
+                shm_size="2g",
+                labels={"forge.test": plan.session_id},
+                gpus=gpus,
+            )
+        except EngineError as exc:
+            if not gpus:
+                raise  # an engine that cannot start a CPU container is the engine's failure, not the image's
+            return _engine_refused(name, exc, start)
         try:
             deadline = time.monotonic() + SERVE_DEADLINE_S
             while time.monotonic() < deadline:
                 if not engine.is_running(cid):
                     return CheckResult(
-                        name="serve-models",
+                        name=name,
                         ok=False,
                         seconds=time.monotonic() - start,
                         detail="vllm serve exited:\n" + server_log_excerpt(engine, cid),
@@ -177,16 +218,16 @@ def check_serve(engine: Engine, image: str, plan: BuildPlan) -> CheckResult:
                     if resp.status_code == 200:
                         ids = [m["id"] for m in resp.json().get("data", [])]
                         return CheckResult(
-                            name="serve-models",
+                            name=name,
                             ok="tiny" in ids,
                             seconds=time.monotonic() - start,
-                            detail=f"/v1/models -> {ids} (dtype {dtype.dtype}: {dtype.reason})",
+                            detail=f"/v1/models -> {ids}{note}",
                         )
                 except requests.RequestException:
                     pass
                 time.sleep(2)
             return CheckResult(
-                name="serve-models",
+                name=name,
                 ok=False,
                 seconds=time.monotonic() - start,
                 detail=f"no answer within {SERVE_DEADLINE_S}s:\n" + server_log_excerpt(engine, cid),
@@ -338,79 +379,18 @@ def check_runtime_toolchain(engine: Engine, image: str, plan: BuildPlan) -> Chec
 
 
 def check_serve_gpu(engine: Engine, image: str, plan: BuildPlan) -> CheckResult:
-    from builders.smoke.tiny_model import write_tiny_model
-
-    name = "serve-models-gpu"
-    start = time.monotonic()
-    port = free_port()
-    with tempfile.TemporaryDirectory(prefix="forge-tiny-model-") as tmp:
-        model = write_tiny_model(Path(tmp) / "model")
-        model.chmod(0o755)
-        for child in model.iterdir():
-            child.chmod(0o644)
-        Path(tmp).chmod(0o755)
-        # Eager mode and a small memory share: the check proves kernels run and the server answers, quickly,
-        # on a GPU other processes may be using.
-        command = [
-            "/model",
-            "--load-format",
-            "dummy",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--max-model-len",
-            "512",
-            "--max-num-seqs",
-            "4",
-            "--served-model-name",
-            "tiny",
-            "--dtype",
-            "bfloat16",
-            "--enforce-eager",
-            "--gpu-memory-utilization",
-            "0.2",
-        ]
-        try:
-            cid = engine.run_detached(
-                image=image,
-                command=command,
-                volumes={str(model): "/model"},
-                env={"HF_HUB_OFFLINE": "1"},
-                shm_size="2g",
-                labels={"forge.test": plan.session_id},
-                gpus=True,
-            )
-        except EngineError as exc:
-            return _engine_refused(name, exc, start)
-        try:
-            deadline = time.monotonic() + SERVE_DEADLINE_S
-            while time.monotonic() < deadline:
-                if not engine.is_running(cid):
-                    return CheckResult(
-                        name=name,
-                        ok=False,
-                        seconds=time.monotonic() - start,
-                        detail="vllm serve exited:\n" + server_log_excerpt(engine, cid),
-                    )
-                try:
-                    resp = requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=2)
-                    if resp.status_code == 200:
-                        ids = [m["id"] for m in resp.json().get("data", [])]
-                        return CheckResult(
-                            name=name, ok="tiny" in ids, seconds=time.monotonic() - start, detail=f"/v1/models -> {ids}"
-                        )
-                except requests.RequestException:
-                    pass
-                time.sleep(2)
-            return CheckResult(
-                name=name,
-                ok=False,
-                seconds=time.monotonic() - start,
-                detail=f"no answer within {SERVE_DEADLINE_S}s:\n" + server_log_excerpt(engine, cid),
-            )
-        finally:
-            engine.stop_and_remove(cid)
+    # Eager mode and a small memory share: the check proves kernels run and the server answers, quickly,
+    # on a GPU other processes may be using.
+    return _serve_tiny_model(
+        engine,
+        image,
+        plan,
+        name="serve-models-gpu",
+        dtype="bfloat16",
+        env={"HF_HUB_OFFLINE": "1"},
+        extra_args=("--enforce-eager", "--gpu-memory-utilization", "0.2"),
+        gpus=True,
+    )
 
 
 def run_gpu_checks(engine: Engine, image: str, plan: BuildPlan, gpus: GpuPresence | None = None) -> list[CheckResult]:
