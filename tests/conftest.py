@@ -183,5 +183,8 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
             done = release_image(key)
             reporter = item.config.pluginmanager.get_plugin("terminalreporter")
-            if done and reporter is not None:
-                reporter.write_line(f"[forge tests] {done}")
+            capture = item.config.pluginmanager.get_plugin("capturemanager")
+            if done and reporter is not None and capture is not None:
+                # Teardown runs with output captured: the line reaches the log only with capture suspended.
+                with capture.global_and_fixture_disabled():
+                    reporter.write_line(f"[forge tests] {done}")
