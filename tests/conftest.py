@@ -147,19 +147,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # The users of one big image run together, at the place of its last user: the kube-play test (tests/deploy)
     # otherwise held the Podman cpu-wheel image through every test up to tests/smoke, the forced Debian 12
     # source build among them, and that was the suite's disk peak.
-    for key in dict.fromkeys(str(k) for item in items for mark in item.iter_markers("image") for k in mark.args):
+    for key in dict.fromkeys(key for item in items for key in sorted(_image_keys(item))):
         marked = [i for i, item in enumerate(items) if key in _image_keys(item)]
         if len(marked) > 1:
-            last = items[marked[-1]]
-            moved = [items[i] for i in marked[:-1]]
-            rest = [item for i, item in enumerate(items) if i not in set(marked[:-1])]
-            at = rest.index(last)
-            items[:] = rest[:at] + moved + rest[at:]
+            earlier = set(marked[:-1])
+            rest = [item for i, item in enumerate(items) if i not in earlier]
+            at = rest.index(items[marked[-1]])
+            items[:] = rest[:at] + [items[i] for i in marked[:-1]] + rest[at:]
     users: dict[str, set[str]] = {}
     for item in items:
-        for mark in item.iter_markers("image"):
-            for key in mark.args:
-                users.setdefault(str(key), set()).add(item.nodeid)
+        for key in _image_keys(item):
+            users.setdefault(key, set()).add(item.nodeid)
     config.stash[_IMAGE_USERS] = users
 
 
@@ -170,7 +168,7 @@ def _image_keys(item: pytest.Item) -> set[str]:
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     users = item.config.stash.get(_IMAGE_USERS, {})
-    for key in [str(k) for mark in item.iter_markers("image") for k in mark.args]:
+    for key in _image_keys(item):
         waiting = users.get(key)
         if waiting is None:
             continue
