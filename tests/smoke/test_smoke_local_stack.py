@@ -36,9 +36,12 @@ def local_run(options: SmokeOptions, binary: Path) -> SmokeRun:
 
 # No rerun: each pool's replica runs on its own core (profiles/ci.yaml pools.*.cpus), so the slow readers'
 # replica cannot take CPU from the interactive pool's; a failure here is a finding, not scheduling luck.
+# The kill check is left to the container stacks (Docker's vLLM and ci-llama's llama.cpp smoke tests), where a
+# replica is killed from outside as an operator would; here it would add a third traffic run to CI for a path
+# those two already prove.
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_ci_profile_passes_with_both_isolation_checks_and_leaves_nothing(tmp_path: Path) -> None:
+def test_ci_profile_passes_with_the_slow_client_check_and_leaves_nothing(tmp_path: Path) -> None:
     binary = local_vllm()
     profile, path = load_profile("ci", root=ROOT)
     options = SmokeOptions(
@@ -47,18 +50,16 @@ def test_ci_profile_passes_with_both_isolation_checks_and_leaves_nothing(tmp_pat
         report_dir=tmp_path,
         base_port=free_base_port(profile.replica_count),
         check_slow_clients=True,
-        check_kill_replica=True,
     )
     run = local_run(options, binary)
     report = run.execute()
 
     assert report["gates"] == {"passed": True, "failures": []}
     assert report["checks"]["slow_clients"]["passed"]
-    kill = report["checks"]["kill_replica"]
-    assert kill["passed"] and kill["cut"] >= 1 and kill["error_after_s_max"] <= 5
+    assert "kill_replica" not in report["checks"]
     assert report["teardown"]["clean"] is True and report["teardown"]["leftovers"] == []
     written = json.loads(Path(report["report_file"]).read_text(encoding="utf-8"))
-    assert set(written["traffic"]) == {"main", "baseline_fast_readers", "kill_replica"}
+    assert set(written["traffic"]) == {"main", "baseline_fast_readers"}
     assert set(written["traffic"]["main"]["classes"]) == {c.value for c in profile.classes}
     assert processes_mentioning(f"forge-smoke-{run.run_id}") == []
 
