@@ -23,6 +23,7 @@ from builders.bootstrap import BaseResult, ensure_base, ensure_image, registry_o
 from builders.config import Project
 from builders.config.models import Distro, FetchedSource, Recipe
 from builders.diagnose import diagnose_file
+from builders.emulation import describe as describe_stand_in
 from builders.engine import Builder, BuildRequest, Engine, choose_builder
 from builders.engine.image_builders import describe
 from builders.errors import BaseUnavailable, BuildFailed, ForgeError, PreflightBlocked, SourceUnavailable
@@ -143,6 +144,9 @@ class Context:
         host = platform.machine()
         # Under emulation every RUN and every test-stage check is an arm64 process interpreted by qemu-user-static.
         report.platform = {"name": platform_of(distro).name, "host": host, "emulated": host != distro.arch}
+        stand_in = describe_stand_in(distro.arch, host)
+        if stand_in:
+            report.platform["stand_in"] = stand_in
         return cls(
             project=project,
             distro=distro,

