@@ -13,7 +13,7 @@ import shlex
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,11 +23,12 @@ from builders.bootstrap import BaseResult, ensure_base, ensure_image, registry_o
 from builders.config import Project
 from builders.config.models import Distro, FetchedSource, Recipe
 from builders.diagnose import diagnose_file
+from builders.diagnose.diagnosis import diagnose_text
 from builders.emulation import describe as describe_stand_in
 from builders.engine import Builder, BuildRequest, Engine, choose_builder
 from builders.engine.image_builders import describe
 from builders.errors import BaseUnavailable, BuildFailed, ForgeError, PreflightBlocked, SourceUnavailable
-from builders.image_tests import run_checks, status_text
+from builders.image_tests import CheckResult, run_checks, status_text
 from builders.log import Log, as_log
 from builders.options import BuildOptions as BuildOptions  # re-exported: callers build with it from here
 from builders.options import plan_options
@@ -462,13 +463,25 @@ def _test(ctx: Context) -> None:
     if imported:
         vllm_v, torch_v = ([*imported.detail.split(), "", ""])[:2]
         ctx.report.versions.update({"vllm": vllm_v, "torch": torch_v})
+    judge_checks(checks, ctx.report)
+
+
+def judge_checks(checks: Sequence[CheckResult], report: BuildReport) -> None:
+    """Raise BuildFailed naming the failed checks. Their output is diagnosed like a failed build's log: the report
+    names the cause and remedy (a kernel library that cannot load beside this torch is torch-mismatch), or says
+    that it knows none."""
     failed = [c for c in checks if not c.ok]
-    if failed:
-        detail = failed[0].detail.strip()
-        raise BuildFailed(
-            f"test stage failed: {', '.join(c.name for c in failed)}",
-            hint=detail.splitlines()[-1] if detail else "see the report",
-        )
+    if not failed:
+        return
+    detail = failed[0].detail.strip()
+    diagnosis = diagnose_text("\n".join(c.detail for c in failed))
+    report.diagnosis = diagnosis.to_dict()
+    known = diagnosis.category != "unknown"
+    raise BuildFailed(
+        f"test stage failed: {', '.join(c.name for c in failed)}"
+        + (f" ({diagnosis.category}: {' '.join(diagnosis.cause.split())})" if known else ""),
+        hint=" ".join(diagnosis.remedy.split()) if known else (detail.splitlines()[-1] if detail else "see the report"),
+    )
 
 
 def _tag(ctx: Context) -> None:

@@ -124,3 +124,37 @@ def test_an_emulated_arm64_container_is_lent_a_cpu_sysfs_naming_an_arm_core() ->
 def test_a_native_or_x86_container_is_lent_nothing(arch: str, host: str) -> None:
     with emulated_cpu_sysfs(arch, host) as volumes:
         assert volumes == {}
+
+
+def test_a_failed_check_is_diagnosed_into_the_report_and_its_remedy_is_the_hint() -> None:
+    from builders.build import judge_checks
+    from builders.errors import BuildFailed
+    from builders.image_tests import CheckResult
+    from builders.report import BuildReport
+
+    report = BuildReport(distro="debian-12", target="cpu-wheel", recipe="vllm-cpu-wheel")
+    checks = [
+        CheckResult(name="import-vllm", ok=True, detail="0.32.0 2.13.0+cu130", seconds=1),
+        CheckResult(name="cpu-kernels", ok=False, detail=f"Failed to import from vllm._C: {SBGEMM}", seconds=0),
+    ]
+    with pytest.raises(BuildFailed) as caught:
+        judge_checks(checks, report)
+    assert caught.value.message.startswith("test stage failed: cpu-kernels (torch-mismatch: ")
+    assert "+cpu" in (caught.value.hint or "")
+    assert report.diagnosis is not None and report.diagnosis["category"] == "torch-mismatch"
+    assert "sbgemm_" in (report.diagnosis["line"] or "")
+
+
+def test_a_failure_no_rule_knows_keeps_the_checks_own_line_and_says_unknown() -> None:
+    from builders.build import judge_checks
+    from builders.errors import BuildFailed
+    from builders.image_tests import CheckResult
+    from builders.report import BuildReport
+
+    report = BuildReport(distro="debian-12", target="router", recipe="router")
+    failed = CheckResult(name="router-relay", ok=False, detail="python", seconds=0)
+    with pytest.raises(BuildFailed) as caught:
+        judge_checks([failed], report)
+    assert caught.value.message == "test stage failed: router-relay" and caught.value.hint == "python"
+    assert report.diagnosis is not None and report.diagnosis["category"] == "unknown"
+    judge_checks([CheckResult(name="entrypoint-help", ok=True, detail="usage", seconds=0)], report)  # no raise
