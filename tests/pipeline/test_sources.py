@@ -13,6 +13,8 @@ from builders.engine import Engine
 from builders.errors import SourceUnavailable
 from builders.sources import manylinux_platforms, resolve_fetched
 
+ROOT = Path(__file__).resolve().parents[2]
+
 
 def test_missing_source_without_a_provider_names_both_ways(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FORGE_CACHE", str(tmp_path))
@@ -50,3 +52,66 @@ def test_missing_onednn_is_fetched_from_debians_source_package(
     assert any("not in the source cache" in line for line in lines)
     again = _fetched_source(project, project.distro("debian-12"), fetched, engine, BuildOptions(), lines.append)
     assert again.path == got.path  # cached now: no second fetch
+
+
+def _wheel(folder: Path, name: str, version: str, tag: str) -> Path:
+    """A minimal valid wheel: pip reads its METADATA to check that it is what its file name says."""
+    import zipfile
+
+    path = folder / f"{name}-{version}-{tag}.whl"
+    info = f"{name}-{version}.dist-info"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        zf.writestr(f"{info}/WHEEL", f"Wheel-Version: 1.0\nRoot-Is-Purelib: false\nTag: {tag}\n")
+        zf.writestr(f"{info}/RECORD", "")
+    return path
+
+
+def _simple_index(root: Path, wheels: list[Path]) -> str:
+    """A PEP 503 index on disk, as pip reads PyTorch's."""
+    project = root / "simple" / "torch"
+    project.mkdir(parents=True)
+    links = "".join(f'<a href="{w.resolve().as_uri()}">{w.name}</a>\n' for w in wheels)
+    (project / "index.html").write_text(f"<html><body>\n{links}</body></html>\n")
+    return (root / "simple").as_uri()
+
+
+def test_the_torch_pin_comes_from_the_recipes_torch_index_first(tmp_path: Path) -> None:
+    from builders.platforms import PLATFORMS, for_platform
+    from builders.sources import _torch_first, pip_download_command
+
+    project = Project.load(ROOT)
+    distro = for_platform(project.distro("debian-12"), PLATFORMS["linux/arm64"])
+    built = tmp_path / "built"
+    built.mkdir()
+    cpu = _wheel(built, "torch", "2.13.0+cpu", "cp311-cp311-manylinux_2_28_aarch64")
+    _wheel(built, "torch", "2.13.0+cpu", "cp311-cp311-manylinux_2_28_x86_64")  # another arch's: not taken
+    recipe = project.recipe_for("cpu-wheel")
+    assert recipe.wheelhouse is not None and recipe.wheelhouse.torch_index == "pytorch-cpu"
+    recipe = recipe.model_copy(
+        update={"wheelhouse": recipe.wheelhouse.model_copy(update={"torch_index": _simple_index(tmp_path, [cpu])})}
+    )
+    dest = tmp_path / "wheelhouse"
+    dest.mkdir()
+    line = _torch_first(recipe, pip_download_command(distro, recipe, dest), dest)
+    assert [w.name for w in dest.iterdir()] == [cpu.name]
+    assert line.startswith(f"torch: {cpu.name} (from file://")
+
+
+def test_an_index_without_the_pin_leaves_the_wheelhouse_to_pypi_and_says_so(tmp_path: Path) -> None:
+    from builders.platforms import PLATFORMS, for_platform
+    from builders.sources import _torch_first, pip_download_command
+
+    project = Project.load(ROOT)
+    distro = for_platform(project.distro("debian-12"), PLATFORMS["linux/arm64"])
+    recipe = project.recipe_for("cpu-wheel")
+    assert recipe.wheelhouse is not None
+    empty = _simple_index(tmp_path, [])
+    recipe = recipe.model_copy(update={"wheelhouse": recipe.wheelhouse.model_copy(update={"torch_index": empty})})
+    dest = tmp_path / "wheelhouse"
+    dest.mkdir()
+    line = _torch_first(recipe, pip_download_command(distro, recipe, dest), dest)
+    assert list(dest.iterdir()) == []
+    assert line.startswith(f"torch: torch==2.13.0 not fetched from {empty} (") and "cpu-kernels" in line
+    no_index = recipe.model_copy(update={"wheelhouse": recipe.wheelhouse.model_copy(update={"torch_index": None})})
+    assert _torch_first(no_index, pip_download_command(distro, no_index, dest), dest) == ""
