@@ -113,5 +113,6 @@ def test_an_index_without_the_pin_leaves_the_wheelhouse_to_pypi_and_says_so(tmp_
     line = _torch_first(recipe, pip_download_command(distro, recipe, dest), dest)
     assert list(dest.iterdir()) == []
     assert line.startswith(f"torch: torch==2.13.0 not fetched from {empty} (") and "cpu-kernels" in line
+    assert recipe.wheelhouse is not None
     no_index = recipe.model_copy(update={"wheelhouse": recipe.wheelhouse.model_copy(update={"torch_index": None})})
     assert _torch_first(no_index, pip_download_command(distro, no_index, dest), dest) == ""
