@@ -208,8 +208,16 @@ def test_router_builds_rootless_as_a_user_with_subuids(podman: Engine) -> None:
         pytest.fail(f"no user {ROOTLESS_USER}: `nox -s engines` makes it, with its subuid/subgid ranges")
     python = _rootless_python()
     work = Path(tempfile.mkdtemp(prefix="forge-rootless-"))
-    os.chown(work, account.pw_uid, account.pw_gid)
-    env = ["env", f"HOME={account.pw_dir}", f"PYTHONPATH={ROOT}", f"TMPDIR={work}", f"FORGE_CACHE={work / 'cache'}"]
+    # The user gets a copy of the project: the checkout itself may be out of its reach (a CI clone under a
+    # 0700 folder failed here with "No module named 'builders'").
+    checkout = work / "checkout"
+    for sub in ("builders", "containers", "distros", "recipes", "profiles"):
+        shutil.copytree(ROOT / sub, checkout / sub, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    for name in ("pyproject.toml", "forge.lock"):
+        shutil.copy2(ROOT / name, checkout / name)
+    for path in (work, *work.rglob("*")):
+        os.chown(path, account.pw_uid, account.pw_gid)
+    env = ["env", f"HOME={account.pw_dir}", f"PYTHONPATH={checkout}", f"TMPDIR={work}", f"FORGE_CACHE={work / 'cache'}"]
     tag = "forge/debian-12-router:rootless-test"
     try:
         # The base, from root's Podman into the user's own storage (~/.local/share/containers).
@@ -219,7 +227,8 @@ def test_router_builds_rootless_as_a_user_with_subuids(podman: Engine) -> None:
         loaded = _as_user(ROOTLESS_USER, ["podman", "load", "--input", str(archive)], cwd=work)
         assert loaded.returncode == 0, loaded.stderr
         archive.unlink()
-        argv = [str(python), "-m", "builders.cli", "build", "debian-12", "router", "--engine", "podman"]
+        argv = [str(python), "-m", "builders.cli", "--root", str(checkout), "build", "debian-12", "router"]
+        argv += ["--engine", "podman"]
         # The host's trust, where the user can read it: builds here reach PyPI through an intercepting proxy.
         bundle = work / "ca_bundle.pem"
         shutil.copyfile(find_ca_bundle()[0] or certifi.where(), bundle)
