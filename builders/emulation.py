@@ -21,11 +21,16 @@ SYSFS_CPU = "/sys/devices/system/cpu"
 NEOVERSE_N1_MIDR = "0x00000000413fd0c1"
 
 
+def _needs_stand_in(arch: str, host_arch: str) -> bool:
+    """Only an aarch64 container on another architecture's host lacks the files: x86 code reads no MIDR."""
+    return arch == "aarch64" and host_arch != arch
+
+
 @contextmanager
 def emulated_cpu_sysfs(arch: str, host_arch: str, cpus: int | None = None) -> Iterator[dict[str, str]]:
     """Volumes (host folder → container path) that stand in for the CPU sysfs an `arch` container expects on a
     `host_arch` host; none where it runs natively or needs none. The folder lives as long as the context."""
-    if arch == host_arch or arch != "aarch64":
+    if not _needs_stand_in(arch, host_arch):
         yield {}
         return
     count = cpus or os.cpu_count() or 1
@@ -47,6 +52,6 @@ def emulated_cpu_sysfs(arch: str, host_arch: str, cpus: int | None = None) -> It
 
 def describe(arch: str, host_arch: str) -> str | None:
     """The line the report gives the stand-in, so no reader takes the emulated checks for native ones."""
-    if arch == host_arch or arch != "aarch64":
+    if not _needs_stand_in(arch, host_arch):
         return None
     return f"{SYSFS_CPU} is a stand-in naming a Neoverse N1 (MIDR_EL1 {NEOVERSE_N1_MIDR}): the host is not Arm"

@@ -15,6 +15,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import requests
 
@@ -284,7 +285,7 @@ def _torch_first(recipe: Recipe, cmd: list[str], dest: Path) -> str:
     if proc.returncode == 0 and got:
         return f"torch: {got[-1].name} (from {url}, or a local wheel folder pip is configured with)"
     # pip words "no candidate anywhere" as a conflict with its constraints; a connection error names the host.
-    host = url.split("/")[2] if "://" in url else url
+    host = urlsplit(url).netloc or url
     why = next((ln.strip() for ln in proc.stderr.splitlines() if host in ln and "WARNING" in ln), "")
     return (
         f"torch: {', '.join(pins)} not fetched from {url} ({why or 'unreachable, or no wheel for this platform'}); "
