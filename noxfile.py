@@ -105,7 +105,8 @@ def lint(session: nox.Session) -> None:
 @nox.session(python=False)
 def tests(session: nox.Session) -> None:
     """All tests, engine- and server-backed ones included (they need the engines: `nox -s engines` first)."""
-    session.run("pytest", *session.posargs, external=True)
+    # The engine-free tests run beside the engine-backed ones (tests/run_split.py says why): the same tests, less clock.
+    session.run("python", str(ROOT / "tests" / "run_split.py"), *session.posargs, external=True)
     # No test leaves a Podman container behind, Forge's or anyone's, buildah's working containers of a stopped
     # build included (--external): `podman ps -a` is empty after the suite.
     session.run(
@@ -130,7 +131,7 @@ def pull_smoke(session: nox.Session) -> None:
 
 @nox.session(python=False, name="publish-multiplatform", default=False)
 def publish_multiplatform(session: nox.Session) -> None:
-    """Only the multi-platform publish test (also in `tests`): arm64 router under emulation, one index, pulled by digest."""
+    """The multi-platform publish (a long proof, not in `tests`): arm64 router under emulation, one index, by digest."""
     session.run("pytest", "tests/publish/test_multiplatform.py", *session.posargs, external=True)
 
 
