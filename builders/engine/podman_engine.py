@@ -261,9 +261,12 @@ class PodmanEngine(Engine):
         self._run("rmi", "--force", qualify(ref), check=False)
 
     def load(self, tarball: bytes | Any) -> list[str]:
-        data = tarball if isinstance(tarball, bytes) else tarball.read()
         with tempfile.NamedTemporaryFile(prefix="forge-load-", suffix=".tar") as fh:
-            fh.write(data)
+            # Copied in chunks: an image of several GB (the cpu-wheel's is 3.8) must not be held in memory whole.
+            if isinstance(tarball, bytes):
+                fh.write(tarball)
+            else:
+                shutil.copyfileobj(tarball, fh, 1 << 20)
             fh.flush()
             out = self._run("load", "--input", fh.name).stdout
         refs = [

@@ -49,7 +49,7 @@ INSTANCE = "forge-ci"
 pytestmark = [
     pytest.mark.engine,
     pytest.mark.server,
-    pytest.mark.image("podman:cpu-wheel", "podman:router"),
+    pytest.mark.image("podman:cpu-wheel", "docker:cpu-wheel", "podman:router"),
     pytest.mark.skipif(shutil.which("podman") is None, reason="needs podman"),
 ]
 

@@ -176,12 +176,37 @@ def marked_ca_bundle() -> Path:
     return bundle
 
 
+# Built by Podman itself: the router, the smallest image, proves Podman's build path (buildah, the CA bundle as a
+# secret, rootless). The cpu-wheel image is the same bytes on either engine (one wheelhouse, one Containerfile), and
+# building it twice cost CI 5 minutes: Podman's tests get Docker's build, carried over by save and load.
+PODMAN_BUILDS = frozenset({"router"})
+
+
 def podman_image(target: str) -> str:
-    """The Debian 12 image of `target` built (and test-staged) by Forge with --engine podman, once per session."""
+    """The Debian 12 image of `target` in Podman's storage, once per session: built by Forge with --engine podman
+    (PODMAN_BUILDS), or else Docker's test-staged build of it loaded into Podman. Its users carry both ledger keys
+    (`podman:T` and `docker:T`), so Docker's copy is kept until they have run."""
     key = f"podman:{target}"
     if key not in _BUILT:
-        _BUILT[key] = _build_podman_image(target)
+        _BUILT[key] = _build_podman_image(target) if target in PODMAN_BUILDS else _podman_copy(target)
     return _BUILT[key]
+
+
+def _podman_copy(target: str) -> str:
+    from builders.engine import Engine
+
+    source = _forge_image(target)
+    tag = f"forge/debian-12-{target}:podman-test"
+    docker, podman = Engine.connect("docker"), Engine.connect("podman")
+    stream = docker.save_stream(source)
+    try:
+        (image_id,) = podman.load(stream)
+    finally:
+        stream.close()
+    podman.tag(image_id, tag)
+    # The same image, not a rebuild: Podman's id is the config digest Docker gave it.
+    assert podman.image_info(tag).id.removeprefix("sha256:") == docker.image_info(source).id.removeprefix("sha256:")
+    return tag
 
 
 def release_image(key: str) -> str | None:
