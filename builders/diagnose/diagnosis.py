@@ -219,6 +219,7 @@ class _CompiledRule:
     """Each deciding pattern on its own, named groups kept: read again on a line they chose."""
     agree: tuple[re.Pattern[str], ...]
     unless: re.Pattern[str] | None
+    unless_in_step: re.Pattern[str] | None
 
     @classmethod
     def of(cls, rule: Rule) -> _CompiledRule:
@@ -231,6 +232,7 @@ class _CompiledRule:
             singles=tuple(re.compile(p) for p in (*rule.patterns, *rule.gated_patterns, *rule.warning_patterns)),
             agree=tuple(re.compile(p) for p in rule.agree_patterns),
             unless=_alternation(rule.undetermined.unless) if rule.undetermined is not None else None,
+            unless_in_step=_alternation(rule.undetermined.unless_in_step) if rule.undetermined is not None else None,
         )
 
     def group(self, text: str, name: str) -> str | None:
@@ -476,11 +478,14 @@ def diagnose_text(text: str, *, rules: RuleBook | None = None) -> Diagnosis:
     if subject is not None and best.rule.subject_label is not None:
         cause = f"{best.rule.subject_label.capitalize()}: {subject}. {cause}"
     undetermined = best.rule.undetermined
+    in_step = compiled.unless_in_step
     unsettled = (
         undetermined is not None
         and subject is None
         and compiled.unless is not None
-        and not any(compiled.unless.search(line.text) for line in lines if line.text and view.in_step(line))
+        and compiled.unless.search(reported.text) is None
+        and compiled.unless.search(earliest.line.text) is None
+        and not (in_step is not None and any(in_step.search(ln.text) for ln in lines if ln.text and view.in_step(ln)))
     )
     if unsettled and undetermined is not None:
         cause = "The log does not say which of these it is: " + "; or ".join(c.strip() for c in undetermined.causes)

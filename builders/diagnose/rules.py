@@ -81,15 +81,20 @@ class Undetermined(BaseModel):
 
     unless: list[str] = Field(
         min_length=1,
-        description="Regexes that settle it: when one matches the decisive line or a line of the failing "
-        "step (a path, the tool that wrote, the process killed), or the line names a `subject`, the rule's "
-        "own cause stands.",
+        description="Regexes that settle it on the decisive line itself (a path, the tool that wrote): then, "
+        "or when the line names a `subject`, the rule's own cause stands.",
+    )
+    unless_in_step: list[str] = Field(
+        default_factory=list,
+        description="Regexes that settle it from any line of the failing step (the kernel's OOM report, "
+        "a disk-only writer such as a layer export). Paths elsewhere in the step do not settle it: a "
+        "traceback's file names say nothing about which filesystem filled.",
     )
     categories: list[str] = Field(min_length=1, description="The categories the answer could be, the rule's own first.")
     causes: list[str] = Field(min_length=2, description="Each cause the log cannot tell apart, in words.")
     remedy: str = Field(min_length=1, description="The check that tells them apart, and what to do after it.")
 
-    @field_validator("unless")
+    @field_validator("unless", "unless_in_step")
     @classmethod
     def _valid_regexes(cls, value: list[str], info: Any) -> list[str]:
         return _compile_all(value, str(info.field_name))
