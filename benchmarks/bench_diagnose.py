@@ -14,6 +14,12 @@ Three figures, all measured here in one run over the labelled corpus (the file n
    category. A pattern written for one project's wording therefore does not count for that project, and a
    cause only one project reported is not recognised there. The same is done holding out whole
    organisations (the repository's owner: all of pytorch/*, all of vllm-project/*), which is stricter.
+5. The set-aside batch (tests/logs/set-aside.txt): the last logs added, measured before any rule was
+   written for them; their figure is printed on its own.
+6. A reliability table: the answers grouped by their confidence, with the share of each group that named
+   the right cause, over the whole corpus and over leave-one-repository-out. Below the threshold the answer
+   is `unknown`; its best guess (the strongest rejected cause) is counted separately.
+
 4. Leave-one-year-out, over the public logs whose sidecar dates the post they were quoted from
    (`source.year`): each year's logs are diagnosed with the patterns that logs of other years justify, so
    a wording that only one year's tools printed does not count for that year. Undated logs stay in the
@@ -24,6 +30,7 @@ Run: `nox -s bench-diagnose` (or `python benchmarks/bench_diagnose.py [--json]`)
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import sys
@@ -40,6 +47,8 @@ from builders.diagnose import UNKNOWN, Rule, RuleBook, diagnose_text, load_rules
 from builders.diagnose.loglines import split_log  # noqa: E402
 
 LOGS = ROOT / "tests" / "logs"
+SET_ASIDE = LOGS / "set-aside.txt"
+BUCKETS = (0.5, 0.6, 0.7, 0.8, 0.9)
 LOCAL_SOURCE = "forge (own captures)"
 
 
@@ -80,15 +89,34 @@ def load_corpus() -> list[Log]:
     return logs
 
 
+def set_aside_names() -> frozenset[str]:
+    """The logs of the last batch added, one file stem per line (`#` comments allowed)."""
+    if not SET_ASIDE.exists():
+        return frozenset()
+    names = frozenset(
+        line.split("#", 1)[0].strip()
+        for line in SET_ASIDE.read_text(encoding="utf-8").splitlines()
+        if line.split("#", 1)[0].strip()
+    )
+    missing = sorted(name for name in names if not (LOGS / "public" / f"{name}.log").exists())
+    if missing:
+        raise SystemExit(f"{SET_ASIDE}: no tests/logs/public/<name>.log for {', '.join(missing)}")
+    return names
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     log: Log
     got: str
     line_number: int | None
+    confidence: float = 0.0
+    best_guess: str | None = None  # for `unknown`: the strongest cause it rejected
+    tell_apart: tuple[str, ...] = ()  # the categories a log it cannot settle could be
 
     @property
     def verdict(self) -> str:
-        if self.got == self.log.label:
+        # An answer that names the causes it cannot tell apart is right when the label is among them.
+        if self.got == self.log.label or self.log.label in self.tell_apart:
             return "right"
         return "unknown" if self.got == UNKNOWN else "wrong"
 
@@ -97,8 +125,48 @@ def diagnose_all(logs: Iterable[Log], book: RuleBook) -> list[Outcome]:
     outcomes = []
     for log in logs:
         diagnosis = diagnose_text(log.text, rules=book)
-        outcomes.append(Outcome(log=log, got=diagnosis.category, line_number=diagnosis.line_number))
+        outcomes.append(
+            Outcome(
+                log=log,
+                got=diagnosis.category,
+                line_number=diagnosis.line_number,
+                confidence=diagnosis.confidence,
+                best_guess=diagnosis.alternatives[0].category if diagnosis.alternatives else None,
+                tell_apart=diagnosis.possible_categories,
+            )
+        )
     return outcomes
+
+
+@dataclass(frozen=True, slots=True)
+class Bucket:
+    low: float
+    high: float
+    right: int
+    wrong: int
+
+    @property
+    def share(self) -> float:
+        return self.right / (self.right + self.wrong) if self.right + self.wrong else float("nan")
+
+
+def reliability(outcomes: list[Outcome]) -> tuple[list[Bucket], int, int]:
+    """Named answers by confidence bucket (share right), and for `unknown` answers on logs with a known
+    cause: how many there were and how many had the right cause as their best guess."""
+    buckets = []
+    edges = (*BUCKETS, 1.0001)
+    for low, high in itertools.pairwise(edges):
+        named = [o for o in outcomes if o.got != UNKNOWN and low <= o.confidence < high]
+        buckets.append(
+            Bucket(
+                low=low,
+                high=min(high, 1.0),
+                right=sum(1 for o in named if o.verdict == "right"),
+                wrong=sum(1 for o in named if o.verdict == "wrong"),
+            )
+        )
+    unknown = [o for o in outcomes if o.got == UNKNOWN and o.log.label != UNKNOWN]
+    return buckets, len(unknown), sum(1 for o in unknown if o.best_guess == o.log.label)
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,13 +266,23 @@ class Figures:
     by_year: Summary
     years: int
     dated_public_logs: int
+    set_aside: Summary
+    set_aside_logs: int
+    set_aside_sources: int
+    tell_apart: int
+    reliability_all: list[Bucket]
+    unknown_all: tuple[int, int]
+    reliability_by_repository: list[Bucket]
+    unknown_by_repository: tuple[int, int]
     single_source_categories: list[str]
     misses: list[tuple[str, str]]
     misses_held_out: list[tuple[str, str]]
 
 
-def measure(logs: list[Log], book: RuleBook) -> Figures:
+def measure(logs: list[Log], book: RuleBook, set_aside: frozenset[str] = frozenset()) -> Figures:
     outcomes = diagnose_all(logs, book)
+    aside = [o for o in outcomes if o.log.name in set_aside]
+    buckets_all, unknown_all, guessed_all = reliability(outcomes)
     public = [o for o in outcomes if o.log.public]
     pub = summarise(public)
     by_repo, repos = leave_one_out(logs, book, lambda log: log.source)
@@ -216,6 +294,7 @@ def measure(logs: list[Log], book: RuleBook) -> Figures:
     sources_of: dict[str, set[str]] = defaultdict(set)
     for log in logs:
         sources_of[log.label].add(log.source)
+    buckets_repo, unknown_repo, guessed_repo = reliability(by_repo)
     return Figures(
         logs=len(logs),
         public_logs=len(public),
@@ -231,6 +310,14 @@ def measure(logs: list[Log], book: RuleBook) -> Figures:
         by_year=summarise(by_year),
         years=years,
         dated_public_logs=len(by_year),
+        set_aside=summarise(aside),
+        set_aside_logs=len(aside),
+        set_aside_sources=len({o.log.source for o in aside}),
+        tell_apart=sum(1 for o in outcomes if o.tell_apart),
+        reliability_all=buckets_all,
+        unknown_all=(unknown_all, guessed_all),
+        reliability_by_repository=buckets_repo,
+        unknown_by_repository=(unknown_repo, guessed_repo),
         single_source_categories=sorted(c for c, sources in sources_of.items() if len(sources) == 1),
         misses=[(o.log.name, o.got) for o in public if o.verdict != "right"],
         misses_held_out=[(o.log.name, o.got) for o in by_org if o.verdict != "right" and o.log.name not in missed],
@@ -247,7 +334,7 @@ def _line(summary: Summary) -> str:
 
 def main(argv: list[str]) -> int:
     book = load_rules()
-    figures = measure(load_corpus(), book)
+    figures = measure(load_corpus(), book, set_aside_names())
     if "--json" in argv:
         print(json.dumps(asdict(figures), indent=2))
         return 0 if figures.public.wrong == 0 else 1
@@ -272,6 +359,28 @@ def main(argv: list[str]) -> int:
         "sidecar dates their post:"
     )
     print(f"                         {_line(figures.by_year)}")
+    print(
+        f"set-aside batch ({figures.set_aside_logs} logs from {figures.set_aside_sources} repositories, "
+        "tests/logs/set-aside.txt):"
+    )
+    print(f"                         {_line(figures.set_aside)}")
+    print(
+        f"answers that name the causes the log cannot tell apart (counted right when the label is one): "
+        f"{figures.tell_apart}"
+    )
+    print()
+    print("reliability: named answers by confidence -> share right (right / wrong)")
+    print(f"{'confidence':>12s} {'all logs':>22s} {'leave one repository out':>28s}")
+    for whole, held in zip(figures.reliability_all, figures.reliability_by_repository, strict=True):
+        print(
+            f"{whole.low:5.2f}-{whole.high:4.2f}  {_pct(whole.share):>8s} % ({whole.right:3d} / {whole.wrong:2d})"
+            f"  {_pct(held.share):>12s} % ({held.right:3d} / {held.wrong:2d})"
+        )
+    print(
+        f"  < 0.50 (unknown)   all logs: {figures.unknown_all[0]} with a known cause, best guess right on "
+        f"{figures.unknown_all[1]}; held out by repository: {figures.unknown_by_repository[0]}, best guess "
+        f"right on {figures.unknown_by_repository[1]}"
+    )
     print(f"categories seen from one source only: {', '.join(figures.single_source_categories) or 'none'}")
     for name, got in figures.misses:
         print(f"  not right: {name} -> {got}")

@@ -51,7 +51,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from builders.diagnose.loglines import LogLine, failing_step, split_log
-from builders.diagnose.rules import UNKNOWN, LineKinds, Rule, RuleBook, load_rules
+from builders.diagnose.rules import UNKNOWN, LineKinds, Rule, RuleBook, load_rules, strip_names
 from builders.errors import UsageError
 
 CONFIDENCE_THRESHOLD = 0.5
@@ -103,6 +103,21 @@ class Diagnosis(BaseModel):
     alternatives: tuple[Alternative, ...] = Field(
         default=(), description="Other categories that matched, best first, for a person to weigh."
     )
+    subject: str | None = Field(
+        default=None,
+        description="What the decisive line names, read from its structure: the killed tool (`ld`, "
+        "`cc1plus`, `ptxas`), the rejected host compiler, the package pinning torch.",
+    )
+    subject_label: str | None = Field(default=None, description="What `subject` is (`killed tool`, ...).")
+    cannot_tell_apart: tuple[str, ...] = Field(
+        default=(),
+        description="When the log does not say which filesystem filled or which tool was killed: the "
+        "causes it cannot tell apart (the remedy is then the check that tells them apart). Empty otherwise.",
+    )
+    possible_categories: tuple[str, ...] = Field(
+        default=(),
+        description="With cannot_tell_apart, the categories the answer could be; `category` is the first.",
+    )
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data, the shape `forge diagnose --json` prints and build reports store."""
@@ -116,10 +131,16 @@ class Diagnosis(BaseModel):
         verdict = f"confidence {self.confidence:.2f}"
         if self.category == UNKNOWN:
             verdict += f"; no known cause reached {CONFIDENCE_THRESHOLD:.2f}"
-        lines = [f"diagnosis: {self.category} ({verdict})"]
+        headline = self.category
+        if self.cannot_tell_apart:
+            headline = " or ".join(self.possible_categories)
+            verdict = f"the log cannot tell which; {verdict}"
+        lines = [f"diagnosis: {headline} ({verdict})"]
         if self.line_number is not None:
             shown = self.line if len(self.line or "") <= 2 * width else f"{(self.line or '')[: 2 * width]} ..."
             lines.append(f"  line {self.line_number}: {shown}")
+        if self.subject is not None:
+            lines.append(f"  {self.subject_label or 'subject'}: {self.subject}")
         for label, text in (("cause: ", self.cause), ("remedy:", self.remedy)):
             lines.append(textwrap.fill(text, width=width, initial_indent=f"  {label} ", subsequent_indent=" " * 10))
         if self.evidence:
@@ -153,7 +174,7 @@ _FALLOUT_SEVERITY = 0.8
 
 
 def _alternation(patterns: list[str]) -> re.Pattern[str] | None:
-    return re.compile("|".join(f"(?:{p})" for p in patterns)) if patterns else None
+    return re.compile("|".join(f"(?:{strip_names(p)})" for p in patterns)) if patterns else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +215,11 @@ class _CompiledRule:
     gated: re.Pattern[str] | None
     in_warnings: re.Pattern[str] | None
     context: tuple[re.Pattern[str], ...]
+    singles: tuple[re.Pattern[str], ...]
+    """Each deciding pattern on its own, named groups kept: read again on a line they chose."""
+    agree: tuple[re.Pattern[str], ...]
+    unless: re.Pattern[str] | None
+    unless_in_step: re.Pattern[str] | None
 
     @classmethod
     def of(cls, rule: Rule) -> _CompiledRule:
@@ -203,7 +229,21 @@ class _CompiledRule:
             gated=_alternation(rule.gated_patterns),
             in_warnings=_alternation(rule.warning_patterns),
             context=tuple(re.compile(p) for p in rule.context_patterns),
+            singles=tuple(re.compile(p) for p in (*rule.patterns, *rule.gated_patterns, *rule.warning_patterns)),
+            agree=tuple(re.compile(p) for p in rule.agree_patterns),
+            unless=_alternation(rule.undetermined.unless) if rule.undetermined is not None else None,
+            unless_in_step=_alternation(rule.undetermined.unless_in_step) if rule.undetermined is not None else None,
         )
+
+    def group(self, text: str, name: str) -> str | None:
+        """The first deciding pattern's named group `name` on this line, if any pattern names it."""
+        for pattern in self.singles:
+            if name not in pattern.groupindex:
+                continue
+            match = pattern.search(text)
+            if match is not None and match.group(name):
+                return match.group(name)
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,6 +377,14 @@ def _candidates(
         ]
         for compiled in compiled_rules
     }
+    # What was asked for (pip's `The user requested torch==2.1.0`): a pin that agrees with it is no conflict.
+    requested = {
+        compiled.rule.id: {
+            match.group("version") for line in step_lines for p in compiled.agree if (match := p.search(line.text))
+        }
+        for compiled in compiled_rules
+        if compiled.agree
+    }
     candidates: list[_Candidate] = []
     for index, line in enumerate(view.lines):
         severity = view.severities[index]
@@ -357,6 +405,9 @@ def _candidates(
             if not (plain or gated):
                 continue
             found = sum(1 for numbers in context_lines[compiled.rule.id] if numbers - {line.number})
+            asked = requested.get(compiled.rule.id)
+            if asked and compiled.group(line.text, "version") in asked:
+                continue
             if plain or found:
                 matched.append((compiled, found))
         if not matched:
@@ -421,12 +472,34 @@ def diagnose_text(text: str, *, rules: RuleBook | None = None) -> Diagnosis:
     supporting |= context_evidence[best.rule.id]
     supporting.discard(reported.number)
     nearest = sorted(supporting, key=lambda n: (abs(n - reported.number), n))[:MAX_EVIDENCE]
+    compiled = next(c for c in compiled_rules if c.rule is best.rule)
+    subject = compiled.group(reported.text, "subject") or compiled.group(earliest.line.text, "subject")
+    cause, remedy = best.rule.cause.strip(), best.rule.remedy.strip()
+    if subject is not None and best.rule.subject_label is not None:
+        cause = f"{best.rule.subject_label.capitalize()}: {subject}. {cause}"
+    undetermined = best.rule.undetermined
+    in_step = compiled.unless_in_step
+    unsettled = (
+        undetermined is not None
+        and subject is None
+        and compiled.unless is not None
+        and compiled.unless.search(reported.text) is None
+        and compiled.unless.search(earliest.line.text) is None
+        and not (in_step is not None and any(in_step.search(ln.text) for ln in lines if ln.text and view.in_step(ln)))
+    )
+    if unsettled and undetermined is not None:
+        cause = "The log does not say which of these it is: " + "; or ".join(c.strip() for c in undetermined.causes)
+        remedy = undetermined.remedy.strip()
     return Diagnosis(
         category=best.rule.id,
         line_number=reported.number,
         line=reported.raw.strip(),
-        cause=best.rule.cause.strip(),
-        remedy=best.rule.remedy.strip(),
+        cause=cause,
+        remedy=remedy,
+        subject=subject,
+        subject_label=best.rule.subject_label if subject is not None else None,
+        cannot_tell_apart=tuple(c.strip() for c in undetermined.causes) if unsettled and undetermined else (),
+        possible_categories=tuple(undetermined.categories) if unsettled and undetermined else (),
         confidence=round(min(best.score, 1.0), 2),
         evidence=tuple(sorted(nearest)),
         alternatives=tuple(_alternative(c, best=best) for c in ordered[1 : 1 + MAX_ALTERNATIVES]),

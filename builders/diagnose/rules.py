@@ -20,6 +20,15 @@ UNKNOWN = "unknown"
 _RULE_ID = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 
 
+_NAMED_GROUP = re.compile(r"\(\?P<\w+>")
+
+
+def strip_names(pattern: str) -> str:
+    """A pattern without its named groups: several patterns may name the same group (`subject`), which one
+    alternation cannot hold; the names matter only when the winning line is read again, pattern by pattern."""
+    return _NAMED_GROUP.sub("(?:", pattern)
+
+
 def _compile_all(patterns: list[str], field: str) -> list[str]:
     for index, pattern in enumerate(patterns):
         try:
@@ -28,7 +37,7 @@ def _compile_all(patterns: list[str], field: str) -> list[str]:
             raise ValueError(f"{field}[{index}] {pattern!r} is not a valid regex: {exc}") from exc
     try:
         # The engine joins a list into one alternation; a global flag such as a leading (?i) breaks that.
-        re.compile("|".join(f"(?:{p})" for p in patterns))
+        re.compile("|".join(f"(?:{strip_names(p)})" for p in patterns))
     except re.error as exc:
         raise ValueError(
             f"{field} cannot be combined into one regex ({exc}); use a scoped flag group such as "
@@ -60,6 +69,32 @@ class LineKinds(BaseModel):
     )
 
     @field_validator("fatal", "error", "warning", "fallout")
+    @classmethod
+    def _valid_regexes(cls, value: list[str], info: Any) -> list[str]:
+        return _compile_all(value, str(info.field_name))
+
+
+class Undetermined(BaseModel):
+    """Causes a log cannot tell apart when it does not name the filesystem or the tool."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    unless: list[str] = Field(
+        min_length=1,
+        description="Regexes that settle it on the decisive line itself (a path, the tool that wrote): then, "
+        "or when the line names a `subject`, the rule's own cause stands.",
+    )
+    unless_in_step: list[str] = Field(
+        default_factory=list,
+        description="Regexes that settle it from any line of the failing step (the kernel's OOM report, "
+        "a disk-only writer such as a layer export). Paths elsewhere in the step do not settle it: a "
+        "traceback's file names say nothing about which filesystem filled.",
+    )
+    categories: list[str] = Field(min_length=1, description="The categories the answer could be, the rule's own first.")
+    causes: list[str] = Field(min_length=2, description="Each cause the log cannot tell apart, in words.")
+    remedy: str = Field(min_length=1, description="The check that tells them apart, and what to do after it.")
+
+    @field_validator("unless", "unless_in_step")
     @classmethod
     def _valid_regexes(cls, value: list[str], info: Any) -> list[str]:
         return _compile_all(value, str(info.field_name))
@@ -110,6 +145,23 @@ class Rule(BaseModel):
         "tests/logs labelled with one of them.",
     )
 
+    subject_label: str | None = Field(
+        default=None,
+        description="What a pattern's named group `subject` names on the decisive line (`killed tool`, "
+        "`host compiler`, `pinning package`); the answer reports it.",
+    )
+    agree_patterns: list[str] = Field(
+        default_factory=list,
+        description="Regexes with a named group `version` for lines stating what was asked for (pip's "
+        "`The user requested torch==2.1.0`). A candidate line whose own `version` group equals one of "
+        "those versions agrees with the request, so it is not the conflict and is skipped.",
+    )
+    undetermined: Undetermined | None = Field(
+        default=None,
+        description="When the log cannot say which of several causes it is (ENOSPC with no path, `Killed` "
+        "with no tool), the causes it cannot tell apart and the check that tells them apart.",
+    )
+
     @field_validator("id")
     @classmethod
     def _id_shape(cls, value: str) -> str:
@@ -119,7 +171,7 @@ class Rule(BaseModel):
             raise ValueError(f"id {UNKNOWN!r} is reserved for logs no rule explains")
         return value
 
-    @field_validator("patterns", "gated_patterns", "warning_patterns", "context_patterns")
+    @field_validator("patterns", "gated_patterns", "warning_patterns", "context_patterns", "agree_patterns")
     @classmethod
     def _valid_regexes(cls, value: list[str], info: Any) -> list[str]:
         return _compile_all(value, str(info.field_name))
@@ -130,6 +182,11 @@ class Rule(BaseModel):
             raise ValueError("needs at least one entry in patterns or gated_patterns")
         if self.gated_patterns and not self.context_patterns:
             raise ValueError("gated_patterns need context_patterns to open the gate")
+        if self.undetermined is not None and self.undetermined.categories[0] != self.id:
+            raise ValueError(f"undetermined.categories must start with the rule's own id {self.id!r}")
+        for pattern in self.agree_patterns:
+            if "version" not in re.compile(pattern).groupindex:
+                raise ValueError(f"agree_patterns {pattern!r} needs a named group (?P<version>...)")
         return self
 
 
@@ -156,6 +213,9 @@ class RuleBook(BaseModel):
                     raise ValueError(f"rule {rule.id!r}: must_not_fire_on names no rule {other!r}{hint}")
                 if other == rule.id:
                     raise ValueError(f"rule {rule.id!r}: must_not_fire_on cannot name the rule itself")
+            for other in rule.undetermined.categories if rule.undetermined is not None else []:
+                if other not in seen:
+                    raise ValueError(f"rule {rule.id!r}: undetermined.categories names no rule {other!r}")
         return self
 
     @property
