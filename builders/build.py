@@ -287,7 +287,8 @@ def _base(ctx: Context) -> None:
     # Cheapest first (issue 9): a base that cannot be had, or a gate that blocks, stops the build before any
     # download; preflight fetches only the vLLM sdist its gates read, which the build needs anyway.
     distro = ctx.distro
-    if ctx.target.cuda:
+    # A GPU image from PyPI's wheels sits on the distro's own base; only the CUDA-base distros need NVIDIA's.
+    if ctx.target.cuda and not ctx.target.from_wheelhouse:
         ctx.base = _ensure_gpu_bases(distro, ctx.recipe, ctx.options, ctx.engine, ctx.report, ctx.log)
         return
     ctx.base = base = ensure_base(distro, ctx.engine)

@@ -172,10 +172,11 @@ def read_library(cuobjdump: Path, library: Path, *, name: str | None = None) -> 
     return LibraryArchs(library=name or library.name, sass=found["sass"], ptx=found["ptx"])
 
 
-# Kernels every model needs: _C holds the cache, norm and activation ops, _moe_C the MoE routing. The attention
+# Kernels every model needs: _C holds the cache, norm and activation ops, _moe_C the MoE routing, libtorch_cuda
+# torch's own CUDA operators. The attention
 # backends (fa2 for 8.x, fa3 for 9.0a only, FlashMLA, ...) are picked per GPU at start-up, so one that lacks a
 # GPU's arch is a backend vLLM will not choose, not a crash: they are recorded, not gated.
-CORE_LIBRARIES = ("_C", "_C_stable_libtorch", "_moe_C", "_moe_C_stable_libtorch")
+CORE_LIBRARIES = ("_C", "_C_stable_libtorch", "_moe_C", "_moe_C_stable_libtorch", "libtorch_cuda")
 
 
 def library_stem(library: str) -> str:

@@ -140,6 +140,10 @@ def image_libraries(spec: str, *, where: str = "--image-archs") -> tuple[list[Li
     except (OSError, ValueError) as exc:
         raise UsageError(f"--image-archs {path}: not a readable JSON report ({exc})") from exc
     archs = data.get("cuda_archs") if isinstance(data, dict) else None
+    if archs is None and isinstance(data, dict):
+        # A build report keeps them in its cuda-archs test entry.
+        tests = [t for t in data.get("tests") or () if isinstance(t, dict) and t.get("name") == "cuda-archs"]
+        archs = (tests[0].get("data") or {}).get("cuda_archs") if tests else None
     if not isinstance(archs, dict) or not archs:
         raise UsageError(
             f"--image-archs {path}: no cuda_archs in it",

@@ -39,6 +39,7 @@ class CheckResult:
     detail: str
     seconds: float
     skipped: bool = False
+    data: dict[str, Any] | None = None  # what the check read, kept in the report (cuda-archs: each library's archs)
 
     @property
     def status(self) -> Literal["passed", "failed", "skipped"]:
@@ -52,6 +53,7 @@ class CheckResult:
             "ok": self.ok,
             "detail": self.detail,
             "seconds": round(self.seconds, 1),
+            **({"data": self.data} if self.data is not None else {}),
         }
 
 
@@ -482,6 +484,10 @@ def run_checks(engine: Engine, image: str, plan: BuildPlan) -> list[CheckResult]
             )
         else:
             results.append(check_serve(engine, image, plan))
+    if "cuda-libs-load" in plan.test_checks or "cuda-archs" in plan.test_checks:
+        from builders.gpu_wheel import run_gpu_wheel_checks
+
+        results += run_gpu_wheel_checks(engine, image, plan)
     if plan.cuda is not None:
         results += run_gpu_checks(engine, image, plan)
     return results

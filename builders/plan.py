@@ -215,6 +215,11 @@ def make_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> BuildPlan
     target = Target.resolve(distro, recipe, gpu_mode=options.gpu_mode)
     if target.native:
         return native_planner(target).plan(distro, recipe, options)
+    if target.cuda and target.from_wheelhouse:
+        # CUDA from PyPI's wheels on a plain distro base (builders/gpu_wheel.py): no NVIDIA image.
+        from builders.gpu_wheel import make_gpu_wheel_plan
+
+        return make_gpu_wheel_plan(distro, recipe, options)
     if target.cuda:
         return make_cuda_plan(distro, recipe, options)
     family = family_for(distro)
