@@ -28,6 +28,7 @@ from builders.emulation import describe as describe_stand_in
 from builders.engine import Builder, BuildRequest, Engine, choose_builder
 from builders.engine.image_builders import describe
 from builders.errors import BaseUnavailable, BuildFailed, ForgeError, PreflightBlocked, SourceUnavailable
+from builders.gpu_wheel import run_gpu_wheel_checks
 from builders.image_tests import CheckResult, run_checks, status_text
 from builders.log import Log, as_log
 from builders.options import BuildOptions as BuildOptions  # re-exported: callers build with it from here
@@ -457,6 +458,8 @@ def _test(ctx: Context) -> None:
         checks = native_engine(ctx.recipe).checks(ctx.engine, ctx.image_id, ctx.plan)
     else:
         checks = run_checks(ctx.engine, ctx.image_id, ctx.plan)
+    if ctx.target.cuda and ctx.target.from_wheelhouse:
+        checks += run_gpu_wheel_checks(ctx.engine, ctx.image_id, ctx.plan)
     ctx.report.tests = [c.as_report() for c in checks]
     for entry in ctx.report.tests:
         ctx.log.info(f"test {entry['name']}: {status_text(entry)}")

@@ -484,10 +484,6 @@ def run_checks(engine: Engine, image: str, plan: BuildPlan) -> list[CheckResult]
             )
         else:
             results.append(check_serve(engine, image, plan))
-    if "cuda-libs-load" in plan.test_checks or "cuda-archs" in plan.test_checks:
-        from builders.gpu_wheel import run_gpu_wheel_checks
-
-        results += run_gpu_wheel_checks(engine, image, plan)
     if plan.cuda is not None:
         results += run_gpu_checks(engine, image, plan)
     return results
