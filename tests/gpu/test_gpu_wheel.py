@@ -31,7 +31,7 @@ def test_plan_is_a_cuda_image_on_debians_own_base(project: Project) -> None:
     assert p.cuda.wheel.sha256 == "4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa"
     assert {"cuda-libs-load", "cuda-archs", "serve-models-gpu"} <= set(p.test_checks)
     assert "torch-cuda" not in p.test_checks  # that check compares with a CUDA base's version; there is none
-    assert p.labels["dev.forge.cuda.arch_list"] == ARCH_LIST
+    assert p.labels["dev.forge.cuda.arch_list"] == "7.5 8.0 8.6 8.9 9.0 10.0 12.0"
     assert [c.kind for c in p.context] == ["script", "wheelhouse"]
     target = Target.resolve(project.distro("debian-13"), project.recipe_for("gpu-wheel"))
     assert target.cuda and target.from_wheelhouse and not target.compiles
@@ -125,3 +125,21 @@ def test_no_cuobjdump_or_an_unknown_failure_fails() -> None:
     }
     r = judge_archs(0, "CUOBJDUMP " + json.dumps(bad), ARCH_LIST, 1.0)
     assert r.status == "failed" and "exited 1" in r.detail
+
+
+IMAGE_PROBE = Path(__file__).parent / "data" / "image" / "debian-13-gpu-wheel-archs-probe.txt"
+
+
+def test_the_built_images_torch_has_no_kernels_for_11_0() -> None:
+    """The real image: PyPI's torch 2.14.0+cu130 carries no sm_110 SASS and no PTX, so vLLM's source arch list
+    (with 11.0) is a gap there, and the gpu-wheel recipe's list (without it) is covered."""
+    out = IMAGE_PROBE.read_text()
+    r = judge_archs(0, out, ARCH_LIST, 60.0)
+    assert r.status == "failed"
+    assert r.detail.splitlines()[1] == (
+        "torch/lib/libtorch_cuda.so has no kernels for 11.0: SASS sm_75 sm_80 sm_86 sm_89 sm_90 sm_90a sm_100 "
+        "sm_100a sm_103 sm_120 sm_120a sm_121a, PTX none"
+    )
+    assert len(r.detail.splitlines()) == 2  # vLLM's own _C and _moe_C reach 11.0 through PTX
+    recipe_list = "7.5 8.0 8.6 8.9 9.0 10.0 12.0"
+    assert judge_archs(0, out, recipe_list, 60.0).status == "passed"
