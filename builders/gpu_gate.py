@@ -189,8 +189,8 @@ def enforce(gpus: list[Gpu], libraries: list[LibraryArchs], archs_from: str) -> 
             f"{v.gpu.name} (compute capability {v.gpu.capability}, from {v.gpu.source}) has no kernels in the "
             f"image: {missing} carry no SASS for {v.gpu.capability} and no PTX the driver can JIT to it. "
             f"Image archs, from {archs_from}: {arch_summary(libraries)}",
-            hint=f"build with --cuda-arch-list including {v.gpu.capability} (or an older arch with +PTX), "
-            "or run on a GPU the list covers",
+            hint=f"run on a GPU the image covers, or build one whose kernels include {v.gpu.capability}: a source "
+            f"build with --cuda-arch-list naming it (or an older arch with +PTX); a wheel image cannot add archs",
         )
     return verdicts
 
