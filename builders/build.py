@@ -28,6 +28,7 @@ from builders.emulation import describe as describe_stand_in
 from builders.engine import Builder, BuildRequest, Engine, choose_builder
 from builders.engine.image_builders import describe
 from builders.errors import BaseUnavailable, BuildFailed, ForgeError, PreflightBlocked, SourceUnavailable
+from builders.gpu_wheel import run_gpu_wheel_checks
 from builders.image_tests import CheckResult, run_checks, status_text
 from builders.log import Log, as_log
 from builders.options import BuildOptions as BuildOptions  # re-exported: callers build with it from here
@@ -287,7 +288,8 @@ def _base(ctx: Context) -> None:
     # Cheapest first (issue 9): a base that cannot be had, or a gate that blocks, stops the build before any
     # download; preflight fetches only the vLLM sdist its gates read, which the build needs anyway.
     distro = ctx.distro
-    if ctx.target.cuda:
+    # A GPU image from PyPI's wheels sits on the distro's own base; only the CUDA-base distros need NVIDIA's.
+    if ctx.target.cuda and not ctx.target.from_wheelhouse:
         ctx.base = _ensure_gpu_bases(distro, ctx.recipe, ctx.options, ctx.engine, ctx.report, ctx.log)
         return
     ctx.base = base = ensure_base(distro, ctx.engine)
@@ -456,6 +458,8 @@ def _test(ctx: Context) -> None:
         checks = native_engine(ctx.recipe).checks(ctx.engine, ctx.image_id, ctx.plan)
     else:
         checks = run_checks(ctx.engine, ctx.image_id, ctx.plan)
+    if ctx.target.cuda and ctx.target.from_wheelhouse:
+        checks += run_gpu_wheel_checks(ctx.engine, ctx.image_id, ctx.plan)
     ctx.report.tests = [c.as_report() for c in checks]
     for entry in ctx.report.tests:
         ctx.log.info(f"test {entry['name']}: {status_text(entry)}")

@@ -39,6 +39,7 @@ class CheckResult:
     detail: str
     seconds: float
     skipped: bool = False
+    data: dict[str, Any] | None = None  # what the check read, kept in the report (cuda-archs: each library's archs)
 
     @property
     def status(self) -> Literal["passed", "failed", "skipped"]:
@@ -52,6 +53,7 @@ class CheckResult:
             "ok": self.ok,
             "detail": self.detail,
             "seconds": round(self.seconds, 1),
+            **({"data": self.data} if self.data is not None else {}),
         }
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import Literal, Protocol
@@ -215,6 +216,13 @@ def make_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> BuildPlan
     target = Target.resolve(distro, recipe, gpu_mode=options.gpu_mode)
     if target.native:
         return native_planner(target).plan(distro, recipe, options)
+    if target.cuda and target.from_wheelhouse:
+        # CUDA from PyPI's wheels on a plain distro base: no NVIDIA image. Loaded by name, as native_module loads
+        # an engine's planner: builders/gpu_wheel.py imports this module, never the reverse.
+        planner: Callable[[Distro, Recipe, PlanOptions], BuildPlan] = importlib.import_module(
+            "builders.gpu_wheel"
+        ).make_gpu_wheel_plan
+        return planner(distro, recipe, options)
     if target.cuda:
         return make_cuda_plan(distro, recipe, options)
     family = family_for(distro)

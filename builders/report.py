@@ -98,7 +98,7 @@ class BuildReport:
         if self.diagnosis:
             lines.append(
                 f"  diagnosis: {self.diagnosis.get('category')} at line {self.diagnosis.get('line_number')}: "
-                f"{self.diagnosis.get('line', '')[:100]}"
+                f"{(self.diagnosis.get('line') or '')[:100]}"
             )
             lines.append(f"  remedy: {self.diagnosis.get('remedy')}")
         if self.lock:

@@ -12,6 +12,7 @@ from builders import log
 from builders.config.project import find_root
 from builders.deploy.manifests import DeployOptions, Object, kustomization, render
 from builders.errors import UsageError
+from builders.gpu_gate import add_gpu_gate_args, gate_from_args
 from builders.smoke.profile import load_profile
 
 DEFAULT_ROUTER_IMAGE = "forge/debian-12-router:latest"
@@ -51,6 +52,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     rend.add_argument(
         "--dns-interval", type=float, default=5.0, metavar="S", help="seconds between DNS resolutions (default 5)"
     )
+    add_gpu_gate_args(rend)
     rend.set_defaults(func=run_render)
 
 
@@ -82,6 +84,9 @@ def run_render(args: argparse.Namespace) -> int:
         raise UsageError(f"--dns-interval {args.dns_interval}: give a positive number of seconds")
     if args.base_port is not None and (args.network != "host" or not 1024 <= args.base_port <= 65000):
         raise UsageError("--base-port goes with --network host and takes a port between 1024 and 65000")
+    # A Deployment that schedules onto GPUs the image has no kernels for would crash-loop: refuse to write it.
+    for verdict in gate_from_args(args) or ():
+        console.print(f"GPU gate: {verdict.gpu.name} ({verdict.gpu.capability}) runs on the image's kernels")
     options = DeployOptions(
         image=args.image,
         router_image=args.router_image,

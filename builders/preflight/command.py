@@ -14,6 +14,7 @@ from builders.config import Project
 from builders.config.models import TorchIndex
 from builders.engine import Engine
 from builders.errors import EngineError, PreflightBlocked, PreflightIncomplete, UsageError
+from builders.gpu_gate import add_gpu_gate_args, gate_input, preflight_finding, with_finding
 from builders.log import Log
 from builders.platforms import for_platform, parse_platforms
 from builders.preflight.findings import render_table
@@ -78,6 +79,10 @@ def cmd_preflight(args: argparse.Namespace) -> int:
         fetch=not args.no_fetch,
         progress=Log().info,  # stderr: --json keeps stdout to the report alone
     )
+    declared = (recipe.cuda.arch_list, f"recipes/{recipe.name}.yaml: cuda.arch_list") if recipe.cuda else None
+    gate = gate_input(args, default_archs=declared if recipe.device == "cuda" else None)
+    if gate is not None:
+        report = with_finding(report, preflight_finding(gate))
     if args.json:
         print(json.dumps(report.to_json(), indent=2, ensure_ascii=False))
     else:
@@ -164,4 +169,5 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--problems-only", action="store_true", help="list only blocking and warning findings")
     add_gpu_args(p)
+    add_gpu_gate_args(p)
     p.set_defaults(func=cmd_preflight)

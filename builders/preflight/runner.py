@@ -509,7 +509,8 @@ def run_preflight(
     device, arch = target.device, distro.arch
     findings: list[Finding] = []
     cuda = gpu_plan(distro, recipe, gpu_mode)
-    if target.cuda and cuda is None:
+    # gpu-wheel takes CUDA from PyPI's wheels on the distro's own base: it needs no cuda section.
+    if target.cuda and cuda is None and not target.from_wheelhouse:
         findings.append(gates.no_cuda_gate(distro.name))
     gpu_wheel, compiles = target.gpu_wheel, target.compiles
     if cuda is not None:

@@ -11,6 +11,7 @@ from rich.console import Console
 from builders import log
 from builders.config.project import find_root
 from builders.errors import UsageError
+from builders.gpu_gate import add_gpu_gate_args, gate_from_args
 from builders.smoke.endpoint import EndpointOptions, smoke_endpoint
 from builders.smoke.profile import load_profile
 from builders.smoke.runtimes import Runtimes
@@ -78,6 +79,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="only check the profile and its vLLM arguments against the image's vLLM; start nothing",
     )
+    add_gpu_gate_args(parser)
     parser.set_defaults(func=run)
 
 
@@ -105,6 +107,9 @@ def run(args: argparse.Namespace) -> int:
         return run_endpoint(args, root, console)
     if (args.api_key is not None and "FORGE_API_KEY" not in os.environ) or args.model is not None:
         raise UsageError("--api-key and --model go with --endpoint; a stack Forge starts makes its own keys")
+    # Before any container starts: a GPU the image has no kernels for fails here, not minutes into vLLM's start.
+    for verdict in gate_from_args(args) or ():
+        console.print(f"forge: GPU gate: {verdict.gpu.name} ({verdict.gpu.capability}) runs on the image's kernels")
     runtimes = Runtimes.from_args(args)
     if args.base_port is not None and not 1024 <= args.base_port <= 65000:
         raise UsageError(f"--base-port {args.base_port}: use a port between 1024 and 65000")
