@@ -417,6 +417,33 @@ def _prefix_evicted(ctx: Ctx) -> None:
     ctx.verify(lab, ctx.layout(lab), [survivor, again])
 
 
+@case("prefix-hash-at-shifted-positions", ["prefix-hit", "prefix-reuse"], block_size=8, num_blocks=10)
+def _prefix_shifted(ctx: Ctx) -> None:
+    lab = ctx.lab(_spec(), block_size=8, num_blocks=10)
+    pool = lab.pool
+    x, y = lab.prompt(8), lab.prompt(8)
+
+    def hit(req_id: str, prompt: list[int], expected: int, why: str) -> Request:
+        request = pool.add_request(req_id, prompt)
+        ctx.require(request.num_tokens == expected, f"{req_id}: {request.num_tokens}-token hit, not {expected}: {why}")
+        lab.compute(request, prompt[request.num_tokens :])
+        return request
+
+    pool.free(lab.admit("a", x + y + lab.prompt(3)))
+    # y is cached as a's second block, after x: at position 0, or after another block, its prefix differs.
+    shifted = hit("shifted", y + lab.prompt(5), 0, "y at position 0 is not y after x")
+    pool.free(hit("other", lab.prompt(8) + y + lab.prompt(2), 0, "y after another block is not y after x"))
+    pool.free(hit("probe", x + y + [1], 16, "the whole prefix x + y matches"))
+    # Evict every cached block that no request holds, so their ids come back holding other tokens.
+    filler = lab.admit("filler", lab.prompt(8 * pool.free_queue.num_free))
+    ctx.require(pool.evictions >= 2, f"{pool.evictions} evictions: a's blocks were not reused")
+    pool.free(filler)
+    # shifted still holds y at position 0: y + y hits that block once, and its second y (after y) misses.
+    again = hit("again", y + y + lab.prompt(1), 8, "only the first y has a matching prefix")
+    whole = hit("whole", x + y + lab.prompt(4), 0, "x + y was evicted")
+    ctx.verify(lab, ctx.layout(lab), [shifted, again, whole])
+
+
 @case("window-with-shared-prefix", ["sliding-window", "prefix-reuse", "cascade-merge"], window=30, block_size=8)
 def _window_shared(ctx: Ctx) -> None:
     lab = ctx.lab(_spec(4, 4, 64, sliding_window=30), block_size=8, num_blocks=32)
@@ -593,6 +620,28 @@ def _null(ctx: Ctx) -> None:
         ctx.require(NULL_BLOCK_ID not in q.block_ids, "the null block was handed out")
     pool.free(r)
     ctx.require(NULL_BLOCK_ID not in {b.block_id for b in pool.free_queue}, "the null block entered the free queue")
+    pool.check_invariants()
+
+
+@case("pool-refused-append-changes-nothing", ["cow", "prefix-reuse"], target="pool", tolerance=POOL)
+def _append_atomic(ctx: Ctx) -> None:
+    pool = BlockPool(6, 4, cow=True, bug=ctx.pool_bug)
+    parent = pool.add_request("parent", [])
+    pool.append(parent, list(range(10)))
+    child = pool.fork(parent, "child")
+    hog = pool.add_request("hog", [])
+    pool.append(hog, list(range(100, 104)))
+    # One block is free: the child's next 6 tokens need a copy of the shared partial block and one more block.
+    before = (list(child.tokens), child.block_ids, len(pool.cached), pool.free_queue.num_free)
+    try:
+        pool.append(child, list(range(10, 16)))
+    except PoolError:
+        pass
+    else:
+        raise CaseFailed("6 tokens needing 2 blocks were given slots with 1 block free")
+    after = (list(child.tokens), child.block_ids, len(pool.cached), pool.free_queue.num_free)
+    ctx.require(after == before, f"the refused append changed the pool: {before} -> {after}")
+    ctx.require(pool.add_request("probe", list(range(13))).num_tokens == 8, "a refused append cached a block")
     pool.check_invariants()
 
 

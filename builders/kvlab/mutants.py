@@ -18,6 +18,8 @@ POOL_BUG_WHY = {
     "no-hit-cap": "lets a prefix hit cover the whole prompt, leaving no token to compute",
     "mru-eviction": "puts freed blocks at the head of the free queue, evicting the most recently used first",
     "window-frees-extra": "frees the block that holds the sliding window's first key",
+    "append-not-atomic": "fails an append half way when blocks run out, keeping tokens the caller never wrote",
+    "parentless-hash": "hashes a full block's tokens without its parent's hash, so equal blocks at other positions hit",
 }
 
 
