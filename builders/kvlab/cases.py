@@ -14,20 +14,14 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
+import numpy.typing as npt
 
-from builders.kvlab import kernel
+from builders.kvlab import kernel, oracle
 from builders.kvlab.lab import Lab
 from builders.kvlab.layouts import LAYOUTS, Entry, Layout, spans_of, to_csr
-from builders.kvlab.oracle import (
-    FP8_E4M3_MAX,
-    Array,
-    AttnSpec,
-    alibi_slopes,
-    fp8_e4m3,
-    fp8_grid,
-    reference_attention,
-)
+from builders.kvlab.oracle import reference_attention
 from builders.kvlab.pool import NULL_BLOCK_ID, BlockPool, PoolError, Request
+from builders.kvlab.spec import FP8_E4M3_MAX, Array, AttnSpec, alibi_slopes, fp8_e4m3
 
 Target = Literal["layouts", "pool", "oracle", "format"]
 
@@ -93,7 +87,7 @@ class Ctx:
         if not condition:
             raise CaseFailed(message)
 
-    def close(self, label: str, got: Array, expected: Array) -> None:
+    def close(self, label: str, got: Array, expected: npt.NDArray[np.floating]) -> None:
         atol, rtol = self.case.atol, self.case.rtol
         self.comparisons += 1
         if got.shape != expected.shape:
@@ -297,14 +291,27 @@ def _alibi_non_pow2(ctx: Ctx) -> None:
     _single(ctx, _spec(12, 4, 64, alibi=True), 50)
 
 
+# vLLM's `_get_alibi_slopes` (fp32) for 6, 8 and 12 heads, written out: 2^(-8i/p) for the largest power of two
+# p ≤ n, then the odd terms of the sequence for 2p.
+VLLM_ALIBI_SLOPES = {
+    6: (0.25, 0.0625, 0.015625, 0.00390625, 0.5, 0.125),
+    8: (0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625, 0.0078125, 0.00390625),
+    12: (
+        *(0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625, 0.0078125, 0.00390625),
+        *(0.70710677, 0.35355338, 0.17677669, 0.088388346),
+    ),
+}
+
+
 @case("alibi-slopes-as-vllm", ["alibi", "alibi-non-pow2"], target="oracle", tolerance=EXACT)
 def _alibi_slopes(ctx: Ctx) -> None:
-    # ALiBi's geometric sequence 2^(-8i/n); for 12 heads the 4 extra heads take the odd terms of the 16-head one.
-    expected8 = [2.0**-i for i in range(1, 9)]
-    expected12 = [*expected8, *(2.0 ** -(i / 2) for i in (1, 3, 5, 7))]
-    ctx.close("8 heads", alibi_slopes(8), np.asarray(expected8, dtype=np.float32))
-    ctx.close("12 heads", alibi_slopes(12), np.asarray(expected12, dtype=np.float32))
-    ctx.require(len(alibi_slopes(40)) == 40 and len(set(alibi_slopes(40).tolist())) == 40, "40 heads: 40 slopes")
+    # The implementation's slopes and the oracle's, each against vLLM's values: a slope wrong on both sides fails.
+    for heads, values in VLLM_ALIBI_SLOPES.items():
+        pinned = np.asarray(values, dtype=np.float32)
+        ctx.close(f"{heads} heads, implementation", alibi_slopes(heads), pinned)
+        ctx.close(f"{heads} heads, oracle", oracle.alibi_slopes(heads).astype(np.float32), pinned)
+    for heads in (1, 2, 5, 24, 40, 64):
+        ctx.close(f"{heads} heads", alibi_slopes(heads), oracle.alibi_slopes(heads).astype(np.float32))
 
 
 # -- sliding window ---------------------------------------------------------------------------------------------
@@ -522,17 +529,22 @@ def _fp8_saturation(ctx: Ctx) -> None:
 
 @case("fp8-e4m3-grid", ["fp8", "fp8-saturation"], target="oracle", tolerance=EXACT)
 def _fp8_grid(ctx: Ctx) -> None:
-    grid = fp8_grid()
+    # The store's quantiser (log2 and rounding) against the oracle's (nearest value of the bit-field grid).
+    grid = oracle.e4m3_values()
     ctx.require(len(grid) == 127 and grid[-1] == FP8_E4M3_MAX and grid[8] == 2.0**-6, "e4m3fn has 126 positive values")
-    ctx.close("grid values are fixed points", fp8_e4m3(np.concatenate([grid, -grid])), np.concatenate([grid, -grid]))
+    signed = np.concatenate([grid, -grid])
+    ctx.close("grid values are fixed points", fp8_e4m3(signed), signed)
     mids = (grid[:-1] + grid[1:]) / 2
     # A tie goes to the even mantissa; in e4m3 mantissas alternate, so every other midpoint rounds down.
     even = np.where(np.arange(len(mids)) % 2 == 0, grid[:-1], grid[1:])
-    ctx.close("midpoints round to even", fp8_e4m3(mids), even.astype(np.float32))
-    ctx.close(
-        "beyond 448 saturates", fp8_e4m3(np.asarray([449.0, 1e6, -500.0])), np.asarray([448, 448, -448], np.float32)
-    )
+    ctx.close("midpoints round to even", fp8_e4m3(mids), even)
+    ctx.close("beyond 448 saturates", fp8_e4m3(np.asarray([449.0, 1e6, -500.0])), np.asarray([448.0, 448.0, -448.0]))
     ctx.require(bool(np.isnan(fp8_e4m3(np.asarray([np.nan])))[0]), "NaN must stay NaN")
+    rng = np.random.default_rng(11)
+    sample = np.concatenate(
+        [rng.standard_normal(4000) * 100, rng.uniform(-500, 500, 2000), rng.uniform(-0.02, 0.02, 2000)]
+    )
+    ctx.close("random values, both quantisers", fp8_e4m3(sample), oracle.e4m3_round_trip(sample))
 
 
 # -- cascade ----------------------------------------------------------------------------------------------------
@@ -555,9 +567,8 @@ def _cascade(ctx: Ctx) -> None:
             piece = kernel.attend(q, q_pos, k[lo:hi], v[lo:hi], np.arange(lo, hi), spec)
             part = piece if part is None else kernel.merge(part, piece)
         assert part is not None
-        ctx.close(
-            f"trial {trial}: {len(cuts) - 1} parts", part[0], reference_attention(q, k, v, spec, q_start=length - n_q)
-        )
+        expected = reference_attention(q, k, v, alibi=True, sliding_window=40)
+        ctx.close(f"trial {trial}: {len(cuts) - 1} parts", part[0], expected)
 
 
 @case("cascade-nested-prefixes", ["cascade-merge", "prefix-reuse", "alibi-non-pow2", "gqa"], heads=12, kv_heads=4)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from builders.kvlab.oracle import Array, AttnSpec
+from builders.kvlab.spec import Array, AttnSpec
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,8 +12,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from builders.kvlab.layouts import Entry
-from builders.kvlab.oracle import Array, AttnSpec, reference_attention
+from builders.kvlab.oracle import Wide, reference_attention
 from builders.kvlab.pool import BlockPool, Request
+from builders.kvlab.spec import Array, AttnSpec
 from builders.kvlab.store import KVStore
 
 VOCAB = 512
@@ -114,7 +115,18 @@ class Lab:
         query = self.rng.standard_normal((n_query, spec.num_heads, spec.head_size)).astype(np.float32)
         return Entry(req_id=request.req_id, block_ids=request.block_ids, seq_len=request.num_tokens, query=query)
 
-    def expected(self, request: Request, entry: Entry) -> Array:
-        """The oracle's answer, from the request's token ids alone."""
-        k, v = self.kv(request.tokens[: entry.seq_len], 0)
-        return reference_attention(entry.query, k, v, self.spec, q_start=entry.q_start)
+    def expected(self, request: Request, entry: Entry) -> Wide:
+        """The oracle's answer, from the request's token ids and the layer's plain settings alone: the entry gives
+        only the queries, the positions follow from the request's tokens (its queries are the last ones), and
+        scale, slopes and fp8 rounding are the oracle's own."""
+        k, v = self.kv(request.tokens, 0)
+        spec = self.spec
+        return reference_attention(
+            entry.query,
+            k,
+            v,
+            alibi=spec.alibi,
+            sliding_window=spec.sliding_window,
+            k_scale=spec.k_scale,
+            v_scale=spec.v_scale,
+        )

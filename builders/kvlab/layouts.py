@@ -22,8 +22,8 @@ import numpy.typing as npt
 
 from builders.kvlab import kernel
 from builders.kvlab.kernel import KernelBugs
-from builders.kvlab.oracle import Array, AttnSpec
 from builders.kvlab.pool import NULL_BLOCK_ID
+from builders.kvlab.spec import Array, AttnSpec
 from builders.kvlab.store import KVStore
 
 Part = tuple[Array, Array]
