@@ -24,6 +24,24 @@ class KernelBugs:
     """Each query head takes the ALiBi slope of its KV head."""
     window_slack: int = 0
     """Keys this many positions before the sliding window are allowed too."""
+    scale_padded: bool = False
+    """The softmax scale from the head size padded to a power of two (1/sqrt(128) for 96), as a kernel with
+    power-of-two tiles might take it."""
+    slopes_reversed: bool = False
+    """Query head h takes the ALiBi slope of head H-1-h."""
+    softmax_no_max: bool = False
+    """exp(scores) without subtracting the row's maximum: exact at small logits, inf/inf = NaN past ~88."""
+    merge_no_max: bool = False
+    """The LSE merge weights exp(lse) without subtracting the larger LSE."""
+
+
+KERNEL_BUGS: dict[str, tuple[str, str]] = {
+    "scale-padded-head-size": ("scale_padded", "scales logits by 1/sqrt of the head size padded to a power of two"),
+    "slopes-reversed": ("slopes_reversed", "gives query head h the ALiBi slope of head H-1-h"),
+    "softmax-without-max": ("softmax_no_max", "takes exp of the scores without subtracting their maximum"),
+    "merge-without-max": ("merge_no_max", "weights the LSE merge by exp(lse) without subtracting the larger LSE"),
+}
+"""Planted kernel bugs, for every layout: name → (KernelBugs field, what it gets wrong)."""
 
 
 def attend(
@@ -40,12 +58,15 @@ def attend(
     A query with no key it may see gets output 0 and lse -inf, so that merging it with another part is exact."""
     n_q, kv, group, d = q.shape[0], spec.num_kv_heads, spec.group, spec.head_size
     grouped = q.reshape(n_q, group, kv, d).transpose(0, 2, 1, 3) if bugs.tile_heads else q.reshape(n_q, kv, group, d)
-    scores = np.einsum("qkgd,nkd->kgqn", grouped, k, dtype=np.float32) * np.float32(spec.scale)
+    scale = 1.0 / np.sqrt(1 << (spec.head_size - 1).bit_length()) if bugs.scale_padded else spec.scale
+    scores = np.einsum("qkgd,nkd->kgqn", grouped, k, dtype=np.float32) * np.float32(scale)
     allowed = k_pos[None, :] <= q_pos[:, None]
     if spec.sliding_window is not None:
         allowed &= q_pos[:, None] - k_pos[None, :] < spec.sliding_window + bugs.window_slack
     slopes = spec.slopes
     if slopes is not None:
+        if bugs.slopes_reversed:
+            slopes = slopes[::-1].copy()
         if bugs.alibi_by_kv_head:
             per_head = np.repeat(slopes[:kv, None], group, axis=1)
         elif bugs.tile_heads:
@@ -57,9 +78,13 @@ def attend(
     scores = np.where(allowed[None, None], scores, np.float32(-np.inf))
     peak = scores.max(axis=3, keepdims=True) if scores.shape[3] else np.full((*scores.shape[:3], 1), -np.inf)
     peak = np.where(np.isfinite(peak), peak, 0).astype(np.float32)
-    weights = np.exp(scores - peak)
+    if bugs.softmax_no_max:
+        peak = np.zeros_like(peak)
+    with np.errstate(over="ignore", invalid="ignore"):
+        weights = np.exp(scores - peak)
     total = weights.sum(axis=3, keepdims=True)
-    out = np.einsum("kgqn,nkd->kgqd", weights, v, dtype=np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = np.einsum("kgqn,nkd->kgqd", weights, v, dtype=np.float32)
     with np.errstate(divide="ignore", invalid="ignore"):
         out = np.where(total > 0, out / total, 0).astype(np.float32)
         lse = (peak + np.log(total))[..., 0].astype(np.float32)
@@ -68,17 +93,22 @@ def attend(
     return out.transpose(2, 0, 1, 3).reshape(n_q, -1, d), lse.transpose(2, 0, 1).reshape(n_q, -1)
 
 
-def merge(a: tuple[Array, Array], b: tuple[Array, Array], *, base2: bool = False) -> tuple[Array, Array]:
+def merge(
+    a: tuple[Array, Array], b: tuple[Array, Array], *, base2: bool = False, bugs: KernelBugs = KernelBugs()
+) -> tuple[Array, Array]:
     """Two partial attentions over disjoint keys, as one: weighted by their softmax mass (FlashInfer's merge_state).
 
     base2: a planted bug, the weights taken as powers of 2 of natural-log LSEs (FlashInfer keeps LSE in log2)."""
     (o1, l1), (o2, l2) = a, b
     peak = np.maximum(l1, l2)
     peak = np.where(np.isfinite(peak), peak, 0)
+    if bugs.merge_no_max:
+        peak = np.zeros_like(peak)
     power = np.exp2 if base2 else np.exp
-    w1, w2 = power(l1 - peak), power(l2 - peak)
+    with np.errstate(over="ignore"):
+        w1, w2 = power(l1 - peak), power(l2 - peak)
     total = w1 + w2
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         out = np.where(total[..., None] > 0, (o1 * w1[..., None] + o2 * w2[..., None]) / total[..., None], 0)
         lse = peak + np.log(total)
     return out.astype(np.float32), lse.astype(np.float32)

@@ -4,14 +4,17 @@ e4m3 round trip are checked against values from outside the lab (vLLM's slopes, 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from builders.kvlab import oracle
-from builders.kvlab.cases import VLLM_ALIBI_SLOPES
+from builders.kvlab import oracle, spec, store
+from builders.kvlab.cases import CASES, VLLM_ALIBI_SLOPES, CaseFailed, Ctx
+from builders.kvlab.check import Outcome, run_case
+from builders.kvlab.mutants import mutants, run_mutant
 
 ORACLE = Path(oracle.__file__)
 ALLOWED_TOP = {"__future__", "math", "numpy"}
@@ -109,3 +112,58 @@ def test_oracle_positions_come_from_the_keys() -> None:
     assert np.allclose(out[1], whole[0], atol=1e-12) and np.allclose(out[0], shorter[0], atol=1e-12)
     with pytest.raises(ValueError, match="3 queries but 2 keys"):
         oracle.reference_attention(rng.standard_normal((3, 2, 8)).astype(np.float32), k[:2], v[:2])
+
+
+@pytest.mark.parametrize(
+    ("target", "bug", "caught_by"),
+    [
+        ("kernel", "scale-padded-head-size", "head-size-96 on paged"),
+        ("kernel", "slopes-reversed", "alibi-pow2-gqa on paged"),
+        ("kernel", "softmax-without-max", "logits-200 on paged"),
+        ("kernel", "merge-without-max", "logits-200 on hybrid"),
+        ("pool", "parentless-hash", "prefix-hash-at-shifted-positions"),
+    ],
+)
+def test_the_audits_bugs_are_each_caught_by_a_named_case(target: str, bug: str, caught_by: str) -> None:
+    mutant = next(m for m in mutants() if (m.target, m.bug) == (target, bug))
+    assert run_mutant(mutant).caught_by == caught_by
+
+
+def _outcome(name: str, layout: str | None) -> Outcome:
+    return run_case(next(c for c in CASES if c.name == name), layout)
+
+
+def test_a_wrong_value_in_the_shared_spec_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    # What the audit planted: a wrong scale or slope order in AttnSpec, the quantiser the store writes with.
+    # The oracle reads none of them, so each now shows as a failing case.
+    assert _outcome("head-size-96", "paged").passed
+    monkeypatch.setattr(spec.AttnSpec, "scale", property(lambda s: 1 / math.sqrt(s.head_size + 1)))
+    assert not _outcome("head-size-96", "paged").passed
+    monkeypatch.undo()
+    monkeypatch.setattr(spec.AttnSpec, "slopes", property(lambda s: spec.alibi_slopes(s.num_heads)[::-1].copy()))
+    assert not _outcome("alibi-non-pow2-gqa", "paged").passed
+    monkeypatch.undo()
+    monkeypatch.setattr(store, "fp8_e4m3", lambda x: np.clip(np.asarray(x, np.float32), -448, 448))
+    assert not _outcome("fp8-e4m3-per-tensor-scales", "paged").passed
+
+
+def test_a_nan_expected_value_fails_the_comparison() -> None:
+    ctx = Ctx(next(c for c in CASES if c.name == "len-1"))
+    got = np.ones((1, 2, 4), np.float32)
+    expected = got.astype(np.float64)
+    ctx.close("finite", got, expected)
+    expected[0, 1, 2] = np.nan
+    with pytest.raises(CaseFailed, match="1 non-finite expected values"):
+        ctx.close("nan expected", got, expected)
+    got[0, 0, 0] = np.inf
+    with pytest.raises(CaseFailed, match="1 non-finite outputs"):
+        ctx.close("inf got", got, np.ones((1, 2, 4)))
+
+
+def test_a_case_that_expects_nonfinite_values_compares_them() -> None:
+    base = next(c for c in CASES if c.name == "len-1")
+    ctx = Ctx(dataclasses.replace(base, params={"expects_nonfinite": True}))
+    got = np.asarray([1.0, np.nan, np.inf], np.float32)
+    ctx.close("same non-finite places", got, got.astype(np.float64))
+    with pytest.raises(CaseFailed, match="non-finite values differ"):
+        ctx.close("nan where inf was expected", got, np.asarray([1.0, np.nan, np.nan]))
