@@ -1,0 +1,197 @@
+"""Mutation testing of the KV lab's implementation with mutmut: `nox -s kvlab-mutation`, or
+`python -m builders.kvlab.mutation [module ...]`.
+
+The planted bugs of mutants.py are ones the lab's authors thought of; mutmut makes every small change it can
+(operators, constants, arguments) to the pool, the kernels, the layouts and the store, and runs the tests that
+reach the changed function against each. A mutant no test notices either shows a gap in the cases or changes
+nothing observable (an equivalent mutant): EQUIVALENT lists those, each with the argument why.
+
+Each module runs on its own, in a fresh copy under build/kvlab-mutation/<module> (mutmut writes its mutants/
+folder beside the code it mutates), under a wall-clock limit: a run cut short reports what it checked. The
+summary goes to reports/kvlab-mutation/summary.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MODULES = ("store", "kernel", "pool", "layouts")
+TESTS = ("tests/kvlab/test_kvlab_cases.py", "tests/kvlab/test_kvlab_rank.py")
+"""Every case as its own test, and the ranking's counters (the layouts' Stats)."""
+
+EQUIVALENT: dict[tuple[str, str], str] = {
+    # (module, the mutated line as mutmut shows it after "+") -> why no test can tell
+    ("store", "self.block_size = None"): "KVStore.block_size is kept for callers; nothing in the lab reads it",
+    ("store", "self.k: Array = np.full(shape, None, dtype=np.float32)"): "None fills a float32 array with NaN",
+    ("store", "self.v: Array = np.full(shape, None, dtype=np.float32)"): "None fills a float32 array with NaN",
+    ("store", "self.k[block_id] = None"): "None assigned into a float32 array is NaN",
+    ("store", "self.v[block_id] = None"): "None assigned into a float32 array is NaN",
+    ("store", "if self.spec.k_scale is not None or self.spec.v_scale is not None:"): (
+        "AttnSpec refuses one scale without the other, so `or` and `and` agree on every spec"
+    ),
+    ("store", "blocks = np.fromiter((s[0] for s in slots), dtype=np.int64, )"): "count is only a preallocation hint",
+    ("store", "offsets = np.fromiter((s[1] for s in slots), dtype=np.int64, )"): "count is only a preallocation hint",
+}
+
+STATUS = {0: "survived", 1: "killed", 3: "killed", 5: "no tests", 33: "no tests", 34: "skipped", 36: "timeout"}
+
+
+@dataclass
+class ModuleResult:
+    module: str
+    total: int = 0
+    killed: int = 0
+    survived: list[dict[str, str]] = field(default_factory=list)
+    equivalent: list[dict[str, str]] = field(default_factory=list)
+    other: dict[str, int] = field(default_factory=dict)
+    not_checked: int = 0
+    seconds: float = 0.0
+    timed_out: bool = False
+
+
+def prepare(work: Path, module: str) -> None:
+    """A fresh copy of the package and the tests, with mutmut's settings for this one module."""
+    if work.exists():
+        shutil.rmtree(work)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(ROOT / "builders", work / "builders", ignore=ignore)
+    (work / "tests" / "kvlab").mkdir(parents=True)
+    for test in ROOT.glob("tests/kvlab/*.py"):
+        shutil.copy2(test, work / "tests" / "kvlab" / test.name)
+    selection = "\n    ".join(TESTS)
+    (work / "setup.cfg").write_text(
+        "[mutmut]\n"
+        "source_paths = builders\n"
+        f"only_mutate = builders/kvlab/{module}.py\n"
+        f"pytest_add_cli_args_test_selection =\n    {selection}\n"
+        "pytest_add_cli_args = -p no:cacheprovider -q\n"
+        "\n[tool:pytest]\ntestpaths = tests\n"
+    )
+
+
+def _diff(work: Path, name: str) -> str:
+    shown = subprocess.run(
+        ["mutmut", "show", name], cwd=work, capture_output=True, text=True, check=False, timeout=60
+    ).stdout
+    added = [line[1:].strip() for line in shown.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    removed = [line[1:].strip() for line in shown.splitlines() if line.startswith("-") and not line.startswith("---")]
+    return added[0] if added else f"(removed) {removed[0]}" if removed else "(no diff shown)"
+
+
+def collect(work: Path, module: str, result: ModuleResult) -> None:
+    meta = work / "mutants" / "builders" / "kvlab" / f"{module}.py.meta"
+    if not meta.exists():
+        return
+    codes: dict[str, int | None] = json.loads(meta.read_text())["exit_code_by_key"]
+    result.total = len(codes)
+    for name, code in sorted(codes.items()):
+        if code is None:
+            result.not_checked += 1
+            continue
+        status = STATUS.get(code, "suspicious")
+        if status == "killed":
+            result.killed += 1
+        elif status == "survived":
+            line = _diff(work, name)
+            why = EQUIVALENT.get((module, line))
+            entry = {"mutant": name.split(".")[-1], "change": line}
+            if why:
+                result.equivalent.append({**entry, "why": why})
+            else:
+                result.survived.append(entry)
+        else:
+            result.other[status] = result.other.get(status, 0) + 1
+
+
+def run_module(module: str, *, timeout: float, children: int) -> ModuleResult:
+    work = ROOT / "build" / "kvlab-mutation" / module
+    prepare(work, module)
+    result = ModuleResult(module)
+    start = time.monotonic()
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    with (work / "mutmut.log").open("w") as log:
+        try:
+            subprocess.run(
+                ["mutmut", "run", "--max-children", str(children)],
+                cwd=work,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                timeout=timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            result.timed_out = True
+    result.seconds = round(time.monotonic() - start, 1)
+    collect(work, module, result)
+    return result
+
+
+def score(results: list[ModuleResult]) -> tuple[int, int, int]:
+    """(killed, checked, equivalent): the killed share is killed / (checked - equivalent)."""
+    killed = sum(r.killed for r in results)
+    checked = sum(r.total - r.not_checked for r in results)
+    equivalent = sum(len(r.equivalent) for r in results)
+    return killed, checked, equivalent
+
+
+def render(results: list[ModuleResult]) -> str:
+    killed, checked, equivalent = score(results)
+    share = killed / max(1, checked - equivalent)
+    lines = [
+        "| module | mutants | checked | killed | equivalent | survived | other | seconds |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        other = ", ".join(f"{n} {s}" for s, n in r.other.items()) or "-"
+        cut = " (time limit)" if r.timed_out else ""
+        lines.append(
+            f"| {r.module} | {r.total} | {r.total - r.not_checked}{cut} | {r.killed} | {len(r.equivalent)} | "
+            f"{len(r.survived)} | {other} | {r.seconds:g} |"
+        )
+    lines += ["", f"killed {killed} of {checked - equivalent} non-equivalent checked mutants: {share:.1%}", ""]
+    for r in results:
+        for s in r.survived:
+            lines.append(f"- survived {r.module}: `{s['mutant']}`: `{s['change']}`")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("modules", nargs="*", default=list(MODULES), help=f"of {', '.join(MODULES)}")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds per module (default 1800)")
+    parser.add_argument("--children", type=int, default=2, help="mutants checked in parallel (default 2)")
+    parser.add_argument("--min-killed", type=float, default=0.9, help="fail below this killed share (default 0.9)")
+    args = parser.parse_args(argv)
+    unknown = [m for m in args.modules if m not in MODULES]
+    if unknown:
+        parser.error(f"unknown module(s) {', '.join(unknown)}; known: {', '.join(MODULES)}")
+    if shutil.which("mutmut") is None:
+        print("kvlab-mutation: mutmut is not installed (pip install -e '.[dev]')", file=sys.stderr)
+        return 2
+    results = []
+    for module in args.modules:
+        result = run_module(module, timeout=args.timeout, children=args.children)
+        results.append(result)
+        print(f"{module}: {result.killed} killed of {result.total - result.not_checked} checked", flush=True)
+    report = ROOT / "reports" / "kvlab-mutation"
+    report.mkdir(parents=True, exist_ok=True)
+    text = render(results)
+    (report / "summary.md").write_text(text)
+    (report / "summary.json").write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n")
+    print(text)
+    killed, checked, equivalent = score(results)
+    return 0 if checked and killed / max(1, checked - equivalent) >= args.min_killed else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
