@@ -57,28 +57,39 @@ def attend(
 
     A query with no key it may see gets output 0 and lse -inf, so that merging it with another part is exact."""
     n_q, kv, group, d = q.shape[0], spec.num_kv_heads, spec.group, spec.head_size
-    grouped = q.reshape(n_q, group, kv, d).transpose(0, 2, 1, 3) if bugs.tile_heads else q.reshape(n_q, kv, group, d)
-    scale = 1.0 / np.sqrt(1 << (spec.head_size - 1).bit_length()) if bugs.scale_padded else spec.scale
+    # Planted-bug code sits in its own `if` blocks, kept out of mutation testing (builders/kvlab/mutation.py):
+    # it is the harness's, not the kernel under test.
+    grouped = q.reshape(n_q, kv, group, d)
+    scale = spec.scale
+    if bugs.tile_heads or bugs.scale_padded:  # pragma: no mutate block
+        if bugs.tile_heads:
+            grouped = q.reshape(n_q, group, kv, d).transpose(0, 2, 1, 3)
+        if bugs.scale_padded:
+            scale = 1.0 / np.sqrt(1 << (spec.head_size - 1).bit_length())
     scores = np.einsum("qkgd,nkd->kgqn", grouped, k, dtype=np.float32) * np.float32(scale)
     allowed = k_pos[None, :] <= q_pos[:, None]
     if spec.sliding_window is not None:
-        allowed &= q_pos[:, None] - k_pos[None, :] < spec.sliding_window + bugs.window_slack
+        window = spec.sliding_window
+        if bugs.window_slack:  # pragma: no mutate block
+            window += bugs.window_slack
+        allowed &= q_pos[:, None] - k_pos[None, :] < window
     slopes = spec.slopes
     if slopes is not None:
-        if bugs.slopes_reversed:
-            slopes = slopes[::-1].copy()
-        if bugs.alibi_by_kv_head:
-            per_head = np.repeat(slopes[:kv, None], group, axis=1)
-        elif bugs.tile_heads:
-            per_head = slopes.reshape(group, kv).T
-        else:
-            per_head = slopes.reshape(kv, group)
+        per_head = slopes.reshape(kv, group)
+        if bugs.slopes_reversed or bugs.alibi_by_kv_head or bugs.tile_heads:  # pragma: no mutate block
+            planted = slopes[::-1].copy() if bugs.slopes_reversed else slopes
+            if bugs.alibi_by_kv_head:
+                per_head = np.repeat(planted[:kv, None], group, axis=1)
+            elif bugs.tile_heads:
+                per_head = planted.reshape(group, kv).T
+            else:
+                per_head = planted.reshape(kv, group)
         distance = (k_pos[None, :] - q_pos[:, None]).astype(np.float32)
         scores = scores + per_head[:, :, None, None] * distance[None, None, :, :]
     scores = np.where(allowed[None, None], scores, np.float32(-np.inf))
     peak = scores.max(axis=3, keepdims=True) if scores.shape[3] else np.full((*scores.shape[:3], 1), -np.inf)
     peak = np.where(np.isfinite(peak), peak, 0).astype(np.float32)
-    if bugs.softmax_no_max:
+    if bugs.softmax_no_max:  # pragma: no mutate block
         peak = np.zeros_like(peak)
     with np.errstate(over="ignore", invalid="ignore"):
         weights = np.exp(scores - peak)
@@ -88,7 +99,7 @@ def attend(
     with np.errstate(divide="ignore", invalid="ignore"):
         out = np.where(total > 0, out / total, 0).astype(np.float32)
         lse = (peak + np.log(total))[..., 0].astype(np.float32)
-    if bugs.tile_heads:
+    if bugs.tile_heads:  # pragma: no mutate block
         return out.transpose(2, 1, 0, 3).reshape(n_q, -1, d), lse.transpose(2, 1, 0).reshape(n_q, -1)
     return out.transpose(2, 0, 1, 3).reshape(n_q, -1, d), lse.transpose(2, 0, 1).reshape(n_q, -1)
 
@@ -102,9 +113,12 @@ def merge(
     (o1, l1), (o2, l2) = a, b
     peak = np.maximum(l1, l2)
     peak = np.where(np.isfinite(peak), peak, 0)
-    if bugs.merge_no_max:
-        peak = np.zeros_like(peak)
-    power = np.exp2 if base2 else np.exp
+    power: np.ufunc = np.exp
+    if bugs.merge_no_max or base2:  # pragma: no mutate block
+        if bugs.merge_no_max:
+            peak = np.zeros_like(peak)
+        if base2:
+            power = np.exp2
     with np.errstate(over="ignore"):
         w1, w2 = power(l1 - peak), power(l2 - peak)
     total = w1 + w2
@@ -114,12 +128,14 @@ def merge(
     return out.astype(np.float32), lse.astype(np.float32)
 
 
-def dequantize(
-    k: Array, v: Array, spec: AttnSpec, *, k_scale_twice: bool = False, v_by_k_scale: bool = False
-) -> tuple[Array, Array]:
-    """The cache's values as the attention uses them: e4m3 × scale under fp8, unchanged otherwise."""
+def dequantize(k: Array, v: Array, spec: AttnSpec, *, k_scale_twice: bool, v_by_k_scale: bool) -> tuple[Array, Array]:
+    """The cache's values as the attention uses them: e4m3 × scale under fp8, unchanged otherwise.
+
+    k_scale_twice, v_by_k_scale: planted bugs, passed by every caller (no defaults for mutation to flip)."""
     if spec.k_scale is None or spec.v_scale is None:
         return k, v
-    k_scale = np.float32(spec.k_scale) ** (2 if k_scale_twice else 1)
-    v_scale = np.float32(spec.k_scale if v_by_k_scale else spec.v_scale)
+    k_scale, v_scale = np.float32(spec.k_scale), np.float32(spec.v_scale)
+    if k_scale_twice or v_by_k_scale:  # pragma: no mutate block
+        k_scale = k_scale**2 if k_scale_twice else k_scale
+        v_scale = np.float32(spec.k_scale) if v_by_k_scale else v_scale
     return (k * k_scale).astype(np.float32), (v * v_scale).astype(np.float32)
