@@ -97,7 +97,10 @@ def hash_block(parent: bytes | None, tokens: Sequence[int], *, drop_parent: bool
     """The chained hash of a full block: equal hashes mean equal tokens *and* equal prefixes before them.
 
     drop_parent: the planted "parentless-hash" bug, a hash of the block's own tokens only."""
-    digest = hashlib.sha256(b"kvlab-root" if drop_parent or parent is None else parent)
+    root = b"kvlab-root" if parent is None else parent
+    if drop_parent:  # pragma: no mutate block
+        root = b"kvlab-root"
+    digest = hashlib.sha256(root)
     digest.update(b",".join(str(t).encode() for t in tokens))
     return digest.digest()
 
@@ -183,17 +186,19 @@ class BlockPool:
         if block.ref_cnt < 0:
             raise PoolError(f"block {block.block_id} freed more often than it was taken")
         if block.ref_cnt == 0:
-            if self.bug == "mru-eviction":
+            if self.bug == "mru-eviction":  # pragma: no mutate block
                 self.free_queue.appendleft(block)
-            else:
-                self.free_queue.append(block)
+                return
+            self.free_queue.append(block)
 
     # -- requests -------------------------------------------------------------------------------------------
 
     def cached_prefix(self, tokens: Sequence[int]) -> list[KVBlock]:
         """The longest run of cached full blocks that starts the prompt, leaving at least one token to compute."""
         b = self.block_size
-        limit = len(tokens) // b if self.bug == "no-hit-cap" else max(0, len(tokens) - 1) // b
+        limit = max(0, len(tokens) - 1) // b
+        if self.bug == "no-hit-cap":  # pragma: no mutate block
+            limit = len(tokens) // b
         hits: list[KVBlock] = []
         parent: bytes | None = None
         for i in range(limit):
@@ -308,7 +313,7 @@ class BlockPool:
         if self.sliding_window is None:
             return []
         first_useful = num_computed - self.sliding_window + 1
-        if self.bug == "window-frees-extra":
+        if self.bug == "window-frees-extra":  # pragma: no mutate block
             first_useful += self.block_size
         freed: list[int] = []
         for index in range(first_useful // self.block_size - 1, -1, -1):
