@@ -76,7 +76,8 @@ def prepare(work: Path, module: str) -> None:
         f"only_mutate = builders/kvlab/{module}.py\n"
         f"pytest_add_cli_args_test_selection =\n    {selection}\n"
         # The kernels silence the overflows they expect; a RuntimeWarning anywhere else is a changed computation.
-        "pytest_add_cli_args = -p no:cacheprovider -q -W error::RuntimeWarning\n"
+        # One argument a line: mutmut reads a one-line value as a single argument.
+        "pytest_add_cli_args =\n    -p\n    no:cacheprovider\n    -q\n    -W\n    error::RuntimeWarning\n"
         "\n[tool:pytest]\ntestpaths = tests\n"
     )
 
