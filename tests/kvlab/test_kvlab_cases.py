@@ -45,6 +45,13 @@ def test_kernel_lse_is_the_log_sum_exp_of_the_scaled_logits() -> None:
     logits[0, :, 6] = -np.inf  # the first query, at position 5, does not see the key at 6
     expected = np.log(np.exp(logits).sum(axis=2))
     assert np.allclose(lse, expected, atol=1e-5, rtol=1e-6)
+    # With ALiBi the LSE includes slope·(k - q) ≤ 0: a bias shifted per query leaves the output alone (softmax
+    # is shift-invariant) but not the LSE, which a merge with a part computed elsewhere relies on.
+    alibi = AttnSpec(num_heads=4, num_kv_heads=2, head_size=16, alibi=True)
+    _, lse = kernel.attend(q, np.arange(5, 7), k, v, np.arange(7), alibi)
+    slopes = np.exp2(-8.0 * np.arange(1, 5) / 4)
+    biased = logits + slopes[None, :, None] * (np.arange(7)[None, None, :] - np.arange(5, 7)[:, None, None])
+    assert np.allclose(lse, np.log(np.exp(biased).sum(axis=2)), atol=1e-5, rtol=1e-6)
 
 
 def test_kernel_gives_zero_and_minus_inf_to_a_query_that_sees_no_key() -> None:
