@@ -53,6 +53,49 @@ EQUIVALENT: dict[tuple[str, str], str] = {
     ("kernel", 'with np.errstate(divide="ignore", invalid="ignore", ):'): (
         "o·w and lse cannot overflow once the weights are ≤ 1; only the planted merge-without-max does"
     ),
+    ("kernel", 'scores = np.einsum("qkgd,nkd->kgqn", grouped, k, dtype=None) * np.float32(scale)'): (
+        "float32 operands give a float32 einsum; the dtype only states it"
+    ),
+    ("kernel", 'scores = np.einsum("qkgd,nkd->kgqn", grouped, k, ) * np.float32(scale)'): (
+        "float32 operands give a float32 einsum; the dtype only states it"
+    ),
+    ("kernel", 'scores = np.einsum("QKGD,NKD->KGQN", grouped, k, dtype=np.float32) * np.float32(scale)'): (
+        "einsum labels are letters of either case: the same contraction renamed"
+    ),
+    ("kernel", 'out = np.einsum("kgqn,nkd->kgqd", weights, v, dtype=None)'): (
+        "float32 operands give a float32 einsum; the dtype only states it"
+    ),
+    ("kernel", 'out = np.einsum("kgqn,nkd->kgqd", weights, v, )'): (
+        "float32 operands give a float32 einsum; the dtype only states it"
+    ),
+    ("kernel", 'out = np.einsum("KGQN,NKD->KGQD", weights, v, dtype=np.float32)'): (
+        "einsum labels are letters of either case: the same contraction renamed"
+    ),
+    ("kernel", "return out.transpose(2, 0, 1, 3).reshape(n_q, -2, d), lse.transpose(2, 0, 1).reshape(n_q, -1)"): (
+        "NumPy takes any negative reshape size as the one to infer"
+    ),
+    ("kernel", "return out.transpose(2, 0, 1, 3).reshape(n_q, -1, d), lse.transpose(2, 0, 1).reshape(n_q, -2)"): (
+        "NumPy takes any negative reshape size as the one to infer"
+    ),
+    (
+        "kernel",
+        "peak = scores.max(axis=3, keepdims=True) if scores.shape[3] else np.full((*scores.shape[:3], 1), +np.inf)",
+    ): "the next line replaces a non-finite peak by 0 either way",
+    ("kernel", "peak = np.where(np.isfinite(peak), peak, 1).astype(np.float32)"): (
+        "only for a query that sees no key: exp(-inf - 1) = 0 like exp(-inf), out 0, lse -inf"
+    ),
+    ("kernel", 'with np.errstate(over=None, invalid="ignore"):'): (
+        "exp of scores minus their maximum cannot overflow; only the planted softmax-without-max does"
+    ),
+    ("kernel", 'with np.errstate(over="ignore", invalid=None):'): (
+        "no NaN arises there outside the planted softmax-without-max (peaks are finite, masked scores -inf)"
+    ),
+    ("kernel", 'with np.errstate(invalid="ignore"):'): (
+        "overflow there needs the planted softmax-without-max; the divide-guard twin of this line is killed"
+    ),
+    ("kernel", 'with np.errstate(over="ignore", ):'): (
+        "the invalid it silenced is -inf - (-inf) only under the planted softmax-without-max; no NaN otherwise"
+    ),
     ("kernel", "if spec.k_scale is None and spec.v_scale is None:"): (
         "AttnSpec refuses one scale without the other, so `or` and `and` agree on every spec"
     ),
