@@ -174,6 +174,13 @@ def kvlab(session: nox.Session) -> None:
     session.run("forge", "kvlab", "rank", "--report", str(ROOT / "reports" / "kvlab"), *session.posargs, external=True)
 
 
+@nox.session(python=False, name="kvlab-mutation", default=False)
+def kvlab_mutation(session: nox.Session) -> None:
+    """mutmut over the KV lab's pool, kernels, layouts and store, a module at a time under a time limit: killed
+    share and survivors (reports/kvlab-mutation); fails below 90 % killed. Posargs: modules, --timeout, --children."""
+    session.run("python", "-m", "builders.kvlab.mutation", *session.posargs, external=True)
+
+
 @nox.session(python=False, name="podman-smoke", default=False)
 def podman_smoke(session: nox.Session) -> None:
     """Only the Podman smoke of the default suite: the cpu-wheel and router images built with Podman, the ci

@@ -14,20 +14,14 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
+import numpy.typing as npt
 
-from builders.kvlab import kernel
-from builders.kvlab.lab import Lab
+from builders.kvlab import kernel, oracle
+from builders.kvlab.lab import Lab, aim_logits
 from builders.kvlab.layouts import LAYOUTS, Entry, Layout, spans_of, to_csr
-from builders.kvlab.oracle import (
-    FP8_E4M3_MAX,
-    Array,
-    AttnSpec,
-    alibi_slopes,
-    fp8_e4m3,
-    fp8_grid,
-    reference_attention,
-)
+from builders.kvlab.oracle import reference_attention
 from builders.kvlab.pool import NULL_BLOCK_ID, BlockPool, PoolError, Request
+from builders.kvlab.spec import FP8_E4M3_MAX, Array, AttnSpec, alibi_slopes, fp8_e4m3
 
 Target = Literal["layouts", "pool", "oracle", "format"]
 
@@ -80,6 +74,7 @@ class Ctx:
     layout_name: str = "paged"
     layout_bug: str | None = None
     pool_bug: str | None = None
+    kernel_bug: str | None = None
     comparisons: int = 0
     worst: float = 0.0
 
@@ -87,22 +82,39 @@ class Ctx:
         return Lab(spec, pool_bug=self.pool_bug, **options)
 
     def layout(self, lab: Lab) -> Layout:
-        return LAYOUTS[self.layout_name](lab.block_size, lab.spec, bug=self.layout_bug)
+        return LAYOUTS[self.layout_name](lab.block_size, lab.spec, bug=self.layout_bug, kernel_bug=self.kernel_bug)
+
+    @property
+    def kernel_bugs(self) -> kernel.KernelBugs:
+        """The planted kernel bug, for cases that call the kernel without a layout."""
+        return kernel.KernelBugs(**({kernel.KERNEL_BUGS[self.kernel_bug][0]: True} if self.kernel_bug else {}))
 
     def require(self, condition: bool, message: str) -> None:
         if not condition:
             raise CaseFailed(message)
 
-    def close(self, label: str, got: Array, expected: Array) -> None:
+    def close(self, label: str, got: Array, expected: npt.NDArray[np.floating]) -> None:
         atol, rtol = self.case.atol, self.case.rtol
         self.comparisons += 1
         if got.shape != expected.shape:
             raise CaseFailed(f"{label}: shape {got.shape}, expected {expected.shape}")
-        if not np.all(np.isfinite(got)):
-            raise CaseFailed(f"{label}: {int(np.sum(~np.isfinite(got)))} non-finite outputs (a poisoned slot read?)")
-        error = np.abs(got.astype(np.float64) - expected)
+        bad_got, bad_expected = ~np.isfinite(got), ~np.isfinite(expected)
+        if not self.case.params.get("expects_nonfinite"):
+            # Either side: a NaN from the oracle is a broken reference, not a value a layout may match.
+            if bad_expected.any():
+                raise CaseFailed(f"{label}: {int(bad_expected.sum())} non-finite expected values (a broken oracle?)")
+            if bad_got.any():
+                raise CaseFailed(
+                    f"{label}: {int(bad_got.sum())} non-finite outputs (a poisoned slot read, or exp overflowing?)"
+                )
+        elif not np.array_equal(got[bad_got], expected[bad_expected], equal_nan=True) or not np.array_equal(
+            bad_got, bad_expected
+        ):
+            raise CaseFailed(f"{label}: non-finite values differ from the expected ones")
+        finite = ~bad_expected
+        error = np.abs(got[finite].astype(np.float64) - expected[finite])
         self.worst = max(self.worst, float(error.max(initial=0.0)))
-        if np.any(error > atol + rtol * np.abs(expected)):
+        if np.any(error > atol + rtol * np.abs(expected[finite])):
             raise CaseFailed(
                 f"{label}: max |error| {float(error.max()):.3g} > atol {atol:g} + rtol {rtol:g}·|expected|"
             )
@@ -297,14 +309,27 @@ def _alibi_non_pow2(ctx: Ctx) -> None:
     _single(ctx, _spec(12, 4, 64, alibi=True), 50)
 
 
+# vLLM's `_get_alibi_slopes` (fp32) for 6, 8 and 12 heads, written out: 2^(-8i/p) for the largest power of two
+# p ≤ n, then the odd terms of the sequence for 2p.
+VLLM_ALIBI_SLOPES = {
+    6: (0.25, 0.0625, 0.015625, 0.00390625, 0.5, 0.125),
+    8: (0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625, 0.0078125, 0.00390625),
+    12: (
+        *(0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625, 0.0078125, 0.00390625),
+        *(0.70710677, 0.35355338, 0.17677669, 0.088388346),
+    ),
+}
+
+
 @case("alibi-slopes-as-vllm", ["alibi", "alibi-non-pow2"], target="oracle", tolerance=EXACT)
 def _alibi_slopes(ctx: Ctx) -> None:
-    # ALiBi's geometric sequence 2^(-8i/n); for 12 heads the 4 extra heads take the odd terms of the 16-head one.
-    expected8 = [2.0**-i for i in range(1, 9)]
-    expected12 = [*expected8, *(2.0 ** -(i / 2) for i in (1, 3, 5, 7))]
-    ctx.close("8 heads", alibi_slopes(8), np.asarray(expected8, dtype=np.float32))
-    ctx.close("12 heads", alibi_slopes(12), np.asarray(expected12, dtype=np.float32))
-    ctx.require(len(alibi_slopes(40)) == 40 and len(set(alibi_slopes(40).tolist())) == 40, "40 heads: 40 slopes")
+    # The implementation's slopes and the oracle's, each against vLLM's values: a slope wrong on both sides fails.
+    for heads, values in VLLM_ALIBI_SLOPES.items():
+        pinned = np.asarray(values, dtype=np.float32)
+        ctx.close(f"{heads} heads, implementation", alibi_slopes(heads), pinned)
+        ctx.close(f"{heads} heads, oracle", oracle.alibi_slopes(heads).astype(np.float32), pinned)
+    for heads in (1, 2, 5, 24, 40, 64):
+        ctx.close(f"{heads} heads", alibi_slopes(heads), oracle.alibi_slopes(heads).astype(np.float32))
 
 
 # -- sliding window ---------------------------------------------------------------------------------------------
@@ -417,6 +442,33 @@ def _prefix_evicted(ctx: Ctx) -> None:
     ctx.verify(lab, ctx.layout(lab), [survivor, again])
 
 
+@case("prefix-hash-at-shifted-positions", ["prefix-hit", "prefix-reuse"], block_size=8, num_blocks=10)
+def _prefix_shifted(ctx: Ctx) -> None:
+    lab = ctx.lab(_spec(), block_size=8, num_blocks=10)
+    pool = lab.pool
+    x, y = lab.prompt(8), lab.prompt(8)
+
+    def hit(req_id: str, prompt: list[int], expected: int, why: str) -> Request:
+        request = pool.add_request(req_id, prompt)
+        ctx.require(request.num_tokens == expected, f"{req_id}: {request.num_tokens}-token hit, not {expected}: {why}")
+        lab.compute(request, prompt[request.num_tokens :])
+        return request
+
+    pool.free(lab.admit("a", x + y + lab.prompt(3)))
+    # y is cached as a's second block, after x: at position 0, or after another block, its prefix differs.
+    shifted = hit("shifted", y + lab.prompt(5), 0, "y at position 0 is not y after x")
+    pool.free(hit("other", lab.prompt(8) + y + lab.prompt(2), 0, "y after another block is not y after x"))
+    pool.free(hit("probe", x + y + [1], 16, "the whole prefix x + y matches"))
+    # Evict every cached block that no request holds, so their ids come back holding other tokens.
+    filler = lab.admit("filler", lab.prompt(8 * pool.free_queue.num_free))
+    ctx.require(pool.evictions >= 2, f"{pool.evictions} evictions: a's blocks were not reused")
+    pool.free(filler)
+    # shifted still holds y at position 0: y + y hits that block once, and its second y (after y) misses.
+    again = hit("again", y + y + lab.prompt(1), 8, "only the first y has a matching prefix")
+    whole = hit("whole", x + y + lab.prompt(4), 0, "x + y was evicted")
+    ctx.verify(lab, ctx.layout(lab), [shifted, again, whole])
+
+
 @case("window-with-shared-prefix", ["sliding-window", "prefix-reuse", "cascade-merge"], window=30, block_size=8)
 def _window_shared(ctx: Ctx) -> None:
     lab = ctx.lab(_spec(4, 4, 64, sliding_window=30), block_size=8, num_blocks=32)
@@ -495,17 +547,22 @@ def _fp8_saturation(ctx: Ctx) -> None:
 
 @case("fp8-e4m3-grid", ["fp8", "fp8-saturation"], target="oracle", tolerance=EXACT)
 def _fp8_grid(ctx: Ctx) -> None:
-    grid = fp8_grid()
+    # The store's quantiser (log2 and rounding) against the oracle's (nearest value of the bit-field grid).
+    grid = oracle.e4m3_values()
     ctx.require(len(grid) == 127 and grid[-1] == FP8_E4M3_MAX and grid[8] == 2.0**-6, "e4m3fn has 126 positive values")
-    ctx.close("grid values are fixed points", fp8_e4m3(np.concatenate([grid, -grid])), np.concatenate([grid, -grid]))
+    signed = np.concatenate([grid, -grid])
+    ctx.close("grid values are fixed points", fp8_e4m3(signed), signed)
     mids = (grid[:-1] + grid[1:]) / 2
     # A tie goes to the even mantissa; in e4m3 mantissas alternate, so every other midpoint rounds down.
     even = np.where(np.arange(len(mids)) % 2 == 0, grid[:-1], grid[1:])
-    ctx.close("midpoints round to even", fp8_e4m3(mids), even.astype(np.float32))
-    ctx.close(
-        "beyond 448 saturates", fp8_e4m3(np.asarray([449.0, 1e6, -500.0])), np.asarray([448, 448, -448], np.float32)
-    )
+    ctx.close("midpoints round to even", fp8_e4m3(mids), even)
+    ctx.close("beyond 448 saturates", fp8_e4m3(np.asarray([449.0, 1e6, -500.0])), np.asarray([448.0, 448.0, -448.0]))
     ctx.require(bool(np.isnan(fp8_e4m3(np.asarray([np.nan])))[0]), "NaN must stay NaN")
+    rng = np.random.default_rng(11)
+    sample = np.concatenate(
+        [rng.standard_normal(4000) * 100, rng.uniform(-500, 500, 2000), rng.uniform(-0.02, 0.02, 2000)]
+    )
+    ctx.close("random values, both quantisers", fp8_e4m3(sample), oracle.e4m3_round_trip(sample))
 
 
 # -- cascade ----------------------------------------------------------------------------------------------------
@@ -525,12 +582,104 @@ def _cascade(ctx: Ctx) -> None:
         cuts = sorted({0, length, *(int(c) for c in rng.integers(0, length, int(rng.integers(0, 5))))})
         part = None
         for lo, hi in itertools.pairwise(cuts):
-            piece = kernel.attend(q, q_pos, k[lo:hi], v[lo:hi], np.arange(lo, hi), spec)
-            part = piece if part is None else kernel.merge(part, piece)
+            piece = kernel.attend(q, q_pos, k[lo:hi], v[lo:hi], np.arange(lo, hi), spec, ctx.kernel_bugs)
+            part = piece if part is None else kernel.merge(part, piece, bugs=ctx.kernel_bugs)
         assert part is not None
-        ctx.close(
-            f"trial {trial}: {len(cuts) - 1} parts", part[0], reference_attention(q, k, v, spec, q_start=length - n_q)
-        )
+        expected = reference_attention(q, k, v, alibi=True, sliding_window=40)
+        ctx.close(f"trial {trial}: {len(cuts) - 1} parts", part[0], expected)
+
+
+# Logit range: every other case sits near |logit| 4, where a softmax or LSE merge that skips its maximum is exact.
+LOGIT_TARGETS = {"logits-near-0": 1e-3, "logits-50": 50.0, "logits-200": 200.0}
+WIDE = (
+    2e-4,
+    2e-4,
+    "fp32 logits of |200| carry ~200·2^-24·sqrt(d) of rounding into exp: ~1e-4 relative in the weights",
+)
+
+
+def _logit_range(ctx: Ctx, target: float) -> None:
+    """A shared-prefix batch (so hybrid merges), GQA and a fragmented table, its queries aimed at `target`."""
+    lab = ctx.lab(_spec(8, 2, 64), block_size=8, num_blocks=48, fragment="shuffled", logits=target)
+    shared = lab.prompt(24)
+    requests = [
+        lab.admit("a", shared + lab.prompt(13)),
+        lab.admit("b", shared + lab.prompt(5)),
+        lab.admit("c", lab.prompt(9)),
+    ]
+    entry = lab.entry(requests[0], 2)
+    k, _ = lab.kv(requests[0].tokens, 0)
+    reached = float(
+        np.abs(np.einsum("qhd,nhd->qhn", entry.query, np.repeat(k, 4, axis=1))).max()
+    ) * oracle.softmax_scale(64)
+    ctx.require(abs(reached - target) <= 1e-3 * target, f"largest |logit| {reached:.4g}, not {target:g}")
+    ctx.verify(lab, ctx.layout(lab), requests, n_query=2)
+
+
+for _name, _target in LOGIT_TARGETS.items():
+
+    def _run(ctx: Ctx, target: float = _target) -> None:
+        _logit_range(ctx, target)
+
+    case(
+        _name,
+        ["cascade-merge", "prefix-reuse", "gqa", "fragmented"],
+        tolerance=WIDE if _target > 10 else FP32,
+        logits=_target,
+    )(_run)
+
+
+@case(
+    "fp8-saturation-edge-logits-200",
+    ["fp8", "fp8-saturation", "cascade-merge", "prefix-reuse"],
+    tolerance=WIDE,
+    logits=200.0,
+)
+def _fp8_edge(ctx: Ctx) -> None:
+    # Scales that put the largest K and V right at the top of e4m3: some values saturate, their neighbours round
+    # to 416 or 448, the codes a saturation bug would get wrong; and the logits reach 200.
+    probe = Lab(_spec(4, 4, 64), block_size=8, seed=3)
+    prompt = probe.prompt(40)
+    k, v = probe.kv(prompt, 0)
+    k_scale, v_scale = float(np.abs(k).max()) / 460, float(np.abs(v).max()) / 452
+    lab = ctx.lab(_spec(4, 4, 64, k_scale=k_scale, v_scale=v_scale), block_size=8, seed=3, logits=200.0)
+    ctx.require(lab.prompt(40) == prompt, "the probe drew another prompt")
+    top = np.abs(k) / k_scale
+    ctx.require(
+        int(np.sum(top > FP8_E4M3_MAX)) >= 1 and int(np.sum((top > 400) & (top <= FP8_E4M3_MAX))) >= 1,
+        "no K at the saturation edge",
+    )
+    requests = [lab.admit("a", prompt), lab.admit("b", prompt[:32] + lab.prompt(3))]
+    ctx.verify(lab, ctx.layout(lab), requests, n_query=2)
+
+
+@case(
+    "cascade-merge-extreme-logits",
+    ["cascade-merge", "alibi", "gqa"],
+    target="oracle",
+    tolerance=WIDE,
+    logits="0, ±50, ±200",
+)
+def _cascade_extreme(ctx: Ctx) -> None:
+    spec = _spec(8, 2, 64, alibi=True)
+    rng = np.random.default_rng(13)
+    for target in LOGIT_TARGETS.values():
+        for trial in range(4):
+            length, n_q = int(rng.integers(8, 70)), int(rng.integers(1, 5))
+            k = rng.standard_normal((length, 2, 64)).astype(np.float32)
+            v = rng.standard_normal((length, 2, 64)).astype(np.float32)
+            q = aim_logits(rng.standard_normal((n_q, 8, 64)).astype(np.float32), k, target)
+            q_pos = np.arange(length - n_q, length)
+            cuts = sorted({0, length, *(int(c) for c in rng.integers(1, length, 3))})
+            whole = kernel.attend(q, q_pos, k, v, np.arange(length), spec, ctx.kernel_bugs)
+            part = None
+            for lo, hi in itertools.pairwise(cuts):
+                piece = kernel.attend(q, q_pos, k[lo:hi], v[lo:hi], np.arange(lo, hi), spec, ctx.kernel_bugs)
+                part = piece if part is None else kernel.merge(part, piece, bugs=ctx.kernel_bugs)
+            assert part is not None
+            expected = reference_attention(q, k, v, alibi=True)
+            ctx.close(f"|logit| {target:g}, trial {trial}: monolithic", whole[0], expected)
+            ctx.close(f"|logit| {target:g}, trial {trial}: {len(cuts) - 1} parts merged", part[0], expected)
 
 
 @case("cascade-nested-prefixes", ["cascade-merge", "prefix-reuse", "alibi-non-pow2", "gqa"], heads=12, kv_heads=4)
@@ -593,6 +742,28 @@ def _null(ctx: Ctx) -> None:
         ctx.require(NULL_BLOCK_ID not in q.block_ids, "the null block was handed out")
     pool.free(r)
     ctx.require(NULL_BLOCK_ID not in {b.block_id for b in pool.free_queue}, "the null block entered the free queue")
+    pool.check_invariants()
+
+
+@case("pool-refused-append-changes-nothing", ["cow", "prefix-reuse"], target="pool", tolerance=POOL)
+def _append_atomic(ctx: Ctx) -> None:
+    pool = BlockPool(6, 4, cow=True, bug=ctx.pool_bug)
+    parent = pool.add_request("parent", [])
+    pool.append(parent, list(range(10)))
+    child = pool.fork(parent, "child")
+    hog = pool.add_request("hog", [])
+    pool.append(hog, list(range(100, 104)))
+    # One block is free: the child's next 6 tokens need a copy of the shared partial block and one more block.
+    before = (list(child.tokens), child.block_ids, len(pool.cached), pool.free_queue.num_free)
+    try:
+        pool.append(child, list(range(10, 16)))
+    except PoolError:
+        pass
+    else:
+        raise CaseFailed("6 tokens needing 2 blocks were given slots with 1 block free")
+    after = (list(child.tokens), child.block_ids, len(pool.cached), pool.free_queue.num_free)
+    ctx.require(after == before, f"the refused append changed the pool: {before} -> {after}")
+    ctx.require(pool.add_request("probe", list(range(13))).num_tokens == 8, "a refused append cached a block")
     pool.check_invariants()
 
 

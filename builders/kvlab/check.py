@@ -22,8 +22,15 @@ class Outcome:
     worst_error: float
 
 
-def run_case(case: Case, layout: str | None, *, layout_bug: str | None = None, pool_bug: str | None = None) -> Outcome:
-    ctx = Ctx(case, layout_name=layout or "paged", layout_bug=layout_bug, pool_bug=pool_bug)
+def run_case(
+    case: Case,
+    layout: str | None,
+    *,
+    layout_bug: str | None = None,
+    pool_bug: str | None = None,
+    kernel_bug: str | None = None,
+) -> Outcome:
+    ctx = Ctx(case, layout_name=layout or "paged", layout_bug=layout_bug, pool_bug=pool_bug, kernel_bug=kernel_bug)
     start = time.perf_counter()
     try:
         case.run(ctx)

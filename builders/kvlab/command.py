@@ -94,7 +94,7 @@ def run_check(args: argparse.Namespace) -> int:
         by_case.setdefault(o.case, []).append(o)
     mutant_outcomes: list[MutantOutcome] = []
     if args.mutants:
-        chosen = [m for m in mutants() if m.target == "pool" or m.target in layouts]
+        chosen = [m for m in mutants() if m.target in ("pool", "kernel") or m.target in layouts]
         with out.step(f"{len(chosen)} planted bugs"):
             mutant_outcomes = [run_mutant(m) for m in chosen]
     failed = [o for o in outcomes if not o.passed]

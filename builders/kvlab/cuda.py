@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from builders.kvlab.layouts import LAYOUTS, Entry, HybridPrefixShared, spans_of
-from builders.kvlab.oracle import AttnSpec
+from builders.kvlab.spec import AttnSpec
 
 FP16_TOLERANCE = 2e-2
 """fp16 KV against the fp32 oracle: 11 mantissa bits on values of magnitude ≤ ~4."""

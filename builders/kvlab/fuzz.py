@@ -2,7 +2,12 @@
 
 Hypothesis draws the sequences (derandomized, so `forge kvlab check` gives the same verdict every run) and shrinks
 a failure to a short one. Beside the pool's own invariants, a shadow of which token each slot holds checks that
-every request's table still leads to its own tokens, through prefix hits, evictions and copies.
+every request's table still leads to its own tokens, through prefix hits, evictions and copies, and an operation
+the pool refuses must leave every request as it was.
+
+Without Hypothesis the same `run_ops` runs over seeded sequences drawn from the same ranges, and a failure is
+shrunk by deleting operations, so both paths check the same properties and report a short sequence. The
+sequences in REGRESSIONS run first on both paths: they once failed.
 """
 
 from __future__ import annotations
@@ -15,6 +20,23 @@ from builders.kvlab.pool import NULL_BLOCK_ID, BlockPool, PoolError, Request
 OPS = ("admit", "append", "fork", "free", "trim")
 Op = tuple[str, int, int]
 EXAMPLES = 60
+MAX_OPS = 40
+
+REGRESSIONS: tuple[tuple[tuple[Op, ...], bool, int | None], ...] = (
+    # The seeded fallback's first failure (`r1 position 9: block 18 holds None`), shrunk: r1's append copies its
+    # shared partial block 8 to block 18, writes one token, then finds no block for the next one. The pool raised
+    # half way, so the harness never got the slots, and r1 kept tokens whose KV nobody wrote.
+    (
+        (
+            ("admit", 2, 16), ("admit", 3, 6), ("append", 4, 12), ("admit", 1, 1), ("fork", 1, 6),
+            ("fork", 3, 17), ("admit", 6, 17), ("admit", 7, 11), ("admit", 0, 9), ("admit", 5, 11),
+            ("append", 2, 9), ("free", 4, 19), ("append", 4, 11), ("admit", 6, 12), ("append", 0, 8),
+            ("free", 6, 1), ("append", 1, 10),
+        ),
+        True,
+        6,
+    ),
+)  # fmt: skip
 
 
 def run_ops(ops: Sequence[Op], *, cow: bool, window: int | None, bug: str | None) -> None:
@@ -36,6 +58,7 @@ def run_ops(ops: Sequence[Op], *, cow: bool, window: int | None, bug: str | None
             content[block][offset] = token
 
     for name, pick, size in ops:
+        before = {r.req_id: (list(r.tokens), r.block_ids) for r in live}
         try:
             if name == "admit":
                 prompt = prompts[pick % 3][: size + pick % 5] + [100 + serial] * (pick % 2)
@@ -58,6 +81,11 @@ def run_ops(ops: Sequence[Op], *, cow: bool, window: int | None, bug: str | None
             # Out of blocks, or a fork V1 refuses: allowed outcomes, after which the invariants must still hold.
             if "no free KV block" not in exc.message and "partial block" not in exc.message:
                 raise
+            for request in live:
+                if request.req_id in before:
+                    assert (request.tokens, request.block_ids) == before[request.req_id], (
+                        f"{request.req_id}: a refused {name} changed it: {exc.message}"
+                    )
         pool.check_invariants()
         for request in live:
             for position, token in enumerate(request.tokens):
@@ -68,17 +96,60 @@ def run_ops(ops: Sequence[Op], *, cow: bool, window: int | None, bug: str | None
                 assert held == token, f"{request.req_id} position {position}: block {block} holds {held}, not {token}"
 
 
+def _fails(ops: Sequence[Op], cow: bool, window: int | None, bug: str | None) -> AssertionError | None:
+    try:
+        run_ops(ops, cow=cow, window=window, bug=bug)
+    except AssertionError as exc:
+        return exc
+    return None
+
+
+def shrink(ops: Sequence[Op], cow: bool, window: int | None, bug: str | None) -> tuple[list[Op], AssertionError]:
+    """Delete operations one at a time while the sequence still fails; the shortest failing one and its error."""
+    current = list(ops)
+    error = _fails(current, cow, window, bug)
+    if error is None:
+        raise ValueError("shrink needs a failing sequence")
+    progress = True
+    while progress:
+        progress = False
+        for i in range(len(current)):
+            shorter = current[:i] + current[i + 1 :]
+            smaller = _fails(shorter, cow, window, bug)
+            if smaller is not None:
+                current, error, progress = shorter, smaller, True
+                break
+    return current, error
+
+
+def seeded_sequences(seed: int = 0) -> list[tuple[list[Op], bool, int | None]]:
+    """The fallback's sequences, drawn from the ranges the Hypothesis strategies use."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(EXAMPLES):
+        size = rng.randrange(MAX_OPS + 1)
+        ops = [(rng.choice(OPS), rng.randrange(8), rng.randrange(1, 21)) for _ in range(size)]
+        out.append((ops, rng.random() < 0.5, rng.choice([None, 6])))
+    return out
+
+
+def check_seeded(bug: str | None = None) -> str:
+    for ops, cow, window in seeded_sequences():
+        if _fails(ops, cow, window, bug) is not None:
+            short, error = shrink(ops, cow, window, bug)
+            raise AssertionError(f"{error} (cow={cow}, window={window}; shrunk to {len(short)} operations: {short})")
+    return f"{EXAMPLES} seeded random sequences, shrunk on failure (Hypothesis is not installed)"
+
+
 def check_pool_invariants(bug: str | None = None) -> str:
     """Run the sequences; raise AssertionError on the first (shrunk) one that breaks an invariant. Says how."""
+    for ops, cow, window in REGRESSIONS:
+        run_ops(ops, cow=cow, window=window, bug=bug)
     try:
         from hypothesis import HealthCheck, given, settings
         from hypothesis import strategies as st
     except ModuleNotFoundError:
-        rng = random.Random(0)
-        for _ in range(EXAMPLES):
-            ops = [(rng.choice(OPS), rng.randrange(8), rng.randrange(1, 20)) for _ in range(rng.randrange(40))]
-            run_ops(ops, cow=rng.random() < 0.5, window=rng.choice([None, 6]), bug=bug)
-        return f"{EXAMPLES} seeded random sequences (Hypothesis is not installed)"
+        return check_seeded(bug)
 
     op = st.tuples(st.sampled_from(OPS), st.integers(0, 7), st.integers(1, 20))
 
@@ -89,7 +160,7 @@ def check_pool_invariants(bug: str | None = None) -> str:
         deadline=None,
         suppress_health_check=list(HealthCheck),
     )
-    @given(st.lists(op, max_size=40), st.booleans(), st.sampled_from([None, 6]))
+    @given(st.lists(op, max_size=MAX_OPS), st.booleans(), st.sampled_from([None, 6]))
     def sequences(ops: list[Op], cow: bool, window: int | None) -> None:
         run_ops(ops, cow=cow, window=window, bug=bug)
 

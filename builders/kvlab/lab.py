@@ -12,11 +12,25 @@ from collections.abc import Sequence
 import numpy as np
 
 from builders.kvlab.layouts import Entry
-from builders.kvlab.oracle import Array, AttnSpec, reference_attention
+from builders.kvlab.oracle import Wide, reference_attention, softmax_scale
 from builders.kvlab.pool import BlockPool, Request
+from builders.kvlab.spec import Array, AttnSpec
 from builders.kvlab.store import KVStore
 
 VOCAB = 512
+
+
+def aim_logits(query: Array, k: Array, target: float) -> Array:
+    """query[n_q, H, D] rescaled per query and head so its largest |q·k·scale| over the keys it may see (the
+    queries are the last positions of k[L, KV, D]) is `target`: cases reach logits of ~0, ±50 or ±200 on purpose.
+    Small logits hide a softmax or merge that skips its maximum; exp overflows fp32 past ~88."""
+    n_q, heads, head_size = query.shape
+    group = heads // k.shape[1]
+    logits = np.einsum("qhd,nhd->qhn", query, np.repeat(k, group, axis=1)) * softmax_scale(head_size)
+    visible = np.arange(k.shape[0])[None, :] <= np.arange(k.shape[0] - n_q, k.shape[0])[:, None]
+    peak = np.where(visible[:, None, :], np.abs(logits), 0).max(axis=2)
+    aimed: Array = (query * (target / peak)[:, :, None]).astype(np.float32)
+    return aimed
 
 
 class TokenKV:
@@ -48,10 +62,12 @@ class Lab:
         fragment: str | None = None,
         pool_bug: str | None = None,
         gain: float = 1.0,
+        logits: float | None = None,
     ) -> None:
         """fragment: None (a fresh pool hands out ascending ids), "shuffled" (any order) or "gapped" (ascending
-        runs of two with a held block between runs)."""
+        runs of two with a held block between runs). logits: each query's largest |logit|, see aim_logits."""
         self.spec = spec
+        self.logits = logits
         self.block_size = block_size
         self.store = KVStore(num_blocks, block_size, spec)
         self.pool = BlockPool(
@@ -112,9 +128,22 @@ class Lab:
     def entry(self, request: Request, n_query: int = 1) -> Entry:
         spec = self.spec
         query = self.rng.standard_normal((n_query, spec.num_heads, spec.head_size)).astype(np.float32)
+        if self.logits is not None:
+            query = aim_logits(query, self.kv(request.tokens, 0)[0], self.logits)
         return Entry(req_id=request.req_id, block_ids=request.block_ids, seq_len=request.num_tokens, query=query)
 
-    def expected(self, request: Request, entry: Entry) -> Array:
-        """The oracle's answer, from the request's token ids alone."""
-        k, v = self.kv(request.tokens[: entry.seq_len], 0)
-        return reference_attention(entry.query, k, v, self.spec, q_start=entry.q_start)
+    def expected(self, request: Request, entry: Entry) -> Wide:
+        """The oracle's answer, from the request's token ids and the layer's plain settings alone: the entry gives
+        only the queries, the positions follow from the request's tokens (its queries are the last ones), and
+        scale, slopes and fp8 rounding are the oracle's own."""
+        k, v = self.kv(request.tokens, 0)
+        spec = self.spec
+        return reference_attention(
+            entry.query,
+            k,
+            v,
+            alibi=spec.alibi,
+            sliding_window=spec.sliding_window,
+            k_scale=spec.k_scale,
+            v_scale=spec.v_scale,
+        )

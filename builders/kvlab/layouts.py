@@ -22,8 +22,8 @@ import numpy.typing as npt
 
 from builders.kvlab import kernel
 from builders.kvlab.kernel import KernelBugs
-from builders.kvlab.oracle import Array, AttnSpec
 from builders.kvlab.pool import NULL_BLOCK_ID
+from builders.kvlab.spec import Array, AttnSpec
 from builders.kvlab.store import KVStore
 
 Part = tuple[Array, Array]
@@ -68,9 +68,14 @@ class Layout:
     bugs: ClassVar[dict[str, str]]
     """Planted bugs this layout can carry: name → what it gets wrong."""
 
-    def __init__(self, block_size: int, spec: AttnSpec, *, bug: str | None = None) -> None:
+    def __init__(
+        self, block_size: int, spec: AttnSpec, *, bug: str | None = None, kernel_bug: str | None = None
+    ) -> None:
+        """kernel_bug: one of kernel.KERNEL_BUGS, planted in the kernel this layout calls."""
         if bug is not None and bug not in self.bugs:
             raise ValueError(f"layout {self.name} has no planted bug {bug!r}; known: {', '.join(self.bugs)}")
+        if kernel_bug is not None and kernel_bug not in kernel.KERNEL_BUGS:
+            raise ValueError(f"no planted kernel bug {kernel_bug!r}; known: {', '.join(kernel.KERNEL_BUGS)}")
         self.block_size = block_size
         self.spec = spec
         self.bug = bug
@@ -79,6 +84,7 @@ class Layout:
             tile_heads=bug == "kv-head-tiled",
             alibi_by_kv_head=bug == "alibi-by-kv-head",
             window_slack=1 if bug == "window-off-by-one" else 0,
+            **({kernel.KERNEL_BUGS[kernel_bug][0]: True} if kernel_bug else {}),
         )
 
     def attend(self, batch: Sequence[Entry], store: KVStore) -> list[Array]:
@@ -272,8 +278,10 @@ class VirtualContiguous(Layout):
         "k-scale-twice": "multiplies fp8 K by k_scale twice",
     }
 
-    def __init__(self, block_size: int, spec: AttnSpec, *, bug: str | None = None) -> None:
-        super().__init__(block_size, spec, bug=bug)
+    def __init__(
+        self, block_size: int, spec: AttnSpec, *, bug: str | None = None, kernel_bug: str | None = None
+    ) -> None:
+        super().__init__(block_size, spec, bug=bug, kernel_bug=kernel_bug)
         self.buffers: dict[str, _Buffer] = {}
 
     def _sync(self, entry: Entry, store: KVStore) -> _Buffer:
@@ -407,7 +415,9 @@ class HybridPrefixShared(Layout):
                     if self.bug == "merge-mean":
                         part = (((part[0] + prefix_parts[j][0]) / 2).astype(np.float32), part[1])
                     else:
-                        part = kernel.merge(prefix_parts[j], part, base2=self.bug == "lse-base2-merge")
+                        part = kernel.merge(
+                            prefix_parts[j], part, base2=self.bug == "lse-base2-merge", bugs=self.kernel_bugs
+                        )
                 outs[members[j]] = part[0]
         return [o for o in outs if o is not None]
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from builders.kvlab.cases import CASES, Case
 from builders.kvlab.check import run_case
+from builders.kvlab.kernel import KERNEL_BUGS
 from builders.kvlab.layouts import LAYOUTS
 from builders.kvlab.pool import POOL_BUGS
 
@@ -18,19 +19,22 @@ POOL_BUG_WHY = {
     "no-hit-cap": "lets a prefix hit cover the whole prompt, leaving no token to compute",
     "mru-eviction": "puts freed blocks at the head of the free queue, evicting the most recently used first",
     "window-frees-extra": "frees the block that holds the sliding window's first key",
+    "append-not-atomic": "fails an append half way when blocks run out, keeping tokens the caller never wrote",
+    "parentless-hash": "hashes a full block's tokens without its parent's hash, so equal blocks at other positions hit",
 }
 
 
 @dataclass(frozen=True)
 class Mutant:
     target: str
-    """A layout's name, or "pool"."""
+    """A layout's name, "pool", or "kernel" (the kernel every layout calls)."""
     bug: str
     why: str
 
 
 def mutants() -> list[Mutant]:
     out = [Mutant(name, bug, why) for name, cls in LAYOUTS.items() for bug, why in cls.bugs.items()]
+    out += [Mutant("kernel", bug, why) for bug, (_, why) in KERNEL_BUGS.items()]
     return out + [Mutant("pool", bug, POOL_BUG_WHY[bug]) for bug in POOL_BUGS]
 
 
@@ -43,12 +47,22 @@ class MutantOutcome:
 
 
 def run_mutant(mutant: Mutant, cases: Sequence[Case] = CASES) -> MutantOutcome:
-    """Cases in order until one fails. A pool bug runs the pool cases and every layout case on `paged`."""
+    """Cases in order until one fails. A pool bug runs the pool cases and every layout case on `paged`; a kernel
+    bug every layout case on every layout, and the oracle cases that call the kernel directly."""
     ran = 0
     if mutant.target == "pool":
         # The pool's own cases first, the seconds-long fuzz last: most pool bugs show in a direct case.
         cases = sorted(cases, key=lambda c: (c.target != "pool", "pool-invariants" in c.features))
     for case in cases:
+        if mutant.target == "kernel":
+            names = list(LAYOUTS) if case.target == "layouts" else [None] if case.target == "oracle" else []
+            for name in names:
+                outcome = run_case(case, name, kernel_bug=mutant.bug)
+                ran += 1
+                if not outcome.passed:
+                    where = f"{case.name} on {name}" if name else case.name
+                    return MutantOutcome(mutant, where, outcome.detail, ran)
+            continue
         if mutant.target == "pool":
             if case.target not in ("pool", "layouts"):
                 continue

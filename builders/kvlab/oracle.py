@@ -1,131 +1,111 @@
-"""The oracle: dense attention in fp32 over the logical KV of a request, with no block, span or pool in sight.
+"""The oracle: dense attention in float64 over the logical KV of a request, with no block, span or pool in sight.
 
-It follows the reference in vLLM's kernel tests (`ref_single_query_cached_kv_attention`): scores and softmax in
-fp32, GQA by repeating each KV head over its group of query heads (`repeat_interleave`), ALiBi slopes as
-`_get_alibi_slopes` computes them, and fp8 as a per-tensor `k_scale`/`v_scale` applied to e4m3 values. It is
-written apart from the layouts' kernel (builders/kvlab/kernel.py) on purpose: a bug they shared would pass.
+It follows the reference in vLLM's kernel tests (`ref_single_query_cached_kv_attention`): one softmax over all
+keys, GQA by repeating each KV head over its group of query heads, ALiBi slopes as `_get_alibi_slopes` gives them,
+and fp8 as a per-tensor `k_scale`/`v_scale` applied to e4m3 values.
+
+Independent by construction: this module imports nothing from the lab (a test parses its imports and fails on
+one). It derives from the arrays and plain settings it is given what the implementation keeps in AttnSpec and the
+KV store: the softmax scale from the head size, the ALiBi slopes from the head count (as exponents, not powers of
+a base), the e4m3 round trip from the format's bit fields (nearest grid value, not a log2 and a rounding), and
+each query's position from the number of keys (the queries are the last positions), not from a layout's entry.
+So a wrong value in the implementation is not read by both sides and missed.
 """
 
 from __future__ import annotations
-
-import math
-from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
 Array = npt.NDArray[np.float32]
+Wide = npt.NDArray[np.float64]
 
-FP8_E4M3_MAX = 448.0
-"""The largest finite e4m3fn value (1.75 × 2^8): vLLM saturates to it rather than overflow to NaN."""
-_FP8_MIN_NORMAL_EXP = -6
-_FP8_MANTISSA_BITS = 3
-
-
-def alibi_slopes(num_heads: int) -> npt.NDArray[np.float32]:
-    """ALiBi's slopes: a geometric sequence for the largest power of two ≤ num_heads, and for the remaining
-    heads every other slope of the sequence for twice that power (how BLOOM and vLLM extend it)."""
-    closest = 2 ** math.floor(math.log2(num_heads))
-    base = 2.0 ** (-(2.0 ** -(math.log2(closest) - 3)))
-    slopes = [base**p for p in range(1, closest + 1)]
-    if closest != num_heads:
-        extra_base = 2.0 ** (-(2.0 ** -(math.log2(2 * closest) - 3)))
-        remaining = min(closest, num_heads - closest)
-        slopes += [extra_base**p for p in range(1, 1 + 2 * remaining, 2)]
-    return np.asarray(slopes, dtype=np.float32)
+E4M3_LARGEST = 448.0
+"""Exponent field 15 with mantissa 6 (mantissa 7 there is NaN in e4m3fn): 2^8 × 1.75."""
 
 
-def fp8_e4m3(x: npt.NDArray[np.floating]) -> Array:
-    """Round to the nearest e4m3fn value (ties to even), saturating at ±448; NaN stays NaN.
+def softmax_scale(head_size: int) -> float:
+    """1/sqrt(d): the scale of every attention in vLLM's tests and models without their own."""
+    if head_size < 1:
+        raise ValueError(f"head size {head_size}: must be at least 1")
+    return float(1.0 / np.sqrt(np.float64(head_size)))
 
-    Normal values keep 3 mantissa bits; below 2^-6 the spacing is the subnormal one, 2^-9."""
+
+def alibi_slopes(num_heads: int) -> Wide:
+    """ALiBi's slopes for num_heads: 2^(-8i/p) for i = 1…p, p the largest power of two ≤ num_heads; the remaining
+    heads take the odd terms 2^(-8j/2p), j = 1, 3, 5…, of the sequence for 2p (the ALiBi paper's extension)."""
+    if num_heads < 1:
+        raise ValueError(f"{num_heads} heads: ALiBi needs at least 1")
+    p = 1
+    while p * 2 <= num_heads:
+        p *= 2
+    exponents = [-8.0 * i / p for i in range(1, p + 1)]
+    exponents += [-8.0 * j / (2 * p) for j in range(1, 2 * (num_heads - p), 2)]
+    return np.exp2(np.asarray(exponents, dtype=np.float64))
+
+
+def e4m3_values() -> Wide:
+    """Every finite non-negative e4m3fn value in code order: index = code (sign bit clear), so even index =
+    even mantissa. Subnormals m·2^-9 (exponent field 0), then (1 + m/8)·2^(e-7); code 0x7F is NaN, not a value."""
+    values = []
+    for code in range(0x7F):
+        exponent, mantissa = code >> 3, code & 7
+        values.append(mantissa * 2.0**-9 if exponent == 0 else (1 + mantissa / 8) * 2.0 ** (exponent - 7))
+    return np.asarray(values, dtype=np.float64)
+
+
+def e4m3_round_trip(x: npt.ArrayLike) -> Wide:
+    """x to the nearest e4m3fn value and back: ties to the even code, beyond ±448 saturated (vLLM's cast), NaN
+    kept. A nearest-neighbour search in the grid of e4m3_values."""
     x = np.asarray(x, dtype=np.float64)
-    magnitude = np.minimum(np.abs(x), FP8_E4M3_MAX)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        exponent = np.floor(np.log2(np.where(magnitude > 0, magnitude, 1.0)))
-    exponent = np.maximum(exponent, _FP8_MIN_NORMAL_EXP)
-    spacing = np.exp2(exponent - _FP8_MANTISSA_BITS)
-    rounded = np.minimum(np.round(magnitude / spacing) * spacing, FP8_E4M3_MAX)
-    return np.where(np.isnan(x), np.nan, np.copysign(rounded, x)).astype(np.float32)
+    grid = e4m3_values()
+    magnitude = np.minimum(np.abs(np.nan_to_num(x, nan=0.0)), E4M3_LARGEST)
+    upper = np.clip(np.searchsorted(grid, magnitude, side="left"), 1, len(grid) - 1)
+    lower = upper - 1
+    below, above = magnitude - grid[lower], grid[upper] - magnitude
+    take_upper = (above < below) | ((above == below) & (upper % 2 == 0))
+    nearest = np.where(take_upper, grid[upper], grid[lower])
+    return np.where(np.isnan(x), np.nan, np.copysign(nearest, x))
 
 
-def fp8_grid() -> Array:
-    """Every finite non-negative e4m3fn value, built from the bit fields rather than by rounding."""
-    values = [m * 2.0**-9 for m in range(8)]
-    values += [(1 + m / 8) * 2.0 ** (e - 7) for e in range(1, 16) for m in range(8) if (e, m) != (15, 7)]
-    return np.asarray(values, dtype=np.float32)
-
-
-@dataclass(frozen=True, kw_only=True, eq=False)
-class AttnSpec:
-    """What an attention layer is: head counts and size, and its options. The oracle and every layout read it."""
-
-    num_heads: int
-    num_kv_heads: int
-    head_size: int
-    alibi: bool = False
-    sliding_window: int | None = None
-    k_scale: float | None = None
-    """Set (with v_scale) for fp8 KV: the cache holds e4m3(k / k_scale)."""
-    v_scale: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"{self.num_heads} query heads do not split into {self.num_kv_heads} KV heads")
-        if (self.k_scale is None) != (self.v_scale is None):
-            raise ValueError("fp8 needs both k_scale and v_scale")
-
-    @property
-    def scale(self) -> float:
-        return 1.0 / math.sqrt(self.head_size)
-
-    @property
-    def group(self) -> int:
-        return self.num_heads // self.num_kv_heads
-
-    @property
-    def fp8(self) -> bool:
-        return self.k_scale is not None
-
-    @property
-    def slopes(self) -> npt.NDArray[np.float32] | None:
-        return alibi_slopes(self.num_heads) if self.alibi else None
-
-    def features(self) -> list[str]:
-        kind = "mha" if self.group == 1 else "mqa" if self.num_kv_heads == 1 else "gqa"
-        out = [kind]
-        if self.alibi:
-            out.append("alibi" if self.num_heads & (self.num_heads - 1) == 0 else "alibi-non-pow2")
-        if self.sliding_window is not None:
-            out.append("sliding-window")
-        if self.fp8:
-            out.append("fp8")
-        return out
-
-
-def reference_attention(q: Array, k: Array, v: Array, spec: AttnSpec, *, q_start: int) -> Array:
-    """Dense attention of queries q[n_q, H, D] at positions q_start… over k, v[L, KV, D] at positions 0…L-1:
-    causal, windowed and ALiBi-biased as `spec` says; fp8 KV as the cache would hold it."""
-    if spec.fp8:
-        assert spec.k_scale is not None and spec.v_scale is not None
-        k = fp8_e4m3(k / spec.k_scale) * np.float32(spec.k_scale)
-        v = fp8_e4m3(v / spec.v_scale) * np.float32(spec.v_scale)
-    k = np.repeat(k.astype(np.float32), spec.group, axis=1)
-    v = np.repeat(v.astype(np.float32), spec.group, axis=1)
-    n_q, length = q.shape[0], k.shape[0]
-    q_pos = np.arange(q_start, q_start + n_q)[:, None]
+def reference_attention(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    alibi: bool = False,
+    sliding_window: int | None = None,
+    k_scale: float | None = None,
+    v_scale: float | None = None,
+) -> Wide:
+    """Dense causal attention of q[n_q, H, D] over k, v[L, KV, D]: keys at positions 0…L-1, the queries at the
+    last n_q of them. k and v are the values before any cache: with k_scale and v_scale they go through the e4m3
+    round trip the cache would hold. The result is float64; the caller compares it with a layout's fp32."""
+    n_q, heads, head_size = q.shape
+    length, kv_heads = k.shape[0], k.shape[1]
+    if n_q > length:
+        raise ValueError(f"{n_q} queries but {length} keys: the queries are the last positions of the keys")
+    if heads % kv_heads:
+        raise ValueError(f"{heads} query heads do not split into {kv_heads} KV heads")
+    if (k_scale is None) != (v_scale is None):
+        raise ValueError("fp8 needs both k_scale and v_scale")
+    keys, values = np.asarray(k, np.float64), np.asarray(v, np.float64)
+    if k_scale is not None and v_scale is not None:
+        keys = e4m3_round_trip(keys / k_scale) * k_scale
+        values = e4m3_round_trip(values / v_scale) * v_scale
+    keys = np.repeat(keys, heads // kv_heads, axis=1)
+    values = np.repeat(values, heads // kv_heads, axis=1)
+    q_pos = np.arange(length - n_q, length)[:, None]
     k_pos = np.arange(length)[None, :]
-    allowed = k_pos <= q_pos
-    if spec.sliding_window is not None:
-        allowed &= q_pos - k_pos < spec.sliding_window
-    out = np.empty((n_q, spec.num_heads, spec.head_size), dtype=np.float32)
-    slopes = spec.slopes
-    for h in range(spec.num_heads):
-        scores = (q[:, h, :].astype(np.float32) @ k[:, h, :].T) * np.float32(spec.scale)
-        if slopes is not None:
-            scores = scores + slopes[h] * (k_pos - q_pos).astype(np.float32)
-        scores = np.where(allowed, scores, -np.inf).astype(np.float32)
-        weights = np.exp(scores - scores.max(axis=1, keepdims=True))
-        weights /= weights.sum(axis=1, keepdims=True)
-        out[:, h, :] = weights @ v[:, h, :]
+    visible = k_pos <= q_pos
+    if sliding_window is not None:
+        visible &= q_pos - k_pos < sliding_window
+    slopes = alibi_slopes(heads) if alibi else np.zeros(heads)
+    scale = softmax_scale(head_size)
+    out = np.empty((n_q, heads, head_size), dtype=np.float64)
+    for h in range(heads):
+        logits = (np.asarray(q[:, h, :], np.float64) @ keys[:, h, :].T) * scale + slopes[h] * (k_pos - q_pos)
+        logits = np.where(visible, logits, -np.inf)
+        weights = np.exp(logits - logits.max(axis=1, keepdims=True))
+        out[:, h, :] = (weights / weights.sum(axis=1, keepdims=True)) @ values[:, h, :]
     return out

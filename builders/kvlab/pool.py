@@ -25,7 +25,7 @@ from builders.errors import ForgeError
 
 NULL_BLOCK_ID = 0
 
-POOL_BUGS = ("no-hit-cap", "mru-eviction", "window-frees-extra")
+POOL_BUGS = ("no-hit-cap", "mru-eviction", "window-frees-extra", "append-not-atomic", "parentless-hash")
 """Planted pool bugs for `forge kvlab check --mutants`: each must fail a case."""
 
 
@@ -93,9 +93,14 @@ class FreeBlockQueue:
         return self.num_free
 
 
-def hash_block(parent: bytes | None, tokens: Sequence[int]) -> bytes:
-    """The chained hash of a full block: equal hashes mean equal tokens *and* equal prefixes before them."""
-    digest = hashlib.sha256(parent or b"kvlab-root")
+def hash_block(parent: bytes | None, tokens: Sequence[int], *, drop_parent: bool = False) -> bytes:
+    """The chained hash of a full block: equal hashes mean equal tokens *and* equal prefixes before them.
+
+    drop_parent: the planted "parentless-hash" bug, a hash of the block's own tokens only."""
+    root = b"kvlab-root" if parent is None else parent
+    if drop_parent:  # pragma: no mutate block
+        root = b"kvlab-root"
+    digest = hashlib.sha256(root)
     digest.update(b",".join(str(t).encode() for t in tokens))
     return digest.digest()
 
@@ -181,21 +186,23 @@ class BlockPool:
         if block.ref_cnt < 0:
             raise PoolError(f"block {block.block_id} freed more often than it was taken")
         if block.ref_cnt == 0:
-            if self.bug == "mru-eviction":
+            if self.bug == "mru-eviction":  # pragma: no mutate block
                 self.free_queue.appendleft(block)
-            else:
-                self.free_queue.append(block)
+                return
+            self.free_queue.append(block)
 
     # -- requests -------------------------------------------------------------------------------------------
 
     def cached_prefix(self, tokens: Sequence[int]) -> list[KVBlock]:
         """The longest run of cached full blocks that starts the prompt, leaving at least one token to compute."""
         b = self.block_size
-        limit = len(tokens) // b if self.bug == "no-hit-cap" else max(0, len(tokens) - 1) // b
+        limit = max(0, len(tokens) - 1) // b
+        if self.bug == "no-hit-cap":  # pragma: no mutate block
+            limit = len(tokens) // b
         hits: list[KVBlock] = []
         parent: bytes | None = None
         for i in range(limit):
-            parent = hash_block(parent, tokens[i * b : (i + 1) * b])
+            parent = hash_block(parent, tokens[i * b : (i + 1) * b], drop_parent=self.bug == "parentless-hash")
             block = self.cached.get(parent)
             if block is None:
                 break
@@ -219,6 +226,8 @@ class BlockPool:
     def append(self, request: Request, tokens: Sequence[int]) -> list[Slot]:
         """Slots for `tokens` after the request's last one; new blocks as needed, full ones cached."""
         b = self.block_size
+        if self.bug != "append-not-atomic":
+            self._check_room(request, len(tokens))
         slots: list[Slot] = []
         for token in tokens:
             position = request.num_tokens
@@ -234,12 +243,34 @@ class BlockPool:
             request.tokens.append(token)
             if offset == b - 1:
                 parent = request.hashes[-1] if request.hashes else None
-                block_hash = hash_block(parent, request.tokens[index * b : (index + 1) * b])
+                block_hash = hash_block(
+                    parent, request.tokens[index * b : (index + 1) * b], drop_parent=self.bug == "parentless-hash"
+                )
                 request.hashes.append(block_hash)
                 block.block_hash = block_hash
                 # Two requests that computed the same block: the first stays the cached one, as in V1.
                 self.cached.setdefault(block_hash, block)
         return slots
+
+    def _check_room(self, request: Request, count: int) -> None:
+        """Refuse an append before changing anything, as V1's `allocate_slots` returns None when the free blocks
+        do not cover it. Failing half way would leave the request with tokens whose slots the caller never got,
+        so never wrote, and full blocks of them in the prefix cache for another request to hit."""
+        if count == 0:
+            return
+        b = self.block_size
+        first, last = request.num_tokens // b, (request.num_tokens + count - 1) // b
+        if first < len(request.blocks) and request.blocks[first].is_null:
+            raise PoolError(f"request {request.req_id!r}: position {request.num_tokens} falls in a freed window block")
+        needed = max(0, last + 1 - len(request.blocks))
+        if first < len(request.blocks) and request.blocks[first].ref_cnt > 1 and self.cow:
+            needed += 1
+        if needed > self.free_queue.num_free:
+            raise PoolError(
+                f"no free KV block left: request {request.req_id!r} needs {needed} for {count} tokens, "
+                f"{self.free_queue.num_free} are free",
+                hint="give the pool more blocks or free a request",
+            )
 
     def _copy_on_write(self, request: Request, index: int) -> KVBlock:
         shared = request.blocks[index]
@@ -282,7 +313,7 @@ class BlockPool:
         if self.sliding_window is None:
             return []
         first_useful = num_computed - self.sliding_window + 1
-        if self.bug == "window-frees-extra":
+        if self.bug == "window-frees-extra":  # pragma: no mutate block
             first_useful += self.block_size
         freed: list[int] = []
         for index in range(first_useful // self.block_size - 1, -1, -1):

@@ -24,8 +24,8 @@ from typing import Any
 
 from builders.kvlab.lab import Lab
 from builders.kvlab.layouts import LAYOUTS, Layout
-from builders.kvlab.oracle import AttnSpec
 from builders.kvlab.pool import Request
+from builders.kvlab.spec import AttnSpec
 
 BATCH = 8
 BLOCK_SIZE = 16

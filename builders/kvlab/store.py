@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from builders.kvlab.oracle import Array, AttnSpec, fp8_e4m3
 from builders.kvlab.pool import Slot
+from builders.kvlab.spec import Array, AttnSpec, fp8_e4m3
 
 
 class KVStore:

@@ -14,8 +14,9 @@ from builders.kvlab import cases
 from builders.kvlab.cases import FP32, REQUIRED_FEATURES, Case, Ctx
 from builders.kvlab.command import KvlabFailed
 from builders.kvlab.lab import Lab
-from builders.kvlab.oracle import AttnSpec, reference_attention
+from builders.kvlab.oracle import reference_attention
 from builders.kvlab.pool import BlockPool
+from builders.kvlab.spec import AttnSpec
 
 
 def _check(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, Any]]:
@@ -52,9 +53,8 @@ def test_a_failing_case_fails_the_check(monkeypatch: pytest.MonkeyPatch, capsys:
         request = lab.admit("r", lab.prompt(20))
         entry = lab.entry(request)
         k, v = lab.kv(request.tokens, 0)
-        plain = AttnSpec(num_heads=4, num_kv_heads=4, head_size=64)
         out = ctx.layout(lab).attend([entry], lab.store)[0]
-        ctx.close("fp8 vs fp32", out, reference_attention(entry.query, k, v, plain, q_start=entry.q_start))
+        ctx.close("fp8 vs fp32", out, reference_attention(entry.query, k, v))
 
     broken = Case("fp8-is-not-fp32", "layouts", ("fp8",), FP32[0], FP32[1], FP32[2], fp8_is_not_fp32)
     monkeypatch.setattr(cases, "CASES", [broken])

@@ -11,7 +11,7 @@ import pytest
 
 from builders.cli import main
 from builders.kvlab import rank
-from builders.kvlab.oracle import AttnSpec
+from builders.kvlab.spec import AttnSpec
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 

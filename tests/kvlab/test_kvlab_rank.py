@@ -7,7 +7,7 @@ from pathlib import Path
 
 from builders.kvlab import rank
 from builders.kvlab.command import render_rank
-from builders.kvlab.oracle import AttnSpec
+from builders.kvlab.spec import AttnSpec
 
 
 def test_short_ranking_measures_and_ranks(tmp_path: Path) -> None:
