@@ -26,12 +26,13 @@ import errno
 import gc
 import hmac
 import json
+import math
 import re
 import socket
 import sys
 import time
 from bisect import bisect_left
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +50,7 @@ from builders.router.openai_request import BadRequest, Endpoint, ParsedRequest, 
 from builders.router.prometheus import CONTENT_TYPE, HistogramSeries
 from builders.router.replicas import Pool, Replica
 from builders.router.router_metrics import ClassSeries, RouterMetrics
+from builders.router.stats import HEALTH, STREAM, UNARY, StreamStats, connector_connections, pool_connections, publish
 from builders.router.upstream import ConnectFailed, Exchange, UpstreamFailed, UpstreamPool
 from builders.router.work_conserving import spill_target, with_priority
 
@@ -189,6 +191,15 @@ class _Opened:
     first_chunk: bytes
 
 
+def _connector(*, limit: int, limit_per_host: int, idle_s: float) -> aiohttp.TCPConnector:
+    # aiohttp sweeps its idle connections every keepalive_timeout and closes those idle longer than that,
+    # so one lives between one and two of them: half the pool's timeout keeps it within the timeout.
+    # No rounding of the sweep's time up to a whole second (timeout_ceil_threshold), which would add one.
+    return aiohttp.TCPConnector(
+        limit=limit, limit_per_host=limit_per_host, keepalive_timeout=idle_s / 2, timeout_ceil_threshold=math.inf
+    )
+
+
 class Router:
     """State shared by the handlers: config, pools, classifier memories, metrics, the upstream session."""
 
@@ -212,15 +223,14 @@ class Router:
         self._upstream: UpstreamPool | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._health_task: asyncio.Task[None] | None = None
-        self.stream_buffer_peak = 0
-        self.streams_active = 0
+        self.stats = StreamStats()
+        self.count_clients: Callable[[], int] = lambda: 0
+        """Client connections open now, fast and handed off (start_router knows both servers)."""
         self.calls: set[_Call] = set()
         self.shutting_down = False
         self._write_low = config.stream_buffer_bytes // 8
         """The client transport's low-water mark: writes that stay under it never wait (_send)."""
         self.native_relay = native_relay()
-        self.events_relayed_natively = 0
-        """Events the C relay moved without Python, over finished streams: how tests see it at work."""
         """The C relay's type (builders/router/_fastrelay.c), or None where it is not built or switched off."""
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -243,16 +253,18 @@ class Router:
     async def _lifespan(self, _app: web.Application) -> AsyncIterator[None]:
         # Kept, not asked for: asyncio.get_running_loop() makes a getpid() system call each time (Python 3.11).
         self._loop = asyncio.get_running_loop()
-        connector = aiohttp.TCPConnector(limit=self.config.upstream_connection_limit, limit_per_host=0)
+        idle_s = self.config.upstream_pool_idle_timeout_s
+        connector = _connector(limit=self.config.upstream_connection_limit, limit_per_host=0, idle_s=idle_s)
         self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
         # Health checks get connections of their own: queued behind busy streams for a pooled connection,
         # a check would time out and mark a healthy replica down exactly when it is serving most.
         # One connection per replica (limit_per_host), however many discovery finds.
-        self._health_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=1))
+        self._health_session = aiohttp.ClientSession(connector=_connector(limit=0, limit_per_host=1, idle_s=idle_s))
         self._upstream = UpstreamPool(
             limit=self.config.upstream_connection_limit,
             track_chunks=self.native_relay is not None,
             keep_alive=self.config.upstream_keep_alive,
+            idle_timeout_s=idle_s,
         )
         if self.membership.dynamic:
             await self.membership.refresh_all()
@@ -373,13 +385,21 @@ class Router:
         return web.json_response({"status": status, "pools": pools, "pool_serving": serving})
 
     async def _metrics(self, _request: web.Request) -> web.Response:
-        for pool in self.pools.values():
-            for r in pool.replicas:
-                labels = {"pool": pool.name, "replica": r.url}
-                self.metrics.replica_healthy.set(labels, 1.0 if r.healthy else 0.0)
-                self.metrics.replica_in_flight.set(labels, float(r.in_flight))
-        self.metrics.streams_active.set(None, float(self.streams_active))
-        self.metrics.stream_buffer_peak.set(None, float(self.stream_buffer_peak))
+        clients = {}
+        if self._upstream is not None and self._session is not None and self._health_session is not None:
+            clients = {
+                STREAM: pool_connections(self._upstream),
+                UNARY: connector_connections(self._session.connector if self._session else None),
+                HEALTH: connector_connections(self._health_session.connector if self._health_session else None),
+            }
+        publish(
+            self.metrics,
+            self.pools,
+            self.stats,
+            clients,
+            idle_timeout_s=self.config.upstream_pool_idle_timeout_s,
+            client_connections=self.count_clients(),
+        )
         return web.Response(body=self.metrics.render().encode(), headers={"Content-Type": CONTENT_TYPE})
 
     async def _models(self, request: web.Request) -> web.Response:
@@ -820,11 +840,11 @@ class Router:
             replica, upstream = outcome.replica, outcome.upstream
             call.pool.remember(call.decision.prefix, replica)
             replica.served += 1
-            self.streams_active += 1
+            self.stats.streams_active += 1
             try:
                 return await self._pump(call, replica, upstream, outcome.first_chunk)
             finally:
-                self.streams_active -= 1
+                self.stats.streams_active -= 1
                 if call.delivered:
                     # [DONE] reached the client: nothing is left to abort, whatever ended the handler.
                     upstream.close()
@@ -891,15 +911,15 @@ class Router:
                         raise _ClientGone from None
                     call.head_sent = True
                 buffered = transport.get_write_buffer_size()
-                if buffered > self.stream_buffer_peak:
-                    self.stream_buffer_peak = buffered
+                if buffered > self.stats.stream_buffer_peak:
+                    self.stats.stream_buffer_peak = buffered
                 continue
             began = time.monotonic()
             try:
                 await asyncio.wait_for(resp.write(chunk), timeout=cfg.stream_cut_timeout_s)
                 call.head_sent = True
                 buffered = transport.get_write_buffer_size()
-                self.stream_buffer_peak = max(self.stream_buffer_peak, buffered)
+                self.stats.stream_buffer_peak = max(self.stats.stream_buffer_peak, buffered)
                 remaining = cfg.stream_cut_timeout_s - (time.monotonic() - began)
                 request = call.request
                 drain = request.drain() if isinstance(request, FastRequest) else request.writer.drain()
@@ -1072,6 +1092,7 @@ class _Relay:
         loop = router.loop
         self._loop = loop
         self._router = router
+        self._stats = router.stats
         self._call = call
         self._replica = replica
         self._exchange = exchange
@@ -1115,7 +1136,7 @@ class _Relay:
                 events=events,
                 transport=transport,
                 itl=self._itl,
-                router=router,
+                router=router.stats,
                 write_low=self._write_low,
             )
             self._native.enabled = self._fast_ok()
@@ -1175,9 +1196,9 @@ class _Relay:
             transport.write(b"%x\r\n%b\r\n" % (len(data), data))
         else:
             self._relay_any(data, now)
-        if buffered > self._router.stream_buffer_peak:
+        if buffered > self._stats.stream_buffer_peak:
             # Read before this write, so a peak shows at the next chunk: the buffer only drains meanwhile.
-            self._router.stream_buffer_peak = buffered
+            self._stats.stream_buffer_peak = buffered
 
     def _relay_any(self, data: bytes, now: float) -> None:
         """on_body for anything but one whole event to a client that keeps up."""
@@ -1201,8 +1222,8 @@ class _Relay:
         else:
             transport.write(b"%x\r\n%b\r\n" % (size, complete))
             buffered = transport.get_write_buffer_size()
-            if buffered > self._router.stream_buffer_peak:
-                self._router.stream_buffer_peak = buffered
+            if buffered > self._stats.stream_buffer_peak:
+                self._stats.stream_buffer_peak = buffered
             if self._events.done:
                 self._call.delivered = True
 
@@ -1273,7 +1294,7 @@ class _Relay:
             # The connection gets its transport back before the exchange hands it to the pool or aborts it.
             self._connection.undivert()
             native.detach()
-            self._router.events_relayed_natively += native.relayed
+            self._stats.events_relayed_natively += native.relayed
 
 
 class _EventFramer:
@@ -1392,6 +1413,8 @@ async def start_router(config: RouterConfig, *, resolver: Resolver = system_reso
     await runner.setup()
     assert runner.server is not None, "AppRunner.setup() creates the server"
     front = Front(router, runner.server)
+    aiohttp_server = runner.server
+    router.count_clients = lambda: len(front.connections) + len(aiohttp_server.connections)
     try:
         server = await asyncio.get_running_loop().create_server(front, config.host, config.port)
     except OSError as exc:
