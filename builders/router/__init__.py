@@ -5,9 +5,10 @@ Run it with ``python -m builders.router --config FILE``; embed it with ``start_r
 
 from __future__ import annotations
 
+from builders.router.app import Router, RunningRouter, serve, start_router
+from builders.router.call import HEADER_CLASS, HEADER_POOL, HEADER_REPLICA
 from builders.router.classes import RequestClass
 from builders.router.config import RouterConfig, SlowClientDetection, config_from_mapping, load_config
-from builders.router.server import HEADER_CLASS, HEADER_POOL, HEADER_REPLICA, Router, RunningRouter, serve, start_router
 
 __all__ = [
     "HEADER_CLASS",

@@ -10,8 +10,8 @@ import sys
 from collections.abc import Callable, Sequence
 
 from builders.errors import ForgeError
+from builders.router.app import serve
 from builders.router.config import config_from_mapping, load_config
-from builders.router.server import serve
 
 # Keys from the environment rather than the config file, so a Kubernetes Secret can supply them
 # (builders/deploy renders the router that way) while the config stays a plain ConfigMap.

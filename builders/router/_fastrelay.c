@@ -15,8 +15,8 @@
  * if this object were not there. Handing over is lossless because the fast path consumes whole chunks
  * only: the parser sees a chunk boundary next whenever this object last took bytes.
  *
- * What the Python relay does per event and this object must do the same way (builders/router/server.py,
- * _Relay.on_body): store the call's last upstream time, count the gap since the previous event in the ITL
+ * What the Python relay does per event and this object must do the same way (builders/router/relay.py,
+ * Relay.on_body): store the call's last upstream time, count the gap since the previous event in the ITL
  * histogram (counts and sum), write, and raise the router's stream buffer peak.
  */
 #define PY_SSIZE_T_CLEAN
@@ -35,7 +35,7 @@
 typedef struct {
     PyObject_HEAD
     PyObject *connection; /* the replica connection's Python protocol: everything off the fast path */
-    PyObject *owner;      /* the Python _Relay: says whether the fast path may go on after a hand-over */
+    PyObject *owner;      /* the Python Relay: says whether the fast path may go on after a hand-over */
     PyObject *call;       /* its last_upstream is stored per event */
     PyObject *events;     /* the Python framer: last_event is handed over with the bytes */
     PyObject *transport;  /* the client's */

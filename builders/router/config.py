@@ -151,6 +151,15 @@ class RouterConfig(BaseModel):
         "connection, for servers that close a reused one before answering (llama.cpp's llama-server did so "
         "under the smoke traffic; forge smoke turns it off for stacks with llama.cpp pools).",
     )
+    upstream_pool_idle_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="A pooled keep-alive connection to a replica that has carried no request for this long is "
+        "closed, so the router's connections and fds follow the present load, not its busiest past moment. Health "
+        "checks and non-streamed requests keep theirs for at least half of it. /metrics shows the pool "
+        "(forge_router_upstream_connections).",
+    )
     upstream_idle_timeout_s: float = Field(
         default=60.0,
         gt=0,

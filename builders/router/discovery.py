@@ -2,7 +2,7 @@
 of a label selector through the Kubernetes API (builders/router/kubernetes_discovery.py, an optional client).
 
 This module only keeps each pool's replica list equal to what its discoverer finds; choosing a replica
-(builders/router/replicas.py) and moving bytes (server.py, upstream.py) are elsewhere.
+(builders/router/replicas.py) and moving bytes (relay.py, upstream.py) are elsewhere.
 
 A replica that leaves a pool is only taken out of the list new requests choose from. A request already
 running on it holds its Replica object and its connection, and ends as it would have: a DNS answer that

@@ -95,7 +95,7 @@ def response_bytes(response: web.Response) -> bytes:
 
 
 class Router(Protocol):
-    """What the front end needs of builders.router.server.Router (named here so the two modules do not
+    """What the front end needs of builders.router.app.Router (named here so the two modules do not
     import each other)."""
 
     config: RouterConfig
@@ -131,7 +131,7 @@ class FastRequest:
 
 
 class FastStream:
-    """The part of aiohttp's StreamResponse that Router._pump uses, written straight to the transport.
+    """The part of aiohttp's StreamResponse that relay.Pump.pump uses, written straight to the transport.
 
     The head goes out with the first write, as aiohttp's does; the body is chunked.
     """

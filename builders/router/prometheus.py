@@ -124,6 +124,11 @@ class Gauge(_Metric):
     def ensure(self, labels: Mapping[str, str] | None = None) -> None:
         self._values.setdefault(self._key(labels), 0.0)
 
+    def reset(self) -> None:
+        """Every series back to 0, kept: one not set again after this reads 0 rather than vanishing."""
+        for key in self._values:
+            self._values[key] = 0.0
+
     def value(self, labels: Mapping[str, str] | None = None) -> float:
         return self._values.get(self._key(labels), 0.0)
 

@@ -91,6 +91,25 @@ class RouterMetrics:
         self.replica_in_flight = r.gauge(
             "forge_router_replica_in_flight", "Requests in flight on the replica.", ("pool", "replica")
         )
+        self.upstream_connections = r.gauge(
+            "forge_router_upstream_connections",
+            "Open connections to replicas, by client (stream: the router's own pool; unary: non-streamed "
+            "requests and /v1/models; health: health checks), upstream host:port and state (idle, in_use, or "
+            'connecting: aiohttp\'s do not know their upstream yet and carry upstream="").',
+            ("client", "upstream", "state"),
+        )
+        self.upstream_connections_open = r.gauge(
+            "forge_router_upstream_connections_open", "Open connections to replicas over all clients and states."
+        )
+        self.upstream_pool_idle_timeout = r.gauge(
+            "forge_router_upstream_pool_idle_timeout_seconds",
+            "How long an idle pooled connection to a replica is kept (upstream_pool_idle_timeout_s).",
+        )
+        self.client_connections = r.gauge(
+            "forge_router_client_connections", "Open client connections (the fast front end's and aiohttp's)."
+        )
+        # The name Prometheus's own client libraries give it, so dashboards that know it find it here too.
+        self.open_fds = r.gauge("process_open_fds", "Open file descriptors of the router process.")
         # Binding creates every class's series at zero, so dashboards see them before the first request.
         self.by_class = {
             c.value: ClassSeries(
@@ -104,6 +123,7 @@ class RouterMetrics:
         }
         self.streams_active.ensure()
         self.stream_buffer_peak.ensure()
+        self.upstream_connections_open.ensure()
 
     def render(self) -> str:
         return self.registry.render()

@@ -223,6 +223,8 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.exchange: Exchange | None = None
         self._paused = False
+        self.idle_since = 0.0
+        """When it was last put back in the pool (the loop's clock): the idle sweep closes it idle_timeout_s later."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
@@ -282,10 +284,22 @@ def _address(base_url: str) -> tuple[tuple[str, int], str]:
 class UpstreamPool:
     """Keep-alive connections per replica; at most `limit` in use at once over all replicas. Idle ones do not
     count (as with aiohttp's connector): counted, the idle connections to one replica would hold every slot
-    and starve requests to the others."""
+    and starve requests to the others.
+
+    An idle connection is closed `idle_timeout_s` after it was put back. Without that, the pool kept as many
+    connections as the busiest moment had overlapping streams (up to max_idle_per_replica each) for as long
+    as the replica let it, and the router's fds followed the load's history instead of its present.
+    The most recently used connection is reused first, so a quieter load lets the older ones expire.
+    """
 
     def __init__(
-        self, *, limit: int, max_idle_per_replica: int = 64, track_chunks: bool = False, keep_alive: bool = True
+        self,
+        *,
+        limit: int,
+        max_idle_per_replica: int = 64,
+        track_chunks: bool = False,
+        keep_alive: bool = True,
+        idle_timeout_s: float = 30.0,
     ) -> None:
         self._slots = asyncio.Semaphore(limit)
         self._exchange_type = BoundaryTrackingExchange if track_chunks else Exchange
@@ -297,6 +311,12 @@ class UpstreamPool:
         self._idle: dict[tuple[str, int], list[Connection]] = {}
         self._open: set[Connection] = set()
         self._in_use: set[Connection] = set()
+        self._connecting: dict[tuple[str, int], int] = {}
+        """Connections being opened, per replica: each has a socket already, and /metrics counts it."""
+        self.idle_timeout_s = idle_timeout_s
+        self._sweep: asyncio.TimerHandle | None = None
+        """One timer for the whole pool, at the oldest idle connection's expiry (none while nothing is idle):
+        put_back only stores a time, so a request costs no timer of its own."""
 
     async def send(
         self, base_url: str, path: str, body: bytes, headers: dict[str, str], connect_timeout_s: float
@@ -342,6 +362,7 @@ class UpstreamPool:
 
     async def _connect(self, key: tuple[str, int], timeout_s: float) -> Connection:
         loop = asyncio.get_running_loop()
+        self._connecting[key] = self._connecting.get(key, 0) + 1
         try:
             async with asyncio.timeout(timeout_s):
                 _, connection = await loop.create_connection(lambda: Connection(self, key), key[0], key[1])
@@ -349,6 +370,8 @@ class UpstreamPool:
             raise ConnectFailed(f"no connection within {timeout_s:.3g}s") from None
         except OSError as exc:
             raise ConnectFailed(f"{type(exc).__name__}: {exc}") from None
+        finally:
+            self._connecting[key] -= 1
         self._open.add(connection)
         return connection
 
@@ -364,7 +387,28 @@ class UpstreamPool:
         if len(idle) >= self._max_idle or connection.transport is None or connection.transport.is_closing():
             connection.abort()
             return
+        connection.idle_since = self._loop.time()
         idle.append(connection)
+        if self._sweep is None:
+            self._sweep = self._loop.call_at(connection.idle_since + self.idle_timeout_s, self._close_expired)
+
+    def _close_expired(self) -> None:
+        self._sweep = None
+        # The tolerance absorbs a timer that fires a clock tick early; it is not part of the timeout.
+        deadline = self._loop.time() - self.idle_timeout_s + 0.001
+        next_expiry: float | None = None
+        for idle in self._idle.values():
+            # Oldest first: put_back appends and send() takes from the end.
+            expired = 0
+            while expired < len(idle) and idle[expired].idle_since <= deadline:
+                expired += 1
+            stale, idle[:] = idle[:expired], idle[expired:]
+            for connection in stale:
+                connection.abort()
+            if idle and (next_expiry is None or idle[0].idle_since < next_expiry):
+                next_expiry = idle[0].idle_since
+        if next_expiry is not None:
+            self._sweep = self._loop.call_at(next_expiry + self.idle_timeout_s, self._close_expired)
 
     def lost(self, connection: Connection) -> None:
         self._free(connection)
@@ -377,7 +421,21 @@ class UpstreamPool:
     def open_connections(self) -> int:
         return len(self._open)
 
+    def connections(self) -> dict[tuple[str, int], tuple[int, int, int]]:
+        """(idle, in use, being opened) per replica address: every socket the pool holds."""
+        open_: dict[tuple[str, int], int] = {}
+        for connection in self._open:
+            open_[connection.key] = open_.get(connection.key, 0) + 1
+        counts: dict[tuple[str, int], tuple[int, int, int]] = {}
+        for key in open_.keys() | self._connecting.keys():
+            idle = sum(1 for c in self._idle.get(key, ()) if c in self._open)
+            counts[key] = (idle, open_.get(key, 0) - idle, self._connecting.get(key, 0))
+        return counts
+
     def close(self) -> None:
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
         for connection in list(self._open):
             connection.abort()
         self._idle.clear()

@@ -151,7 +151,7 @@ def test_forge_at_a_ref_runs_that_commit_s_router_and_an_unknown_ref_is_reported
     # The exported tree, not this checkout, is first on the router's sys.path.
     code = argv[argv.index("-c") + 1]
     tree = Path(code.split("sys.path.insert(0, '", 1)[1].split("'", 1)[0])
-    assert tree != bench.ROOT and (tree / "builders" / "router" / "server.py").is_file()
+    assert tree != bench.ROOT and (tree / "builders" / "router" / "__main__.py").is_file()
     assert argv[-2] == "--config" and '"port": 2' in Path(argv[-1]).read_text()
     missing = bench.forge_at("no-such-ref-anywhere")
     assert missing.command is None and missing.unavailable is not None

@@ -96,6 +96,11 @@ class FakeReplica:
         if self._runner is not None:
             await self._runner.cleanup()
 
+    def open_connections(self) -> int:
+        """Connections open to this replica, as its own server counts them (the router's pool seen from outside)."""
+        server = self._runner.server if self._runner is not None else None
+        return len(server.connections) if server is not None else 0
+
     async def _health(self, _request: web.Request) -> web.Response:
         if self.hung:
             await asyncio.Event().wait()

@@ -649,7 +649,7 @@ def test_every_client_abort_is_counted_as_one_upstream_abort() -> None:
             async def leave_while_waiting(tag: str, *, stream: bool = False) -> None:
                 # Leaves once the request waits on the replica: a timeout alone could, on a loaded box,
                 # leave before the router had routed it, and then there is nothing upstream to abort.
-                # A streamed request waits in the handler's own task (server.py's _Waiting), whose
+                # A streamed request waits in the handler's own task (call.py's Waiting), whose
                 # cancellation by the client must not be taken for a first-byte timeout or an interrupt.
                 async with aiohttp.ClientSession() as s:
                     body = chat_body("x", max_tokens=900, user=tag, stream=stream)

@@ -121,7 +121,7 @@ def test_models_union_and_health_json() -> None:
         down = dead_url()
         router = await start_router(router_config({"pa": [down, a.url], "pb": [b.url]}))
         try:
-            await router.router.check_all()
+            await router.router.health.check_all()
             async with aiohttp.ClientSession() as s:
                 async with s.get(f"{router.url}/v1/models") as resp:
                     assert resp.status == 200
@@ -173,7 +173,7 @@ def test_unhealthy_replica_is_skipped_after_health_check() -> None:
         well = await FakeReplica(name="well").start()
         router = await start_router(router_config({"p": [sick.url, well.url]}))
         try:
-            await router.router.check_all()
+            await router.router.health.check_all()
             async with aiohttp.ClientSession() as s:
                 for _ in range(3):
                     status, headers, _ = await post(s, router.url, chat_body("x"))
@@ -194,7 +194,7 @@ def test_failover_before_first_byte() -> None:
         good = await FakeReplica(name="good").start()
         router = await start_router(router_config({"p": [gone.url, failing.url, good.url]}, health_interval_s=600))
         try:
-            await router.router.check_all()
+            await router.router.health.check_all()
             # Healthy at the last check, refusing connections now: only a request can find out.
             await gone.stop()
             async with aiohttp.ClientSession() as s:

@@ -322,7 +322,7 @@ def test_both_relays_give_clients_the_same_bytes_and_the_same_counts(monkeypatch
             idle = [c for connections in upstream._idle.values() for c in connections]
             assert upstream.open_connections == 1 and len(idle) == 1
             assert idle[0].transport is not None and isinstance(idle[0].transport.get_protocol(), Connection)
-            return bodies, list(itl.counts), router.router.events_relayed_natively, replica.completed
+            return bodies, list(itl.counts), router.router.stats.events_relayed_natively, replica.completed
         finally:
             await router.stop()
             await replica.stop()

@@ -129,8 +129,8 @@ def test_client_that_never_reads_is_cut_and_upstream_aborted_with_bounded_buffer
             metrics = router.router.metrics
             assert metrics.stream_cuts.value({"class": "interactive", "reason": "stalled"}) == 1
             assert metrics.upstream_aborts.value({"class": "interactive", "pool": "p"}) == 1
-            assert 0 < router.router.stream_buffer_peak <= limit
-            assert router.router.streams_active == 0
+            assert 0 < router.router.stats.stream_buffer_peak <= limit
+            assert router.router.stats.streams_active == 0
             assert flood.aborted == 1 and flood.completed == 0
             # The stall taught the router that this client reads slowly.
             assert router.router.classifier.slow_clients.contains("c9")
@@ -181,7 +181,7 @@ def test_client_that_never_reads_pauses_its_replica_and_delays_no_other_stream()
                         ttfts.append(time.monotonic() - began)
                         assert sse_data(await r.read())[-1] == "[DONE]"
             assert flood.bytes_sent == sent
-            assert 0 < router.router.stream_buffer_peak <= limit
+            assert 0 < router.router.stats.stream_buffer_peak <= limit
             # Each of the other streams got its first event at once; the replica waits 0 s before it.
             assert max(ttfts) < 0.5, ttfts
             assert flood.aborted == 0
