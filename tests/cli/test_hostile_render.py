@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from builders.config import Project
+from builders.config.models import GpuMode
 from builders.errors import ConfigError
 from builders.plan import BuildPlan, PlanOptions, make_plan
 from builders.render import render
@@ -50,7 +51,7 @@ def plans(project: Project) -> list[tuple[str, BuildPlan]]:
     """One plan per distro × target, the GPU recipes in both modes, BuildKit and the legacy builder."""
     out = []
     for distro, recipe in project.pairs():
-        modes = ("source", "wheel") if recipe.cuda else (None,)
+        modes: tuple[GpuMode | None, ...] = ("source", "wheel") if recipe.cuda else (None,)
         for mode in modes:
             for buildkit in (True, False):
                 options = PlanOptions(
