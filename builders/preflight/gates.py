@@ -302,8 +302,8 @@ def cmake_gate(
         found,
         required,
         source,
-        f'pip install "{pip_req}" in the build: set cmake_from_pip: true in recipes/{recipe_name}.yaml '
-        f"(or use a distro whose CMake is ≥ {minimum})",
+        f'pip install "{pip_req}" in the build: pass --cmake-from-pip (or set cmake_from_pip: true in '
+        f"recipes/{recipe_name}.yaml for every build), or use a distro whose CMake is ≥ {minimum}",
         why,
     )
 
@@ -407,8 +407,9 @@ def torch_wheel_gate(
         newest = ", ".join(versions[-3:]) or "none"
         found = f"no torch {version} for {arch} on {index_name} (newest: {newest})"
         remedy = (
-            f"set torch.version or torch.index in recipes/{recipe_name}.yaml to one that exists "
-            f"(PyPI has no +cpu local versions; PyTorch's own index does)"
+            "pass --torch-version with one that exists, or --torch-index pypi / pytorch-cpu (PyPI has no +cpu "
+            f"local versions; PyTorch's own index does); torch.version and torch.index in recipes/{recipe_name}.yaml "
+            "make it the default"
         )
     return blocker("torch-wheel", found, required, pin_source, remedy, f"asked {listing.url}")
 
