@@ -385,8 +385,8 @@ def torch_wheel_gate(
             f"index unreachable: {listing.error}",
             required,
             pin_source,
-            f"not checked, not passed: make {listing.url} reachable from the build, or set torch.index "
-            f"({other_indexes}) in recipes/{recipe_name}.yaml",
+            f"not checked, not passed: make {listing.url} reachable from the build, or pass --torch-index "
+            f"({other_indexes}; torch.index in recipes/{recipe_name}.yaml makes it the default)",
             f"could not ask {index_name} ({listing.url}) for torch {version}",
         )
     wheels = matching_wheels(listing.files, project="torch", version=version, python=python, arch=arch, glibc=glibc)
