@@ -602,8 +602,15 @@ def runtime_dtype_gate(*, arch: str, run_flags: frozenset[str], run_source: str)
 
 
 def fetched_source_gates(
-    deps: Sequence[FetchedDependency], declared: Sequence[FetchedSource], recipe_name: str
+    deps: Sequence[FetchedDependency],
+    declared: Sequence[FetchedSource],
+    recipe_name: str,
+    *,
+    staged: Mapping[str, str],
+    fetch_command: str = "forge fetch DISTRO TARGET",
 ) -> list[Finding]:
+    """staged: declared source name → where its local copy comes from (cache, recipe path), for those that
+    have one now. Declared is not staged: the build would stop at its sources phase."""
     out: list[Finding] = []
     by_var = {d.cmake_var: d for d in declared}
     for dep in deps:
@@ -633,11 +640,23 @@ def fetched_source_gates(
                     "the staged copy would be ignored and CMake would clone from the network",
                 )
             )
+        elif mine.name not in staged:
+            out.append(
+                warning(
+                    "fetched-source",
+                    f"{mine.name} declared but not staged: no local copy yet",
+                    required,
+                    dep.source,
+                    f"`{fetch_command} {mine.name}` stores it, or `forge build … --source {mine.name}=PATH` "
+                    "points at a checkout",
+                    "the build stops at its sources phase without it",
+                )
+            )
         else:
             out.append(
                 passed(
                     "fetched-source",
-                    f"staged by forge fetch as {mine.name}",
+                    f"{mine.name} staged ({staged[mine.name]})",
                     required,
                     dep.source,
                     f"read from the environment at {dep.override_honoured_at}",
