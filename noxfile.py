@@ -17,7 +17,8 @@ sys.path.insert(0, str(ROOT))
 from builders.config import Project  # noqa: E402
 from builders.target import Target  # noqa: E402
 
-nox.options.sessions = ["engines", "lint", "render", "tests"]
+# `nox` alone is the quick run: no root, no apt, no engine, minutes. `nox -s suite` is the full one CI runs.
+nox.options.sessions = ["lint", "render", "tests-fast", "docs"]
 nox.options.default_venv_backend = "none"
 
 PROJECT = Project.load(ROOT)
@@ -119,8 +120,32 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=False, name="tests-fast")
 def tests_fast(session: nox.Session) -> None:
-    """Only the tests that need no engine and no vLLM server: seconds."""
+    """Every test that needs no engine and no vLLM server (and so no root): the quick run's tests."""
     session.run("pytest", "-m", "not engine and not server", *session.posargs, external=True)
+
+
+@nox.session(python=False)
+def docs(session: nox.Session) -> None:
+    """The docs site (docs/, mkdocs.yml) built with --strict: a broken link or a page missing from nav fails."""
+    session.run(
+        "mkdocs",
+        "build",
+        "--strict",
+        "--site-dir",
+        str(ROOT / ".nox" / "site"),
+        # Material's banner about MkDocs 2 is advice for the maintainers, not a finding about these pages.
+        env={"NO_MKDOCS_2_WARNING": "1"},
+        external=True,
+    )
+
+
+@nox.session(python=False, default=False)
+def suite(session: nox.Session) -> None:
+    """The full suite, what CI runs: the engines (.ci/engines, as root), lint, render + hadolint, the docs, every
+    test. One session, so a failed step stops the ones after it."""
+    for step in (engines, lint, render, docs, tests):
+        session.log(f"suite: {step.name or step.func.__name__}")
+        step(session)
 
 
 @nox.session(python=False, name="pull-smoke", default=False)

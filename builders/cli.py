@@ -7,6 +7,7 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
+from importlib import metadata
 from typing import Any
 
 from builders import interrupt
@@ -29,12 +30,29 @@ COMMAND_MODULES = (
 Handler = Callable[[argparse.Namespace], int]
 
 
+class ForgeParser(argparse.ArgumentParser):
+    """argparse without prefix matching: `--mutant` must not quietly run `--mutants`, and a flag added later must
+    not change what an abbreviation meant. Subcommands' parsers are of this class too (add_subparsers' default)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+
+def forge_version() -> str:
+    try:
+        return metadata.version("forge-vllm")
+    except metadata.PackageNotFoundError:  # run from a checkout that was never pip-installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ForgeParser(
         prog="forge",
         description="Build vLLM images from source on the distro you choose; learn why a build cannot work "
         "before it starts; prove the image serves mixed traffic.",
     )
+    parser.add_argument("--version", action="version", version=f"forge {forge_version()}")
     parser.add_argument("--root", default=None, help="project root holding distros/, recipes/, containers/")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
@@ -57,9 +75,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def innermost_parser(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.ArgumentParser:
+    """The (sub)command parser argv reaches: `deploy render --bad` is deploy render's mistake, and its usage is the
+    one that helps."""
+    current = parser
+    for token in argv:
+        subs = [a for a in current._actions if isinstance(a, argparse._SubParsersAction)]
+        if subs and token in subs[0].choices:
+            current = subs[0].choices[token]
+    return current
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        innermost_parser(parser, argv).error(f"unrecognized arguments: {' '.join(extras)}")
     handler: Handler = args.func
     if getattr(args, "engine", None):
         os.environ["FORGE_ENGINE"] = args.engine
@@ -78,6 +110,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         # `forge diagnose LOG | head`: the reader left; say nothing more and do not print a traceback.
         sys.stderr.close()
         return 0
+    except OSError as exc:
+        # A file the command could not read or write that no command turned into a typed error: name it, never
+        # a traceback.
+        print(ForgeError(os_error_text(exc)).render(), file=sys.stderr)
+        return ForgeError.exit_code
+    except UnicodeDecodeError as exc:
+        print(ForgeError(f"a file is not UTF-8 text: {exc}").render(), file=sys.stderr)
+        return ForgeError.exit_code
+
+
+def os_error_text(exc: OSError) -> str:
+    """`PATH: reason` as a user reads it: `[Errno 17] File exists: 'x'` says less than `x: File exists`."""
+    where = exc.filename if exc.filename is not None else ""
+    reason = exc.strerror or str(exc)
+    return f"{where}: {reason}" if where else reason
 
 
 if __name__ == "__main__":

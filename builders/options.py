@@ -16,6 +16,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_type_hints
 
+from packaging.version import InvalidVersion, Version
+
 from builders.config.models import GpuMode, TorchIndex
 from builders.errors import UsageError
 from builders.plan import PlanOptions
@@ -40,12 +42,52 @@ def cuda_arch_list(value: str) -> str:
     return " ".join(archs)
 
 
+def positive_int(value: str) -> int:
+    """argparse type: a whole number ≥ 1 (0 or -3 parallel jobs mean nothing a compiler can do)."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: not a whole number") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value!r}: must be 1 or more")
+    return number
+
+
+def pep440_version(value: str) -> str:
+    """argparse type: a PEP 440 version (2.9, 2.9.1, 2.9.1+cpu), normalised; anything else never reaches a
+    Containerfile's pip line."""
+    try:
+        return str(Version(value))
+    except InvalidVersion:
+        raise argparse.ArgumentTypeError(f"{value!r}: not a PEP 440 version (e.g. 2.9.1 or 2.9.1+cpu)") from None
+
+
+# An image reference as engines take it: [HOST[:PORT]/]NAME[/NAME…][:TAG], lower-case path components.
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+IMAGE_REFERENCE = re.compile(
+    rf"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::\d+)?/)?{_COMPONENT}(?:/{_COMPONENT})*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
+)
+SOURCE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
+
+
+def image_reference(value: str) -> str:
+    """argparse type: NAME[:TAG] as an engine tags it."""
+    if not IMAGE_REFERENCE.fullmatch(value):
+        raise argparse.ArgumentTypeError(f"{value!r}: not an image reference (e.g. forge/debian-12-cpu:dev)")
+    return value
+
+
 def parse_sources(values: list[str] | None) -> dict[str, Path]:
     out = {}
     for value in values or []:
         name, sep, path = value.partition("=")
         if not sep or not name or not path:
             raise UsageError(f"--source {value!r}: expected NAME=PATH", hint="for example --source onednn=/src/oneDNN")
+        if not SOURCE_NAME.fullmatch(name):
+            raise UsageError(
+                f"--source {value!r}: {name!r} is not a source name", hint="lower-case letters, digits, . _ -"
+            )
         out[name] = Path(path).resolve()
     return out
 
@@ -71,14 +113,25 @@ class Flag:
 @dataclass(frozen=True, kw_only=True)
 class BuildOptions:
     # Shape the plan: the order here is the order of `forge build --help`.
-    max_jobs: Annotated[int | None, Flag("parallel compile jobs (default: derived from RAM)", scope="plan")] = None
+    max_jobs: Annotated[
+        int | None,
+        Flag("parallel compile jobs, 1 or more (default: derived from RAM)", scope="plan", parse=positive_int),
+    ] = None
     builder: Annotated[
         BuilderChoice,
         Flag(
             "image builder: Docker's BuildKit or legacy API, Podman's buildah (auto: the engine's best)", scope="plan"
         ),
     ] = "auto"
-    torch_version: Annotated[str | None, Flag("override vLLM's torch pin", scope="plan")] = None
+    torch_version: Annotated[
+        str | None,
+        Flag(
+            "override vLLM's torch pin: a PEP 440 version, e.g. 2.9.1",
+            scope="plan",
+            metavar="VERSION",
+            parse=pep440_version,
+        ),
+    ] = None
     torch_index: Annotated[
         TorchIndex | None, Flag("where torch comes from (PyPI's Linux torch is a CUDA build)", scope="plan")
     ] = None
@@ -112,9 +165,23 @@ class BuildOptions:
         Flag("use a local copy of a source", name="--source", metavar="NAME=PATH", repeat=True, convert=parse_sources),
     ] = field(default_factory=dict)
     wheelhouse: Annotated[Path | None, Flag("folder of wheels for wheel targets", convert=_path)] = None
-    tag: Annotated[str | None, Flag()] = None
-    no_cache: Annotated[bool, Flag()] = False
-    reports_dir: Annotated[Path | None, Flag(name="--report-dir", convert=_path)] = None
+    tag: Annotated[
+        str | None,
+        Flag(
+            "tag the image NAME:TAG (default: forge/DISTRO-TARGET:VERSION; :latest is tagged too)",
+            metavar="NAME:TAG",
+            parse=image_reference,
+        ),
+    ] = None
+    no_cache: Annotated[bool, Flag("build every step again, ignoring the engine's layer cache")] = False
+    reports_dir: Annotated[
+        Path | None,
+        Flag(
+            "where the report, log and Containerfile go (default: reports/DISTRO-TARGET)",
+            name="--report-dir",
+            convert=_path,
+        ),
+    ] = None
     scratch_dir: Annotated[
         Path | None, Flag("where the build context is staged (not a small tmpfs)", convert=_path)
     ] = None

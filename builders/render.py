@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import shlex
 from pathlib import Path
 
 import jinja2
@@ -21,7 +23,29 @@ def _environment(containers_dir: Path) -> jinja2.Environment:
         autoescape=False,
     )
     env.filters["dq"] = json.dumps  # a double-quoted string Dockerfile parsers accept, without HTML escapes
+    # A value in a RUN line is one shell word whatever it holds: a version, URL or file name from a recipe or
+    # the command line never adds a command. Plain values (torch==2.9.1+cpu, URLs) come out unchanged.
+    env.filters["sh"] = shell_word
+    env.filters["shdq"] = shell_in_double_quotes  # for a value inside a "…" word of a RUN line
     return env
+
+
+def _one_line(value: object) -> str:
+    text = str(value)
+    # Quotes cannot hold a line break in a Containerfile: the instruction would end there and the rest of the
+    # value would be read as the next one.
+    if any(ord(c) < 0x20 or c == "\x7f" for c in text):
+        raise ConfigError(f"{text!r}: a control character (line break, tab …) cannot go into a RUN line")
+    return text
+
+
+def shell_word(value: object) -> str:
+    return shlex.quote(_one_line(value))
+
+
+def shell_in_double_quotes(value: object) -> str:
+    """The value with the characters a shell still reads inside double quotes ($ ` " \\) escaped."""
+    return re.sub(r'([\\"$`])', r"\\\1", _one_line(value))
 
 
 def pip_torch_args(plan: BuildPlan) -> str:
@@ -32,7 +56,7 @@ def pip_torch_args(plan: BuildPlan) -> str:
         return "--no-index --find-links /opt/forge/wheelhouse"
     if torch.index == "pypi":
         return ""
-    return f"--index-url {torch.index_url}"
+    return f"--index-url {shell_word(torch.index_url)}"
 
 
 def render(plan: BuildPlan, containers_dir: Path) -> str:

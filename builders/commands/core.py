@@ -11,8 +11,9 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from builders.commands.output import output_dir, write_output
 from builders.config import Project
-from builders.errors import UsageError
+from builders.errors import SourceUnavailable, UsageError
 from builders.log import Log, print_table
 from builders.log import console as wide_console
 from builders.options import BuildOptions, add_flags, cli_options, plan_options
@@ -88,34 +89,47 @@ def gpu_args_apply(target: Target, args: argparse.Namespace) -> None:
         )
 
 
-def _placeholder_torch(project: Project, target: Target, args: argparse.Namespace) -> str | None:
-    """Rendering without a build reads vLLM's torch pin from the cached sdist when there is one."""
+def _torch_pin(project: Project, target: Target, args: argparse.Namespace) -> str | None:
+    """vLLM's torch pin, read from the pinned sdist (fetched, sha256-checked, when the cache lacks it) so a
+    Containerfile rendered without a build names the torch a build would install; never a placeholder."""
     recipe = target.recipe
     if args.torch_version or recipe.torch.version or not target.runs_vllm:
         return None
+    if not (recipe.source and recipe.source.pypi):
+        return None  # the planner then refuses, naming --torch-version
     from builders.preflight.source_facts import read_pins
-    from builders.sources import cache_dir
+    from builders.sources import cache_dir, fetch_sdist
 
-    if recipe.source and recipe.source.pypi:
-        sdist = cache_dir(project.root) / f"{recipe.source.pypi.name}-{recipe.source.pypi.version}.tar.gz"
-        if sdist.exists():
-            return read_pins(sdist, target.distro, target.device)[0]
-    return "PINNED-BY-VLLM"
+    pin = recipe.source.pypi
+    sdist = cache_dir(project.root) / f"{pin.name}-{pin.version}.tar.gz"
+    if not sdist.exists():
+        if getattr(args, "no_fetch", False):
+            raise SourceUnavailable(
+                f"{sdist}: not in the source cache; {recipe.target}'s torch version is read from it "
+                f"(recipes/{recipe.name}.yaml pins none)",
+                hint=f"`forge fetch {target.distro.name} {recipe.target} vllm`, drop --no-fetch, or pass "
+                "--torch-version VERSION",
+            )
+        print(f"forge: fetching {sdist.name} to read vLLM's torch pin (--no-fetch: refuse instead)", file=sys.stderr)
+        sdist = fetch_sdist(recipe, project.root).path
+    return read_pins(sdist, target.distro, target.device)[0]
 
 
 def cmd_render(args: argparse.Namespace) -> int:
     project = _project(args)
-    out = Path(args.output)
-    written = []
+    out = output_dir(Path(args.output))
+    texts = {}
     for distro, recipe in _selection(project, args.distro, args.target):
         options = _plan_options(args)
-        pin = _placeholder_torch(project, Target.resolve(distro, recipe), args)
+        pin = _torch_pin(project, Target.resolve(distro, recipe), args)
         if pin:
             options = replace(options, torch_version=pin)
         plan = make_plan(distro, recipe, options)
-        path = out / f"{distro.name}-{recipe.target}.Containerfile"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(render(plan, project.containers_dir))
+        texts[out / f"{distro.name}-{recipe.target}.Containerfile"] = render(plan, project.containers_dir)
+    # Written only once every pair rendered: a refusal leaves the folder's files as they were.
+    written = []
+    for path, text in texts.items():
+        write_output(path, text)
         written.append(path)
     for path in written:
         print(path)
@@ -128,7 +142,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     target = Target.resolve(distro, recipe)
     gpu_args_apply(target, args)
     options = _plan_options(args)
-    pin = _placeholder_torch(project, target, args)
+    pin = _torch_pin(project, target, args)
     if pin:
         options = replace(options, torch_version=pin)
     plan = make_plan(distro, recipe, options)
@@ -303,38 +317,43 @@ def add_gpu_args(p: argparse.ArgumentParser) -> None:
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("list", help="every distro × target")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the pairs as JSON")
     p.set_defaults(func=cmd_list)
 
     p = subparsers.add_parser("render", help="render Containerfiles")
-    p.add_argument("distro", nargs="?")
-    p.add_argument("target", nargs="?")
-    p.add_argument("-o", "--output", default="rendered")
+    p.add_argument("distro", nargs="?", help="only this distro (default: every one)")
+    p.add_argument("target", nargs="?", help="only this target (default: every one)")
+    p.add_argument("-o", "--output", default="rendered", help="folder for the Containerfiles (default: rendered)")
     _common_plan_args(p)
+    _no_fetch_arg(p)
     p.set_defaults(func=cmd_render)
 
     p = subparsers.add_parser("plan", help="print the build plan (pure: no engine)")
-    p.add_argument("distro")
-    p.add_argument("target")
+    _distro_target_args(p)
     _common_plan_args(p)
+    _no_fetch_arg(p)
     p.set_defaults(func=cmd_plan)
 
     p = subparsers.add_parser("fetch", help="store sources in the cache (vLLM sdist, oneDNN)")
-    p.add_argument("distro")
-    p.add_argument("target")
+    _distro_target_args(p)
     p.add_argument("sources", nargs="*", help="only these (vllm, onednn, wheelhouse)")
     p.add_argument("--platform", default=None, help="the wheelhouse's platform: linux/amd64 (default) or linux/arm64")
     p.set_defaults(func=cmd_fetch)
 
     p = subparsers.add_parser("bootstrap", help="build a base image from the distro's package archive")
-    p.add_argument("distro")
-    p.add_argument("--source-date-epoch", type=int, default=None)
+    p.add_argument("distro", help=DISTRO_HELP)
+    p.add_argument(
+        "--source-date-epoch",
+        type=int,
+        default=None,
+        metavar="SECONDS",
+        help="timestamp for the base's files, for a reproducible rootfs (default: the archive snapshot's)",
+    )
     _platform_arg(p)
     p.set_defaults(func=cmd_bootstrap)
 
     p = subparsers.add_parser("build", help="preflight, build, test and tag an image")
-    p.add_argument("distro")
-    p.add_argument("target")
+    _distro_target_args(p)
     add_flags(p, cli_options())
     p.add_argument("-q", "--quiet", action="store_true", help="only Forge's own lines, not the build output")
     _platform_arg(p)
@@ -347,8 +366,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(func=cmd_build)
 
     p = subparsers.add_parser("push", help="push an image already built and tested, by digest, with its SBOM")
-    p.add_argument("distro")
-    p.add_argument("target")
+    _distro_target_args(p)
     p.add_argument("ref", help="HOST[:PORT]/NAME[:TAG]; plain HTTP only for a loopback registry")
     _platform_arg(p)
     p.add_argument("--report-dir", default=None, help="the build's report folder (default: reports/DISTRO-TARGET)")
@@ -359,6 +377,23 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("images", nargs="+", metavar="PLATFORM=DIGEST", help="linux/amd64=sha256:… linux/arm64=sha256:…")
     p.add_argument("--json", action="store_true", help="print the index record as JSON")
     p.set_defaults(func=cmd_index)
+
+
+DISTRO_HELP = "distro (debian-12) or family (debian: its default release); `forge list` shows them"
+TARGET_HELP = "target (cpu, cpu-wheel, router, gpu, ...)"
+
+
+def _distro_target_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("distro", help=DISTRO_HELP)
+    p.add_argument("target", help=TARGET_HELP)
+
+
+def _no_fetch_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--no-fetch",
+        action="store_true",
+        help="refuse, rather than download the pinned vLLM sdist, when vLLM's torch pin must be read from it",
+    )
 
 
 def _platform_arg(p: argparse.ArgumentParser) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from builders.commands.output import output_dir, write_output
 from builders.config import Project
 from builders.config.models import Distro, Recipe
 from builders.errors import UsageError
@@ -52,15 +53,16 @@ def cmd_schema(args: argparse.Namespace) -> int:
     project = Project.load(args.root)
     out = Path(args.output) if args.output else project.root / SCHEMA_DIR
     stale = []
+    if not args.check:
+        output_dir(out)
     for name in SCHEMAS:
         path = out / f"{name}.schema.json"
         text = schema_text(name)
         if args.check:
-            if not path.exists() or path.read_text() != text:
+            if not path.is_file() or path.read_text(encoding="utf-8", errors="replace") != text:
                 stale.append(str(path))
             continue
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        write_output(path, text)
         print(path)
     if stale:
         raise UsageError(

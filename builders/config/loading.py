@@ -62,11 +62,63 @@ def validation_error_to_config_error(exc: ValidationError, model: type[BaseModel
     return ConfigError("\n  ".join(lines), hint=hint)
 
 
+class DuplicateKey(yaml.MarkedYAMLError):
+    """A mapping names one key twice: YAML leaves that undefined and PyYAML silently keeps the last value, so a
+    second `family:` pasted at the end of a file would win over the first without a word."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (`<<` merges may still override)."""
+
+
+def _construct_unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    seen: dict[Any, yaml.Node] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            first = seen.get(key)
+        except TypeError:  # an unhashable key: the constructor below reports it
+            continue
+        if first is not None:
+            raise DuplicateKey(
+                "while reading a mapping",
+                node.start_mark,
+                f"key {key!r} is given twice (first on line {first.start_mark.line + 1})",
+                key_node.start_mark,
+            )
+        seen[key] = key_node
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
+
+
+def parse_yaml(text: str) -> Any:
+    """YAML text → data, refusing a key given twice in a mapping (DuplicateKey, a yaml.YAMLError)."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass: no arbitrary objects
+
+
 def load_yaml(path: Path) -> Any:
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_bytes().decode("utf-8")
     except FileNotFoundError as exc:
         raise ConfigError(f"{path}: no such file") from exc
+    except IsADirectoryError as exc:
+        raise ConfigError(f"{path}: a directory, not a YAML file") from exc
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})",
+            hint="save the file as UTF-8",
+        ) from exc
+    try:
+        return parse_yaml(text)
+    except DuplicateKey as exc:
+        line = exc.problem_mark.line + 1 if exc.problem_mark else "?"
+        raise ConfigError(f"{path}: line {line}: {exc.problem}", hint="keep one of the two") from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
 

@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 
 from builders import log
+from builders.commands.output import output_dir, write_output
 from builders.config.project import find_root
 from builders.deploy.manifests import DeployOptions, Object, kustomization, render
 from builders.errors import UsageError
@@ -96,8 +97,7 @@ def run_render(args: argparse.Namespace) -> int:
         base_port=args.base_port,
     )
     rendered = render(profile, str(path), options)
-    out: Path = args.output
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(args.output)
     header = (
         f"# Rendered by `forge deploy render` from {path.name} (profile {profile.name}), network {args.network}.\n"
         "# Do not edit: change the profile and render again, or patch it from a kustomize overlay.\n"
@@ -105,11 +105,11 @@ def run_render(args: argparse.Namespace) -> int:
     written: list[str] = []
     for name, objects in rendered.files.items():
         target = out / name
-        target.write_text(header + dump(objects), encoding="utf-8")
+        write_output(target, header + dump(objects))
         if name == "secret.yaml":
             target.chmod(0o600)
         written.append(f"{name} ({', '.join(str(o['kind']) for o in objects)})")
-    (out / "kustomization.yaml").write_text(header + dump([kustomization(rendered, profile)]), encoding="utf-8")
+    write_output(out / "kustomization.yaml", header + dump([kustomization(rendered, profile)]))
     for note in rendered.notes:
         console.print(f"[yellow]note:[/yellow] {note}")
     console.print(f"wrote {out}: kustomization.yaml, " + "; ".join(written))

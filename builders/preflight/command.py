@@ -16,6 +16,7 @@ from builders.engine import Engine
 from builders.errors import EngineError, PreflightBlocked, PreflightIncomplete, UsageError
 from builders.gpu_gate import add_gpu_gate_args, gate_input, preflight_finding, with_finding
 from builders.log import Log
+from builders.options import pep440_version, positive_int
 from builders.platforms import for_platform, parse_platforms
 from builders.preflight.findings import render_table
 from builders.preflight.host import parse_cpu_flags
@@ -134,7 +135,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="PATH_OR_SDIST",
         help="vLLM source directory or sdist (default: the recipe's pinned sdist in the source cache)",
     )
-    p.add_argument("--max-jobs", type=int, default=None, help="compile jobs to check RAM for (default: derived)")
+    p.add_argument(
+        "--max-jobs",
+        type=positive_int,
+        default=None,
+        help="compile jobs to check RAM for, 1 or more (default: derived)",
+    )
     p.add_argument("--scratch-dir", default=None, help="where the build stages its context (default: the temp dir)")
     p.add_argument("--no-probe", action="store_true", help="do not probe the base image: declared facts only")
     p.add_argument(
@@ -147,7 +153,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="exit 0 when nothing blocks but some gate could not be evaluated (the verdict still says incomplete)",
     )
-    p.add_argument("--torch-version", default=None, help="the torch the build will install (default: vLLM's pin)")
+    p.add_argument(
+        "--torch-version",
+        type=pep440_version,
+        default=None,
+        metavar="VERSION",
+        help="the torch the build will install, a PEP 440 version (default: vLLM's pin)",
+    )
     p.add_argument(
         "--torch-index",
         choices=get_args(TorchIndex),

@@ -302,8 +302,8 @@ def cmake_gate(
         found,
         required,
         source,
-        f'pip install "{pip_req}" in the build: set cmake_from_pip: true in recipes/{recipe_name}.yaml '
-        f"(or use a distro whose CMake is ≥ {minimum})",
+        f'pip install "{pip_req}" in the build: pass --cmake-from-pip (or set cmake_from_pip: true in '
+        f"recipes/{recipe_name}.yaml for every build), or use a distro whose CMake is ≥ {minimum}",
         why,
     )
 
@@ -385,8 +385,8 @@ def torch_wheel_gate(
             f"index unreachable: {listing.error}",
             required,
             pin_source,
-            f"not checked, not passed: make {listing.url} reachable from the build, or set torch.index "
-            f"({other_indexes}) in recipes/{recipe_name}.yaml",
+            f"not checked, not passed: make {listing.url} reachable from the build, or pass --torch-index "
+            f"({other_indexes}; torch.index in recipes/{recipe_name}.yaml makes it the default)",
             f"could not ask {index_name} ({listing.url}) for torch {version}",
         )
     wheels = matching_wheels(listing.files, project="torch", version=version, python=python, arch=arch, glibc=glibc)
@@ -407,8 +407,9 @@ def torch_wheel_gate(
         newest = ", ".join(versions[-3:]) or "none"
         found = f"no torch {version} for {arch} on {index_name} (newest: {newest})"
         remedy = (
-            f"set torch.version or torch.index in recipes/{recipe_name}.yaml to one that exists "
-            f"(PyPI has no +cpu local versions; PyTorch's own index does)"
+            "pass --torch-version with one that exists, or --torch-index pypi / pytorch-cpu (PyPI has no +cpu "
+            f"local versions; PyTorch's own index does); torch.version and torch.index in recipes/{recipe_name}.yaml "
+            "make it the default"
         )
     return blocker("torch-wheel", found, required, pin_source, remedy, f"asked {listing.url}")
 
@@ -601,8 +602,15 @@ def runtime_dtype_gate(*, arch: str, run_flags: frozenset[str], run_source: str)
 
 
 def fetched_source_gates(
-    deps: Sequence[FetchedDependency], declared: Sequence[FetchedSource], recipe_name: str
+    deps: Sequence[FetchedDependency],
+    declared: Sequence[FetchedSource],
+    recipe_name: str,
+    *,
+    staged: Mapping[str, str],
+    fetch_command: str = "forge fetch DISTRO TARGET",
 ) -> list[Finding]:
+    """staged: declared source name → where its local copy comes from (cache, recipe path), for those that
+    have one now. Declared is not staged: the build would stop at its sources phase."""
     out: list[Finding] = []
     by_var = {d.cmake_var: d for d in declared}
     for dep in deps:
@@ -632,11 +640,23 @@ def fetched_source_gates(
                     "the staged copy would be ignored and CMake would clone from the network",
                 )
             )
+        elif mine.name not in staged:
+            out.append(
+                warning(
+                    "fetched-source",
+                    f"{mine.name} declared but not staged: no local copy yet",
+                    required,
+                    dep.source,
+                    f"`{fetch_command} {mine.name}` stores it, or `forge build … --source {mine.name}=PATH` "
+                    "points at a checkout",
+                    "the build stops at its sources phase without it",
+                )
+            )
         else:
             out.append(
                 passed(
                     "fetched-source",
-                    f"staged by forge fetch as {mine.name}",
+                    f"{mine.name} staged ({staged[mine.name]})",
                     required,
                     dep.source,
                     f"read from the environment at {dep.override_honoured_at}",

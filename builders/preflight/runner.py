@@ -37,7 +37,7 @@ from builders.preflight.probe import (
 )
 from builders.preflight.source_facts import SourceFacts, read_source_facts, read_source_files
 from builders.preflight.torch_index import IndexListing, fetch_listing, local_listing, project_url
-from builders.sources import cache_dir, fetch_sdist
+from builders.sources import cache_dir, fetch_sdist, resolve_fetched
 from builders.target import Target
 
 Progress = Callable[[str], None]
@@ -459,6 +459,17 @@ def _cpuinfo_text() -> str:
         return ""
 
 
+def staged_sources(root: Path, recipe: Recipe) -> dict[str, str]:
+    """The recipe's fetched sources that have a local copy now (cache or recipe path), with its origin."""
+    out = {}
+    for source in recipe.fetched_sources:
+        try:
+            out[source.name] = resolve_fetched(source, root, {}).origin
+        except SourceUnavailable:
+            continue
+    return out
+
+
 def run_preflight(
     project: Project,
     distro: Distro,
@@ -567,7 +578,13 @@ def run_preflight(
             recipe_name=recipe.name,
         )
         findings += [cmake] if cmake else []
-        findings += gates.fetched_source_gates(facts.fetched_for(device, arch), recipe.fetched_sources, recipe.name)
+        findings += gates.fetched_source_gates(
+            facts.fetched_for(device, arch),
+            recipe.fetched_sources,
+            recipe.name,
+            staged=staged_sources(project.root, recipe),
+            fetch_command=f"forge fetch {distro.name} {recipe.target}",
+        )
         if arch == "aarch64" and source_path is not None:
             plan_env = {**recipe.build_env, **isa_for(recipe.isa, arch)}
             findings += arm_gates(read_source_files(source_path), compile_env=plan_env, host_cpuinfo=_cpuinfo_text())

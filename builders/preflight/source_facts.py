@@ -6,6 +6,7 @@ the facts read here, and so the gates, without a code change.
 
 from __future__ import annotations
 
+import functools
 import re
 import tarfile
 import tomllib
@@ -593,6 +594,18 @@ def _pretty_spec(spec: str) -> str:
 def read_pins(source: Path, distro: Distro, device: str) -> tuple[str | None, str | None]:
     """vLLM's torch pin for this device, arch and Python, and vLLM's version, read from the source itself: the one
     reading the build, the lock and rendering share."""
-    facts = read_source_facts(source)
+    if source.is_file():
+        stat = source.stat()
+        facts = _archive_facts(source.resolve(), stat.st_size, stat.st_mtime_ns)
+    else:
+        facts = read_source_facts(source)
     pins = [p.version for p in facts.pins_for(device, arch=distro.arch, python=distro.build_python[0]) if p.version]
     return (pins[0] if pins else None), facts.vllm_version
+
+
+@functools.lru_cache(maxsize=4)
+def _archive_facts(path: Path, size: int, mtime_ns: int) -> SourceFacts:
+    """An sdist's facts, read once per file version: `forge render` asks for every distro's pins from the same
+    tarball, and walking its ~10,000 members takes seconds each time. Size and mtime are in the key so a file
+    replaced in place is read again."""
+    return read_source_facts(path)

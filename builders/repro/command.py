@@ -155,6 +155,7 @@ def cmd_sbom(args: argparse.Namespace) -> int:
 
 
 def cmd_ci(args: argparse.Namespace) -> int:
+    from builders.commands.output import write_output
     from builders.repro.ci import GITHUB_PATH, GITLAB_PATH, render_github, render_gitlab, render_matrix
 
     project = _project(args)
@@ -183,7 +184,7 @@ def cmd_ci(args: argparse.Namespace) -> int:
         return 0
     path = Path(args.output)
     if args.check:
-        current = path.read_text(encoding="utf-8") if path.exists() else None
+        current = path.read_text(encoding="utf-8", errors="replace") if path.is_file() else None
         if current != text:
             default = {"github": GITHUB_PATH, "gitlab": GITLAB_PATH}.get(args.format, args.output)
             raise StaleRender(
@@ -192,8 +193,7 @@ def cmd_ci(args: argparse.Namespace) -> int:
             )
         print(f"{path} is current")
         return 0
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
+    write_output(path, text)
     print(path)
     return 0
 
@@ -219,8 +219,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Exit 11 when the two images differ in content; files that differ are listed (diffoscope "
         "is used on them when installed). Mtimes are counted apart unless --strict-mtimes.",
     )
-    p.add_argument("distro")
-    p.add_argument("target")
+    p.add_argument("distro", help="distro (debian-12) or family (debian: its default release)")
+    p.add_argument("target", help="target (cpu, cpu-wheel, router, ...)")
     p.add_argument("--strict-mtimes", action="store_true", help="count files that differ only in mtime")
     add_flags(
         p,
@@ -232,7 +232,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(func=cmd_verify_repro)
 
     p = subparsers.add_parser("sbom", help="write a CycloneDX 1.5 SBOM of any image (OS and Python packages)")
-    p.add_argument("image")
+    p.add_argument("image", help="image reference or id, as the engine names it")
     p.add_argument("-o", "--output", default=".", help="folder for sbom.cdx.json (default: here)")
     p.add_argument("--distro", default=None, help="recorded in the SBOM's metadata")
     p.add_argument("--target", default=None, help="recorded in the SBOM's metadata")
@@ -244,7 +244,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="render the CI pipeline (one job per distro × target) or print the matrix",
         description="Renders from the same pairs nox sessions come from. --check exits 12 when the file is stale.",
     )
-    p.add_argument("--format", choices=("github", "gitlab", "matrix"), default="github")
+    p.add_argument(
+        "--format",
+        choices=("github", "gitlab", "matrix"),
+        default="github",
+        help="a GitHub Actions workflow, a GitLab CI file, or the matrix as JSON (default: github)",
+    )
     p.add_argument("-o", "--output", default=None, help="write here instead of stdout")
     p.add_argument("--check", action="store_true", help="compare with the file at -o instead of writing it")
     p.add_argument("--runs-on", default="ubuntu-24.04", help="GitHub runner label (default: ubuntu-24.04)")

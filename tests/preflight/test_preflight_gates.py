@@ -356,8 +356,15 @@ def test_isa_gate_warns_when_the_run_host_lacks_instructions() -> None:
 def test_fetched_source_gate(facts: SourceFacts, tmp_path: Path) -> None:
     deps = facts.fetched_for("cpu", "x86_64")
     staged = FetchedSource(name="onednn", cmake_var="FETCHCONTENT_SOURCE_DIR_ONEDNN", pinned_in="cmake/x")
-    assert all(f.passed for f in gates.fetched_source_gates(deps, [staged], "vllm-cpu"))
-    (missing,) = gates.fetched_source_gates(deps, [], "vllm-cpu")
+    here = {"onednn": "debian-source: onednn 3.13"}
+    (ok,) = gates.fetched_source_gates(deps, [staged], "vllm-cpu", staged=here)
+    assert ok.passed and "debian-source: onednn 3.13" in ok.found
+    # Declared in the recipe but with no local copy yet: not a pass, and the remedy is the command that stages it.
+    (absent,) = gates.fetched_source_gates(
+        deps, [staged], "vllm-cpu", staged={}, fetch_command="forge fetch debian-12 cpu"
+    )
+    assert not absent.passed and not absent.blocking and "forge fetch debian-12 cpu onednn" in absent.remedy
+    (missing,) = gates.fetched_source_gates(deps, [], "vllm-cpu", staged=here)
     assert not missing.passed and not missing.blocking and "fetched_sources" in missing.remedy
     # A release that stops reading the override from the environment would silently ignore the staged copy.
     root = tmp_path / "vllm-9"
@@ -365,7 +372,7 @@ def test_fetched_source_gate(facts: SourceFacts, tmp_path: Path) -> None:
     ext = root / "cmake" / "cpu_extension.cmake"
     ext.write_text(ext.read_text().replace('"$ENV{FETCHCONTENT_SOURCE_DIR_ONEDNN}"', '""'))
     later = read_source_facts(root).fetched_for("cpu", "x86_64")
-    (ignored,) = gates.fetched_source_gates(later, [staged], "vllm-cpu")
+    (ignored,) = gates.fetched_source_gates(later, [staged], "vllm-cpu", staged=here)
     assert not ignored.passed and "CMAKE_ARGS" in ignored.remedy
 
 

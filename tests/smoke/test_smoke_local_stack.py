@@ -165,7 +165,7 @@ def test_an_interrupted_run_stops_every_server(sig: signal.Signals, tmp_path: Pa
         sig,
         after_s=8,
     )
-    assert code == 128 + sig, output  # 130 for Ctrl-C, 143 for SIGTERM (README: exit codes)
+    assert code == 128 + sig, output  # 130 for Ctrl-C, 143 for SIGTERM (docs/commands.md: exit codes)
     assert "stopping 2 server(s)" in output
     assert processes_mentioning(f"forge-smoke-{run_id}") == []
     [report_file] = tmp_path.glob(f"smoke-ci-{run_id}.json")

@@ -132,7 +132,7 @@ def test_bad_load_flags_are_refused_before_anything_starts(flag: list[str]) -> N
     assert main(["--root", str(ROOT), "sweep", "no-such-image", *flag]) == UsageError.exit_code
 
 
-# The capacity the calibrated image run measured on this 2-core AVX2 host (README, "The serving sweep"):
+# The capacity the calibrated image run measured on this 2-core AVX2 host (docs/serving-sweep.md):
 # the configured load was 5.4x what two replicas sustain.
 SLOW_HOST = Capacity(
     replica="shared/0", cpus="0", prefill_tokens_per_s=226.0, decode_tokens_per_s={1: 16.3, 16: 90.8}, seconds=25.8
