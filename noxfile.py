@@ -208,8 +208,8 @@ def kvlab_mutation(session: nox.Session) -> None:
 
 @nox.session(python=False, name="podman-smoke", default=False)
 def podman_smoke(session: nox.Session) -> None:
-    """Only the Podman smoke of the default suite: the cpu-wheel and router images built with Podman, the ci
-    profile smoked on them (minutes)."""
+    """Only the Podman smoke of the suite: the router built with Podman, Docker's cpu-wheel build loaded into
+    Podman, the ci profile smoked on them (minutes)."""
     session.run("pytest", "tests/smoke/test_podman_stack.py", "-k", "smoke_on_podman", *session.posargs, external=True)
 
 
