@@ -545,10 +545,44 @@ def _unknown_score(view: _LogView | None, line: LogLine | None) -> float:
     return UNKNOWN_WEIGHT * (0.5 * severity + 0.3 * view.position(line.number) + 0.2 * 0.5)
 
 
-def read_log(path: Path | str) -> str:
-    """A log's text from a file, or from standard input when path is '-'; undecodable bytes are replaced."""
+# Leading bytes of the files people pass by mistake: an archive of the logs, a core dump, an image layer.
+_MAGIC = (
+    (b"\x1f\x8b", "a gzip archive"),
+    (b"\x28\xb5\x2f\xfd", "a zstd archive"),
+    (b"\xfd7zXZ\x00", "an xz archive"),
+    (b"BZh", "a bzip2 archive"),
+    (b"PK\x03\x04", "a zip archive"),
+    (b"\x7fELF", "an ELF binary"),
+)
+
+
+def _not_a_log(data: bytes, name: str) -> UsageError | None:
+    """Why these bytes are no build log, or None: an empty file and a binary one would otherwise both get
+    'unknown', which reads as 'no rule matched' when nothing was there to match."""
+    if not data.strip():
+        return UsageError(
+            f"{name} is empty: there is no log to diagnose", hint="pass the saved output of the failed build"
+        )
+    what = next((label for magic, label in _MAGIC if data.startswith(magic)), None)
+    if what is None and len(data) > 262 and data[257:262] == b"ustar":
+        what = "a tar archive"
+    if what is None and b"\x00" in data[:8192]:
+        what = "binary data (it holds NUL bytes)"
+    if what is None:
+        return None
+    return UsageError(f"{name} is {what}, not a text log", hint="unpack it first, or pass the build's text output")
+
+
+def read_log(path: Path | str, *, strict: bool = True) -> str:
+    """A log's text from a file, or from standard input when path is '-'; undecodable bytes are replaced.
+    Strict (what a user's `forge diagnose` gets): an empty or binary input is a UsageError that says what it is.
+    A build's own log is read leniently: an empty one is a fact about that build, diagnosed as 'unknown'."""
     if str(path) == "-":
-        return sys.stdin.buffer.read().decode("utf-8", errors="replace")
+        data = sys.stdin.buffer.read()
+        problem = _not_a_log(data, "standard input") if strict else None
+        if problem is not None:
+            raise problem
+        return data.decode("utf-8", errors="replace")
     log_path = Path(path)
     try:
         data = log_path.read_bytes()
@@ -560,9 +594,12 @@ def read_log(path: Path | str) -> str:
         raise UsageError(f"{log_path} is a directory, not a build log", hint="pass a log file") from exc
     except OSError as exc:
         raise UsageError(f"cannot read build log {log_path}: {exc.strerror}", hint="check its permissions") from exc
+    problem = _not_a_log(data, f"build log {log_path}") if strict else None
+    if problem is not None:
+        raise problem
     return data.decode("utf-8", errors="replace")
 
 
 def diagnose_file(path: Path | str, *, rules: RuleBook | None = None) -> Diagnosis:
     """Diagnose a failed build from a saved log file ('-' reads standard input)."""
-    return diagnose_text(read_log(path), rules=rules)
+    return diagnose_text(read_log(path, strict=False), rules=rules)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from builders.diagnose import diagnose_file
 from builders.diagnose.command import register
 from builders.errors import ForgeError, UsageError
 
@@ -70,3 +71,29 @@ def test_broken_rule_book_is_reported_not_a_traceback(tmp_path: Path) -> None:
     with pytest.raises(ForgeError) as caught:
         _run(["diagnose", str(OOM_LOG), "--rules", str(book)])
     assert str(book) in caught.value.render()
+
+
+@pytest.mark.parametrize(
+    ("data", "said"),
+    [
+        (b"", "is empty"),
+        (b"  \n\n", "is empty"),
+        (b"\x1f\x8b\x08\x00" + bytes(64), "gzip archive"),
+        (b"\x7fELF\x02\x01\x01" + bytes(64), "ELF binary"),
+        (b"error: x\n\x00\x01\x02", "NUL bytes"),
+    ],
+)
+def test_an_empty_or_binary_file_is_named_for_what_it_is_not_diagnosed_unknown(
+    tmp_path: Path, data: bytes, said: str
+) -> None:
+    log = tmp_path / "build.log"
+    log.write_bytes(data)
+    with pytest.raises(UsageError) as caught:
+        _run(["diagnose", str(log)])
+    assert said in caught.value.message and str(log) in caught.value.message
+
+
+def test_a_builds_own_empty_log_is_still_diagnosed_unknown(tmp_path: Path) -> None:
+    log = tmp_path / "build.log"
+    log.write_bytes(b"")
+    assert diagnose_file(log).category == "unknown"
