@@ -352,11 +352,14 @@ def test_health_checks_do_not_queue_behind_streams_for_a_pooled_connection(tmp_p
     healthy: a check that waited for a connection would time out and mark it down while it serves."""
 
     async def body() -> None:
-        replica = await FakeReplica(Behavior(tokens=40, delay_s=0.05)).start()
+        # A check queued behind the stream would wait for its end, 4 s away; one on its own connection answers in
+        # milliseconds. A 1 s timeout tells the two apart on a loaded host too, where 0.3 s (as this test had)
+        # was sometimes spent waiting for a core, not a connection.
+        replica = await FakeReplica(Behavior(tokens=80, delay_s=0.05)).start()
         router = await start_router_process(
             tmp_path,
             process_config(
-                {"p": [replica.url]}, upstream_connection_limit=1, health_interval_s=0.2, health_timeout_s=0.3
+                {"p": [replica.url]}, upstream_connection_limit=1, health_interval_s=0.2, health_timeout_s=1.0
             ),
         )
         try:
@@ -365,9 +368,9 @@ def test_health_checks_do_not_queue_behind_streams_for_a_pooled_connection(tmp_p
                 s.post(f"{router.url}/v1/chat/completions", json=chat_body("x", stream=True)) as resp,
             ):
                 raw = await resp.read()
-            # Two seconds of streaming on the only connection: ten health rounds ran meanwhile.
+            # Four seconds of streaming on the only connection: about twenty health rounds ran meanwhile.
             events = sse_data(raw)
-            assert resp.status == 200 and len(events) == 41 and not any('"error"' in e for e in events)
+            assert resp.status == 200 and len(events) == 81 and not any('"error"' in e for e in events)
             health = await get_json(f"{router.url}/health")
             assert [r["healthy"] for r in health["pools"]["p"]] == [True]
         finally:
