@@ -83,6 +83,21 @@ class Dispatcher:
             raise RuntimeError("the router's upstream pool exists only while the app runs")
         return self._upstream
 
+    def _failed_mid_response(self, call: Call, replica: Replica, exc: BaseException) -> web.Response:
+        """The answer when a replica fails after it began answering: the interrupt's own reason where a health
+        check or a drain stopped the call (503), else the replica died (502). One place for both the streamed and
+        the whole-body paths, so they cannot drift apart."""
+        if call.stop_kind is not None:
+            return call_error(self.metrics, call, 503, call.stop_kind, call.stop_reason or "interrupted")
+        return call_error(
+            self.metrics,
+            call,
+            502,
+            "upstream_died",
+            f"replica {replica.url} failed while sending its response ({type(exc).__name__})",
+            replica=replica.url,
+        )
+
     def upstream_headers(self) -> dict[str, str]:
         # identity: compressing a token stream only adds latency on loopback.
         headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
@@ -304,16 +319,7 @@ class Dispatcher:
             raise
         except (UpstreamFailed, TimeoutError) as exc:
             exchange.close()
-            if call.stop_kind is not None:
-                return call_error(self.metrics, call, 503, call.stop_kind, call.stop_reason or "interrupted")
-            return call_error(
-                self.metrics,
-                call,
-                502,
-                "upstream_died",
-                f"replica {replica.url} failed while sending its response ({type(exc).__name__})",
-                replica=replica.url,
-            )
+            return self._failed_mid_response(call, replica, exc)
         finally:
             call.upstream = None
         if body is None:
@@ -363,16 +369,7 @@ class Dispatcher:
             raise
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             upstream.close()
-            if call.stop_kind is not None:
-                return call_error(self.metrics, call, 503, call.stop_kind, call.stop_reason or "interrupted")
-            return call_error(
-                self.metrics,
-                call,
-                502,
-                "upstream_died",
-                f"replica {replica.url} failed while sending its response ({type(exc).__name__})",
-                replica=replica.url,
-            )
+            return self._failed_mid_response(call, replica, exc)
         finally:
             upstream.release()
             call.upstream = None
