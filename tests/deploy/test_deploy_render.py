@@ -155,6 +155,19 @@ def test_cpu_and_memory_come_from_the_pools_cpu_set_and_the_model(tmp_path: Path
     )
 
 
+def test_on_one_machine_pools_are_bound_to_their_cores_and_not_throttled_by_a_cpu_quota(tmp_path: Path) -> None:
+    profile, _ = load_profile("ci", root=ROOT)
+    objects = rendered(tmp_path, "ci", "--network", "host")
+    for name, pool in profile.pools.items():
+        container = by_kind(objects, "Deployment")[f"forge-ci-{name}"]["spec"]["template"]["spec"]["containers"][0]
+        resources = container["resources"]
+        assert resources["requests"]["cpu"] == str(cpus_of(profile, name))
+        assert "cpu" not in resources["limits"], "a CFS quota, not a CPU manager, on one machine"
+        assert resources["limits"]["memory"] == f"{memory_bytes(profile, name) // 2**20}Mi"
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["VLLM_CPU_OMP_THREADS_BIND"] == ",".join(pool.cpus)
+
+
 @pytest.mark.parametrize("network", ["cluster", "host"])
 def test_every_pool_mounts_memory_backed_shm_sized_for_vllms_rings(tmp_path: Path, network: str) -> None:
     data = yaml.safe_load((ROOT / "profiles" / "ci.yaml").read_text())
