@@ -16,7 +16,7 @@ from pathlib import Path
 from builders.bootstrap import ensure_base
 from builders.build import BuildOptions, build
 from builders.config import Project
-from builders.engine import Engine
+from builders.container import Engine
 from builders.errors import BuildFailed
 from builders.preflight import run_preflight
 from builders.sources import fetch_debian_source, fetch_wheelhouse, resolve_sdist

@@ -1,7 +1,7 @@
 """The executor: a list of phases over one Context (PHASES: engine → base → preflight → sources → lock → plan →
 context → build → inspect-toolchain → test → tag → sbom), cheapest first, each `phase(ctx) -> None`.
 
-Only this module (through builders.engine) changes engine state. A failed or interrupted build leaves no
+Only this module (through builders.container) changes engine state. A failed or interrupted build leaves no
 container and no tag: the image is built untagged and tagged only after its test stage passed.
 """
 
@@ -22,11 +22,11 @@ from builders import interrupt
 from builders.bootstrap import BaseResult, ensure_base, ensure_image, registry_of
 from builders.config import Project
 from builders.config.models import Distro, FetchedSource, Recipe
+from builders.container import Builder, BuildRequest, Engine, choose_builder
+from builders.container.image_builders import describe
 from builders.diagnose import diagnose_file
 from builders.diagnose.diagnosis import diagnose_text
 from builders.emulation import describe as describe_stand_in
-from builders.engine import Builder, BuildRequest, Engine, choose_builder
-from builders.engine.image_builders import describe
 from builders.errors import BaseUnavailable, BuildFailed, ForgeError, PreflightBlocked, SourceUnavailable
 from builders.gpu_wheel import run_gpu_wheel_checks
 from builders.image_tests import CheckResult, run_checks, status_text

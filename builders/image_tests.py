@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import requests
 
+from builders.container import Engine
 from builders.emulation import emulated_cpu_sysfs
-from builders.engine import Engine
 from builders.errors import EngineError
 from builders.plan import BuildPlan
 

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import requests
 
 from builders.config.models import Distro, FetchedSource, Recipe
-from builders.engine import Engine
+from builders.container import Engine
 from builders.errors import SourceUnavailable
 
 PYPI_SIMPLE = "https://pypi.org/simple"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from builders.config import Project
-from builders.engine import Engine
+from builders.container import Engine
 from builders.preflight import host, runner
 from builders.router.native import ENV_SWITCH, NativeRelay
 

@@ -153,7 +153,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
-    from builders.engine import Engine
+    from builders.container import Engine
     from builders.sources import fetch_debian_source, fetch_sdist, fetch_wheelhouse
 
     project = _project(args)
@@ -184,7 +184,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 def cmd_bootstrap(args: argparse.Namespace) -> int:
     from builders.bootstrap import bootstrap
-    from builders.engine import Engine
+    from builders.container import Engine
 
     project = _project(args)
     for plat in parse_platforms(args.platform):
@@ -237,7 +237,7 @@ def _push(
     project: Project, distro: Any, target: str, ref: Any, platforms: tuple[Platform, ...], report_dir: Path | None
 ) -> int:
     from builders.build import default_reports_dir
-    from builders.engine import Engine
+    from builders.container import Engine
     from builders.publish import proven, publish
 
     engine = Engine.connect()

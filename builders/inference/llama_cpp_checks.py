@@ -10,7 +10,7 @@ from pathlib import Path
 
 import requests
 
-from builders.engine import Engine
+from builders.container import Engine
 from builders.image_tests import CheckResult, free_port, server_log_excerpt
 from builders.plan import BuildPlan
 

@@ -12,7 +12,7 @@ from typing import get_args
 from builders.commands.core import add_gpu_args, gpu_args_apply
 from builders.config import Project
 from builders.config.models import TorchIndex
-from builders.engine import Engine
+from builders.container import Engine
 from builders.errors import EngineError, PreflightBlocked, PreflightIncomplete, UsageError
 from builders.gpu_gate import add_gpu_gate_args, gate_input, preflight_finding, with_finding
 from builders.log import Log

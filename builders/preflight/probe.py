@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from builders.config.models import Distro, Role
+from builders.container import Engine
 from builders.distros import family_for
-from builders.engine import Engine
 from builders.errors import EngineError
 
 # Roles whose versions the gates compare; installing them would take minutes, asking takes a second.

@@ -34,7 +34,7 @@ def _pair(project: Project, distro_name: str, target: str) -> tuple[Distro, Reci
 
 
 def cmd_lock(args: argparse.Namespace) -> int:
-    from builders.engine import Engine
+    from builders.container import Engine
     from builders.errors import SourceUnavailable
     from builders.repro.integration import check_drift
     from builders.repro.lockfile import LOCK_NAME, LockFile, PairLock, merge, notes, read_lock, write_lock
@@ -136,7 +136,7 @@ def cmd_verify_repro(args: argparse.Namespace) -> int:
 
 
 def cmd_sbom(args: argparse.Namespace) -> int:
-    from builders.engine import Engine
+    from builders.container import Engine
     from builders.repro.sbom import write_sbom
 
     result = write_sbom(

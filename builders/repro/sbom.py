@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from builders.engine import Engine
+from builders.container import Engine
 from builders.errors import EngineError
 
 SBOM_NAME = "sbom.cdx.json"

@@ -1,4 +1,4 @@
-"""Where the stack's servers run: containers from an image (through builders.engine) or host processes.
+"""Where the stack's servers run: containers from an image (through builders.container) or host processes.
 
 Both give the same handles, so the orchestration in stack.py never knows which it drives. The host-process
 mode (`--local-vllm`, `--local-llama-server`) exists to develop the router against real servers without
@@ -21,8 +21,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import IO, Protocol
 
+from builders.container import Engine
 from builders.cpusets import parse_cpuset
-from builders.engine import Engine
 from builders.errors import EngineError, UsageError
 from builders.serving import DEFAULT_KIND, SERVING_ENGINES, ServerProbe, ServingEngine, serving_engine
 from builders.smoke.plan import CONTAINER_MODEL_DIR, RUN_LABEL, ReplicaPlan

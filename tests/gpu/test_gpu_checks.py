@@ -14,8 +14,8 @@ import pytest
 
 from builders.bootstrap import ensure_base
 from builders.config import Project
-from builders.engine import Engine
-from builders.engine.docker_engine import gpu_device_requests
+from builders.container import Engine
+from builders.container.docker_engine import gpu_device_requests
 from builders.errors import EngineError
 from builders.image_tests import (
     TOOLCHAIN_PROBE,

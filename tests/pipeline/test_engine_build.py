@@ -11,7 +11,7 @@ import pytest
 from builders.bootstrap import bootstrap, ensure_base
 from builders.build import BuildOptions, build
 from builders.config import Project
-from builders.engine import Engine
+from builders.container import Engine
 from builders.errors import BaseUnavailable, BuildFailed
 
 pytestmark = pytest.mark.engine

@@ -17,7 +17,7 @@ ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
 LAYERS: list[tuple[str, set[str]]] = [
     ("foundations", {"errors", "interrupt", "log", "cpusets", "emulation", "gpu_archs"}),
     ("config and data", {"config", "distros", "platforms", "target", "registry", "diagnose"}),
-    ("container engines", {"engine"}),
+    ("container engines", {"container"}),
     ("planning", {"plan", "options", "render", "serving_dtype", "sources", "trust", "bootstrap"}),
     ("serving engines", {"inference", "serving", "gguf_model", "image_tests", "gpu_gate", "gpu_wheel", "preflight"}),
     ("build", {"build", "report", "repro", "publish"}),

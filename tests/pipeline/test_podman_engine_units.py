@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from builders.container.podman_engine import explain_start_failure, facts_from_info, qualify
+from builders.container.select import chosen, docker_cli_is_podman
 from builders.diagnose import diagnose_file
-from builders.engine.podman_engine import explain_start_failure, facts_from_info, qualify
-from builders.engine.select import chosen, docker_cli_is_podman
 from builders.errors import UsageError
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -14,7 +14,7 @@ from builders.bootstrap import ensure_base
 from builders.build import BuildOptions, build
 from builders.cli import main
 from builders.config import Project
-from builders.engine import Engine
+from builders.container import Engine
 from builders.repro.errors import LockDrift
 from builders.repro.lockfile import LockFile, merge, read_lock, write_lock
 from builders.repro.resolve import resolve_pair

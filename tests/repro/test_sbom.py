@@ -10,7 +10,7 @@ import pytest
 
 from builders.bootstrap import ensure_base
 from builders.config import Project
-from builders.engine import Engine
+from builders.container import Engine
 from builders.repro.sbom import build_sbom, write_sbom
 
 INVENTORY = "\n".join(

@@ -23,7 +23,7 @@ import aiohttp
 import pytest
 import requests
 
-from builders.engine import Engine
+from builders.container import Engine
 from builders.router import start_router
 from builders.router.config import config_from_mapping
 from builders.serving import SERVING_ENGINES

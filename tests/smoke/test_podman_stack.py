@@ -24,7 +24,7 @@ from smoke_helpers import ROOT, free_base_port, marked_ca_bundle, podman_base, p
 
 from builders.cli import main
 from builders.config import Project
-from builders.engine import Engine
+from builders.container import Engine
 from builders.errors import EngineError
 from builders.preflight import run_preflight
 from builders.repro.image_export import export_image

@@ -13,7 +13,7 @@ from rich.console import Console
 from smoke_helpers import ROOT, free_base_port, interrupt_forge_smoke, router_image, smoke_image
 
 from builders.cli import main
-from builders.engine import Engine
+from builders.container import Engine
 from builders.smoke.plan import RUN_LABEL
 from builders.smoke.profile import load_profile
 from builders.smoke.runtimes import ContainerReplicas, ContainerRouter, ReplicaRuntime, RouterRuntime

@@ -1,8 +1,8 @@
 """The Engine interface: what Forge asks of a container engine, whichever one answers.
 
 One module per engine implements it (docker_engine.py over the Docker Engine API, podman_engine.py over the
-`podman` CLI); `Engine.connect()` picks one from `--engine` / FORGE_ENGINE (builders/engine/select.py). No code
-outside builders/engine/ asks which engine it has: what differs is a capability, recorded once in `facts`.
+`podman` CLI); `Engine.connect()` picks one from `--engine` / FORGE_ENGINE (builders/container/select.py). No code
+outside builders/container/ asks which engine it has: what differs is a capability, recorded once in `facts`.
 """
 
 from __future__ import annotations
@@ -150,8 +150,8 @@ class Engine(ABC):
     @classmethod
     def connect(cls, choice: str | None = None) -> Engine:
         """The engine `choice` names (docker, podman, auto), else FORGE_ENGINE's, else auto."""
-        # Importing any module of builders.engine runs the package's __init__ first, which imports select.py.
-        assert _CONNECT, "builders/engine/select.py registers the connector when builders.engine is imported"
+        # Importing any module of builders.container runs the package's __init__ first, which imports select.py.
+        assert _CONNECT, "builders/container/select.py registers the connector when builders.container is imported"
         return _CONNECT[0](choice)
 
     @property

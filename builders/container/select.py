@@ -12,9 +12,9 @@ import shutil
 import subprocess
 from typing import Literal, get_args
 
-from builders.engine.base import Engine, register_connector
-from builders.engine.docker_engine import DockerEngine, docker_host, is_podman_service, open_client
-from builders.engine.podman_engine import PodmanEngine
+from builders.container.base import Engine, register_connector
+from builders.container.docker_engine import DockerEngine, docker_host, is_podman_service, open_client
+from builders.container.podman_engine import PodmanEngine
 from builders.errors import EngineError, UsageError
 
 EngineChoice = Literal["auto", "docker", "podman"]

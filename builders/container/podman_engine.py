@@ -21,8 +21,8 @@ from typing import IO, Any
 
 from packaging.version import InvalidVersion, Version
 
-from builders.engine.base import OWNER_LABEL, Engine, EngineFacts, ImageInfo
-from builders.engine.image_builders import Builder, BuildRequest, BuildResult, LineSink, stream_build
+from builders.container.base import OWNER_LABEL, Engine, EngineFacts, ImageInfo
+from builders.container.image_builders import Builder, BuildRequest, BuildResult, LineSink, stream_build
 from builders.errors import EngineError
 
 # Buildah learnt `RUN --mount=type=secret` in 1.23 and `--mount=type=cache` in 1.24: the BuildKit-style template

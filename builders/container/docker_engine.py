@@ -22,7 +22,7 @@ import docker.errors
 import docker.types
 import requests
 
-from builders.engine.base import OWNER_LABEL, Builder, Engine, EngineFacts, ImageInfo
+from builders.container.base import OWNER_LABEL, Builder, Engine, EngineFacts, ImageInfo
 from builders.errors import EngineError
 
 
@@ -92,7 +92,7 @@ class DockerEngine(Engine):
         return None
 
     def choose_builder(self, preference: str) -> Builder:
-        from builders.engine.image_builders import docker_builder
+        from builders.container.image_builders import docker_builder
 
         return docker_builder(self, preference)
 
