@@ -23,6 +23,7 @@ from builders.bootstrap import BaseResult, ensure_base, ensure_image, registry_o
 from builders.config import Project
 from builders.config.models import Distro, FetchedSource, Recipe
 from builders.container import Builder, BuildRequest, Engine, choose_builder
+from builders.container.base import RunSpec
 from builders.container.image_builders import describe
 from builders.diagnose import diagnose_file
 from builders.diagnose.diagnosis import diagnose_text
@@ -659,7 +660,9 @@ def _toolchain_versions(
     if not result.ok or not result.image_id:
         return {}
     # The toolchain stage's image is shared with the final image's layers: inspect it, do not remove it.
-    rc, out = engine.run_once(result.image_id, ["-c", toolchain_script(plan)], entrypoint=["/bin/sh"], timeout=60)
+    rc, out = engine.run_once(
+        RunSpec(image=result.image_id, command=["-c", toolchain_script(plan)], entrypoint=["/bin/sh"]), timeout=60
+    )
     return parse_toolchain(rc, out, plan)
 
 
@@ -693,6 +696,9 @@ def parse_toolchain(rc: int, out: str, plan: BuildPlan) -> dict[str, str]:
 
 def _python_version(engine: Engine, image: str) -> str:
     rc, out = engine.run_once(
-        image, ["-c", "import platform; print(platform.python_version())"], entrypoint=["python3"], timeout=60
+        RunSpec(
+            image=image, command=["-c", "import platform; print(platform.python_version())"], entrypoint=["python3"]
+        ),
+        timeout=60,
     )
     return out.strip().splitlines()[-1] if rc == 0 and out.strip() else "?"

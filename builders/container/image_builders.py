@@ -19,9 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, get_args
 
 from builders import interrupt
-from builders.container.base import Builder, BuildRequest, BuildResult, LineSink
+from builders.container.base import Builder, BuilderChoice, BuildRequest, BuildResult, LineSink
 from builders.errors import EngineError
-from builders.options import BuilderChoice
 
 if TYPE_CHECKING:
     from builders.container.base import Engine

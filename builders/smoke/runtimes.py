@@ -21,7 +21,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import IO, Protocol
 
-from builders.container import Engine
+from builders.container import Engine, RunSpec
 from builders.cpusets import parse_cpuset
 from builders.errors import EngineError, UsageError
 from builders.serving import DEFAULT_KIND, SERVING_ENGINES, ServerProbe, ServingEngine, serving_engine
@@ -198,10 +198,7 @@ class ContainerReplicas:
     def probe(self, *, timeout_s: float) -> ServerProbe:
         def run(argv: list[str]) -> tuple[int, str]:
             return self.engine.run_once(
-                self.image,
-                argv[1:],
-                entrypoint=[argv[0]],
-                env={"HF_HUB_OFFLINE": "1"},
+                RunSpec(image=self.image, command=argv[1:], entrypoint=[argv[0]], env={"HF_HUB_OFFLINE": "1"}),
                 timeout=timeout_s,
             )
 
@@ -215,16 +212,18 @@ class ContainerReplicas:
     def start(self, replica: ReplicaPlan, probe: ServerProbe, *, run_id: str) -> Launched:
         argv = self.serving.argv(probe, CONTAINER_MODEL_DIR, replica.args)
         cid = self.engine.run_detached(
-            image=self.image,
-            entrypoint=[argv[0]],
-            command=argv[1:],
-            name=replica.name,
-            env=dict(replica.env),
-            volumes={str(self.model_dir): CONTAINER_MODEL_DIR},
-            network_host=True,
-            shm_size="2g",
-            labels={RUN_LABEL: run_id, f"{RUN_LABEL}.replica": replica.label},
-            cpuset_cpus=replica.cpuset,
+            RunSpec(
+                image=self.image,
+                entrypoint=[argv[0]],
+                command=argv[1:],
+                name=replica.name,
+                env=dict(replica.env),
+                volumes={str(self.model_dir): CONTAINER_MODEL_DIR},
+                network_host=True,
+                shm_size="2g",
+                labels={RUN_LABEL: run_id, f"{RUN_LABEL}.replica": replica.label},
+                cpuset_cpus=replica.cpuset,
+            )
         )
         launched = LaunchedContainer(engine=self.engine, cid=cid, name=replica.name)
         self._started.append(launched)
@@ -349,15 +348,17 @@ class ContainerRouter:
         name = f"forge-smoke-{run_id}-router"
         try:
             cid = self.engine.run_detached(
-                image=self.image,
-                entrypoint=["python3", "-m", "builders.router"],
-                command=["--config", f"{ROUTER_CONFIG_DIR}/{config_name}"],
-                name=name,
-                env={},
-                volumes={str(config_dir): ROUTER_CONFIG_DIR},
-                network_host=True,
-                shm_size="64m",
-                labels={RUN_LABEL: run_id, f"{RUN_LABEL}.router": "1"},
+                RunSpec(
+                    image=self.image,
+                    entrypoint=["python3", "-m", "builders.router"],
+                    command=["--config", f"{ROUTER_CONFIG_DIR}/{config_name}"],
+                    name=name,
+                    env={},
+                    volumes={str(config_dir): ROUTER_CONFIG_DIR},
+                    network_host=True,
+                    shm_size="64m",
+                    labels={RUN_LABEL: run_id, f"{RUN_LABEL}.router": "1"},
+                )
             )
         except EngineError as exc:
             raise EngineError(exc.message, hint="the router image needs python3 with Forge installed") from exc

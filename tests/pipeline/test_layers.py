@@ -25,10 +25,10 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("CLI edge", {"cli", "commands"}),
 ]
 
-# A ratchet: what was measured when this test was written (7 package arrows, carried by 10 module edges). Lower
-# these as arrows are removed, never raise them; issue 35's goal is at most 3 package arrows.
-MAX_PACKAGE_ARROWS = 7
-MAX_MODULE_EDGES = 10
+# A ratchet: 7 package arrows, carried by 10 module edges, when this test was written; 6 and 9 once BuilderChoice
+# moved into container/. Lower these as arrows are removed, never raise them; issue 35's goal is at most 3.
+MAX_PACKAGE_ARROWS = 6
+MAX_MODULE_EDGES = 9
 
 
 def unit(module: str) -> str:

@@ -13,7 +13,8 @@ import pytest
 
 from builders.cli import build_parser
 from builders.config.models import CudaBuild, TorchChoice
-from builders.options import BuilderChoice, BuildOptions, cli_options, plan_options
+from builders.container.base import BuilderChoice
+from builders.options import BuildOptions, cli_options, plan_options
 from builders.plan import PlanOptions
 
 # What the planner learns from the build rather than from the options: the builder's secret support, whether
