@@ -275,7 +275,7 @@ def clear_report(folder: Path) -> None:
 
 
 def _engine(ctx: Context) -> None:
-    ctx.engine_ = engine = Engine.connect()
+    ctx.engine_ = engine = Engine.connect(ctx.options.engine)
     ctx.builder_ = builder = choose_builder(engine, ctx.options.builder)
     ctx.report.engine = engine.facts.as_report()
     ctx.report.builder = describe(builder)

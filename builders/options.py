@@ -19,7 +19,8 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_typ
 from packaging.version import InvalidVersion, Version
 
 from builders.config.models import GpuMode, TorchIndex
-from builders.container.base import BuilderChoice
+from builders.container.base import BuilderChoice, EngineChoice
+from builders.container.select import chosen as chosen_engine
 from builders.errors import UsageError
 from builders.plan import PlanOptions
 
@@ -187,6 +188,9 @@ class BuildOptions:
     keep_context: bool = False
     lock_file: Path | None = None  # default: forge.lock at the project root
     sbom: bool = True  # write a CycloneDX SBOM of the tagged image beside the report
+    # The container engine: every command's --engine, which builders/cli.py resolves once. A caller that builds
+    # without the CLI (a test, a benchmark) gets what the CLI would have chosen: FORGE_ENGINE, else auto.
+    engine: EngineChoice = field(default_factory=chosen_engine)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> BuildOptions:
@@ -196,6 +200,8 @@ class BuildOptions:
             for o in cli_options()
             if hasattr(args, o.field)
         }
+        if getattr(args, "engine", None):
+            given["engine"] = args.engine
         return cls(**given)
 
 

@@ -1,7 +1,8 @@
 """The Engine interface: what Forge asks of a container engine, whichever one answers.
 
 One module per engine implements it (docker_engine.py over the Docker Engine API, podman_engine.py over the
-`podman` CLI); `Engine.connect()` picks one from `--engine` / FORGE_ENGINE (builders/container/select.py). No code
+`podman` CLI); `Engine.connect(choice)` opens the one the CLI chose from `--engine` / FORGE_ENGINE
+(builders/container/select.py). No code
 outside builders/container/ asks which engine it has: what differs is a capability, recorded once in `facts`.
 """
 
@@ -20,6 +21,10 @@ LineSink = Callable[[str], None]
 # Podman: buildah through `podman build`). Declared here, below the options that offer it, because each engine
 # knows its own builders.
 BuilderChoice = Literal["auto", "buildkit", "legacy", "buildah"]
+
+# --engine: auto finds what is there (select.py). The CLI resolves it once, FORGE_ENGINE its default, and passes it
+# down to the one `Engine.connect` of the command.
+EngineChoice = Literal["auto", "docker", "podman"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,12 +97,12 @@ class Builder(Protocol):
     def build(self, request: BuildRequest, sink: LineSink) -> BuildResult: ...
 
 
-# select.py registers how `Engine.connect()` picks an engine: the implementations import this module, so this
+# select.py registers how `Engine.connect(choice)` opens an engine: the implementations import this module, so this
 # module cannot import them.
-_CONNECT: list[Callable[[str | None], Engine]] = []
+_CONNECT: list[Callable[[EngineChoice], Engine]] = []
 
 
-def register_connector(connect: Callable[[str | None], Engine]) -> None:
+def register_connector(connect: Callable[[EngineChoice], Engine]) -> None:
     _CONNECT[:] = [connect]
 
 
@@ -178,13 +183,13 @@ class EngineFacts:
 
 
 class Engine(ABC):
-    """A connected engine. Construct with `Engine.connect()`."""
+    """A connected engine. Construct with `Engine.connect(choice)`."""
 
     facts: EngineFacts
 
     @classmethod
-    def connect(cls, choice: str | None = None) -> Engine:
-        """The engine `choice` names (docker, podman, auto), else FORGE_ENGINE's, else auto."""
+    def connect(cls, choice: EngineChoice) -> Engine:
+        """The engine `choice` names: docker, podman, or auto (whatever answers here; select.py)."""
         # Importing any module of builders.container runs the package's __init__ first, which imports select.py.
         assert _CONNECT, "builders/container/select.py registers the connector when builders.container is imported"
         return _CONNECT[0](choice)

@@ -57,7 +57,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     gpu_args_apply(Target.resolve(distro, recipe), args)
     engine: Engine | None
     try:
-        engine = Engine.connect()
+        engine = Engine.connect(args.engine)
     except EngineError:
         engine = None  # preflight then runs on declared facts and says so
     run_flags = read_flags_file(Path(args.run_host_flags)) if args.run_host_flags else None

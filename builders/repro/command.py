@@ -50,7 +50,7 @@ def cmd_lock(args: argparse.Namespace) -> int:
     pairs = explicit or project.pairs()
     path = Path(args.lock_file) if args.lock_file else project.root / LOCK_NAME
     existing = read_lock(path) if path.exists() else LockFile()
-    engine = Engine.connect()
+    engine = Engine.connect(args.engine)
     console = log.console(highlight=False)
     resolved: list[PairLock] = []
     skipped: list[str] = []
@@ -140,7 +140,7 @@ def cmd_sbom(args: argparse.Namespace) -> int:
     from builders.repro.sbom import write_sbom
 
     result = write_sbom(
-        Engine.connect(),
+        Engine.connect(args.engine),
         args.image,
         Path(args.output),
         distro=args.distro or "",

@@ -103,7 +103,7 @@ def _check_space(engine: Engine, tag: str) -> None:
 
 
 def verify_repro(project: Project, distro: Distro, recipe: Recipe, options: VerifyOptions, sink: Sink) -> VerifyResult:
-    engine = Engine.connect()
+    engine = Engine.connect(options.build.engine)
     out = options.build.reports_dir or project.root / "reports" / f"{distro.name}-{recipe.target}" / "repro"
     out.mkdir(parents=True, exist_ok=True)
     # A verdict of an earlier run must not sit beside this run's build reports, whatever ends this one.

@@ -21,7 +21,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import IO, Protocol
 
-from builders.container import Engine, RunSpec
+from builders.container import Engine, EngineChoice, RunSpec
+from builders.container.select import chosen as chosen_engine
 from builders.cpusets import parse_cpuset
 from builders.errors import EngineError, UsageError
 from builders.serving import DEFAULT_KIND, SERVING_ENGINES, ServerProbe, ServingEngine, serving_engine
@@ -382,6 +383,9 @@ class Runtimes:
     local: Mapping[str, Path]
     """Serving engine -> the host binary its pools run as processes."""
     router_image: str | None
+    engine_choice: EngineChoice = field(default_factory=chosen_engine)
+    """The container engine the images run on (--engine, else what the CLI would choose), opened when a
+    container is first needed."""
 
     @classmethod
     def choose(
@@ -392,6 +396,7 @@ class Runtimes:
         router_image: str | None,
         llama_image: str | None = None,
         local_llama: Path | None = None,
+        engine: EngineChoice | None = None,
     ) -> Runtimes:
         images = {k: v for k, v in (("vllm", image), ("llama-cpp", llama_image)) if v is not None}
         local = {k: v for k, v in (("vllm", local_vllm), ("llama-cpp", local_llama)) if v is not None}
@@ -403,7 +408,7 @@ class Runtimes:
         for kind in set(images) & set(local):
             serving = SERVING_ENGINES[kind]
             raise UsageError(f"give either {serving.image_option} or {serving.local_option}, not both")
-        return cls(images=images, local=local, router_image=router_image)
+        return cls(images=images, local=local, router_image=router_image, engine_choice=chosen_engine(engine))
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Runtimes:
@@ -415,6 +420,7 @@ class Runtimes:
             router_image=args.router_image,
             llama_image=args.llama_image,
             local_llama=args.local_llama_server,
+            engine=getattr(args, "engine", None),
         )
 
     @property
@@ -424,7 +430,7 @@ class Runtimes:
 
     @cached_property
     def engine(self) -> Engine:
-        return Engine.connect()
+        return Engine.connect(self.engine_choice)
 
     def pull_pinned(self) -> list[str]:
         """Pull every image named by digest (NAME@sha256:…) now, so the stack runs exactly what the registry holds
