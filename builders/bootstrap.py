@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builders.config.models import Distro
+from builders.container import Engine
 from builders.diagnose.diagnosis import diagnose_text
 from builders.distros import family_for
-from builders.engine import Engine
 from builders.errors import BaseUnavailable
 from builders.platforms import platform_of
 

@@ -1,7 +1,7 @@
 """The executor: a list of phases over one Context (PHASES: engine → base → preflight → sources → lock → plan →
 context → build → inspect-toolchain → test → tag → sbom), cheapest first, each `phase(ctx) -> None`.
 
-Only this module (through builders.engine) changes engine state. A failed or interrupted build leaves no
+Only this module (through builders.container) changes engine state. A failed or interrupted build leaves no
 container and no tag: the image is built untagged and tagged only after its test stage passed.
 """
 
@@ -22,12 +22,13 @@ from builders import interrupt
 from builders.bootstrap import BaseResult, ensure_base, ensure_image, registry_of
 from builders.config import Project
 from builders.config.models import Distro, FetchedSource, Recipe
+from builders.container import Builder, BuildRequest, Engine, choose_builder
+from builders.container.base import RunSpec
+from builders.container.image_builders import describe
 from builders.diagnose import diagnose_file
 from builders.diagnose.diagnosis import diagnose_text
 from builders.emulation import describe as describe_stand_in
-from builders.engine import Builder, BuildRequest, Engine, choose_builder
-from builders.engine.image_builders import describe
-from builders.errors import BaseUnavailable, BuildFailed, ForgeError, PreflightBlocked, SourceUnavailable
+from builders.errors import BaseUnavailable, BuildFailed, PreflightBlocked, SourceUnavailable
 from builders.gpu_wheel import run_gpu_wheel_checks
 from builders.image_tests import CheckResult, run_checks, status_text
 from builders.log import Log, as_log
@@ -101,13 +102,6 @@ def _link_or_copy(src: Path, dest: Path) -> None:
         shutil.copy2(src, dest)
 
 
-@contextmanager
-def _phase(report: BuildReport, log: Log, name: str) -> Iterator[None]:
-    """One build phase: the log announces, folds and times it; the report records its seconds."""
-    with log.step(name), report.phase(name):
-        yield
-
-
 @dataclass(kw_only=True)
 class Context:
     """What the phases share: the inputs, the report they fill in, and what each phase leaves for the next."""
@@ -133,6 +127,8 @@ class Context:
     plan_: BuildPlan | None = None
     context_dir: Path | None = None
     image_id: str | None = None  # built but not yet proven: removed unless the build gets to keep it
+    running: str | None = None  # the phase under way, and since when
+    phase_started: float = 0.0
 
     @classmethod
     def start(cls, project: Project, distro: Distro, recipe: Recipe, options: BuildOptions, log: Log) -> Context:
@@ -186,6 +182,69 @@ class Context:
     def log_path(self) -> Path:
         return self.reports_dir / "build.log"
 
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """One build phase: the log announces, folds and times it; the report records its seconds."""
+        self.running, self.phase_started = name, time.monotonic()
+        with self.log.step(name), self.report.phase(name):
+            yield
+
+    @contextmanager
+    def recorded(self) -> Iterator[BuildReport]:
+        """How the build ends, in one place whatever ends it: the outcome in the report (succeeded, or what stopped
+        it and in which phase), an image built but not proven removed, the staged context deleted, the report
+        written, and its summary shown when the build did not succeed."""
+        self.report.write(self.reports_dir)  # from now on the folder names this build, even if it is killed outright
+        with interrupt.on_second_signal(self._ended_at_once):
+            try:
+                yield self.report
+                self.running = None
+                self.report.result = "succeeded"
+                self.image_id = None  # tagged: keep it
+            except BaseException as exc:
+                self.report.record_end(exc, self.running)
+                if isinstance(exc, KeyboardInterrupt) and self.log_path.exists():
+                    # The log is an artifact of its own: it says why it stops short.
+                    with self.log_path.open("a", encoding="utf-8") as log_file:
+                        log_file.write(f"\nforge: {self.report.error}\n")
+                raise
+            finally:
+                self._close()
+
+    def _close(self) -> None:
+        report = self.report
+        report.ended_in = self.running
+        unproven = self.image_id is not None and self.engine_ is not None
+        if unproven:
+            # Removed below: the report must not name it, nor its SBOM (written, if at all, for a tag now undone).
+            report.image, report.sbom = {}, None
+            (self.reports_dir / SBOM_NAME).unlink(missing_ok=True)
+        # Written before the engine is asked for anything: a second signal, which ends at once, leaves it true.
+        report.write(self.reports_dir)
+        if unproven:
+            assert self.engine_ is not None and self.image_id is not None
+            self.engine_.remove_image(self.image_id)  # built but not proven: no tag, no dangling image
+        self._remove_context()
+        if report.result != "succeeded":
+            self.log.info(f"report ({report.result}): {self.reports_dir / 'summary.txt'}\n{report.summary()}")
+
+    def _ended_at_once(self) -> None:
+        """A second signal ends Forge before its cleanup: the report still says how the build ended."""
+        report = self.report
+        if report.result == "running":
+            report.result, report.signal = "interrupted", interrupt.first_signal()
+            report.error = f"interrupted by {report.signal} during {self.running}"
+        report.ended_in = self.running
+        if self.running is not None:  # its step never ended: its time so far
+            report.phases.setdefault(self.running, round(time.monotonic() - self.phase_started, 2))
+        report.error = f"{report.error}; a second signal ended Forge before its cleanup"
+        report.write(self.reports_dir)
+        self._remove_context()  # local files only: no engine call to wait for
+
+    def _remove_context(self) -> None:
+        if self.context_dir is not None and not self.options.keep_context:
+            shutil.rmtree(self.context_dir, ignore_errors=True)
+
 
 Phase = Callable[[Context], None]
 
@@ -196,69 +255,15 @@ def default_reports_dir(project: Project, distro: Distro, target: str) -> Path:
 
 
 def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOptions, sink: Log | Sink) -> BuildReport:
-    """Run the phases in order over one context. The loop owns timing (each phase is a log step and a report
-    phase), the outcome recorded on failure or interruption, and the cleanup: an image that was built but not
-    proven is removed, the staged context deleted, and the report written whatever happened."""
+    """Run the phases in order over one context. Each phase is a log step and a report phase; how the build
+    ends (its outcome, the cleanup, the report written whatever happened) is `Context.recorded`'s."""
     ctx = Context.start(project, distro, recipe, options, as_log(sink))
-    report = ctx.report
-    report.write(ctx.reports_dir)  # from now on the folder names this build, even if it is killed outright
-    running: str | None = None
-    phase_started = time.monotonic()
-
-    def ended_at_once() -> None:
-        """A second signal ends Forge before its cleanup: the report still says how the build ended."""
-        if report.result == "running":
-            report.result, report.signal = "interrupted", interrupt.first_signal()
-            report.error = f"interrupted by {report.signal} during {running}"
-        report.ended_in = running
-        if running is not None:  # its step never ended: its time so far
-            report.phases.setdefault(running, round(time.monotonic() - phase_started, 2))
-        report.error = f"{report.error}; a second signal ended Forge before its cleanup"
-        report.write(ctx.reports_dir)
-        if ctx.context_dir is not None and not options.keep_context:
-            shutil.rmtree(ctx.context_dir, ignore_errors=True)  # local files only: no engine call to wait for
-
-    with interrupt.on_second_signal(ended_at_once):
-        try:
-            for name, phase, runs in PHASES:
-                if runs(options):
-                    running, phase_started = name, time.monotonic()
-                    with _phase(report, ctx.log, name):
-                        phase(ctx)
-            running = None
-            report.result = "succeeded"
-            ctx.image_id = None  # tagged: keep it
-            return report
-        except PreflightBlocked as exc:
-            report.result, report.error = "blocked", exc.render()
-            raise
-        except KeyboardInterrupt as exc:
-            # SIGTERM and SIGHUP arrive as this too (builders/interrupt.py): one path for every way a build stops.
-            report.result, report.signal = "interrupted", interrupt.signal_of(exc)
-            report.error = f"interrupted by {report.signal} during {running or 'the start'}"
-            if ctx.log_path.exists():  # the log is an artifact of its own: it says why it stops short
-                with ctx.log_path.open("a", encoding="utf-8") as log_file:
-                    log_file.write(f"\nforge: {report.error}\n")
-            raise
-        except ForgeError as exc:
-            report.result, report.error = "failed", exc.render()
-            raise
-        finally:
-            report.ended_in = running
-            unproven = ctx.image_id is not None and ctx.engine_ is not None
-            if unproven:
-                # Removed below: the report must not name it, nor its SBOM (written, if at all, for a tag now undone).
-                report.image, report.sbom = {}, None
-                (ctx.reports_dir / SBOM_NAME).unlink(missing_ok=True)
-            # Written before the engine is asked for anything: a second signal, which ends at once, leaves it true.
-            report.write(ctx.reports_dir)
-            if unproven:
-                assert ctx.engine_ is not None and ctx.image_id is not None
-                ctx.engine_.remove_image(ctx.image_id)  # built but not proven: no tag, no dangling image
-            if ctx.context_dir is not None and not options.keep_context:
-                shutil.rmtree(ctx.context_dir, ignore_errors=True)
-            if report.result != "succeeded":
-                ctx.log.info(f"report ({report.result}): {ctx.reports_dir / 'summary.txt'}\n{report.summary()}")
+    with ctx.recorded() as report:
+        for name, phase, runs in PHASES:
+            if runs(options):
+                with ctx.phase(name):
+                    phase(ctx)
+    return report
 
 
 # What a build writes into its report folder. A new build removes them first, so the folder never holds one
@@ -274,7 +279,7 @@ def clear_report(folder: Path) -> None:
 
 
 def _engine(ctx: Context) -> None:
-    ctx.engine_ = engine = Engine.connect()
+    ctx.engine_ = engine = Engine.connect(ctx.options.engine)
     ctx.builder_ = builder = choose_builder(engine, ctx.options.builder)
     ctx.report.engine = engine.facts.as_report()
     ctx.report.builder = describe(builder)
@@ -659,7 +664,9 @@ def _toolchain_versions(
     if not result.ok or not result.image_id:
         return {}
     # The toolchain stage's image is shared with the final image's layers: inspect it, do not remove it.
-    rc, out = engine.run_once(result.image_id, ["-c", toolchain_script(plan)], entrypoint=["/bin/sh"], timeout=60)
+    rc, out = engine.run_once(
+        RunSpec(image=result.image_id, command=["-c", toolchain_script(plan)], entrypoint=["/bin/sh"]), timeout=60
+    )
     return parse_toolchain(rc, out, plan)
 
 
@@ -693,6 +700,9 @@ def parse_toolchain(rc: int, out: str, plan: BuildPlan) -> dict[str, str]:
 
 def _python_version(engine: Engine, image: str) -> str:
     rc, out = engine.run_once(
-        image, ["-c", "import platform; print(platform.python_version())"], entrypoint=["python3"], timeout=60
+        RunSpec(
+            image=image, command=["-c", "import platform; print(platform.python_version())"], entrypoint=["python3"]
+        ),
+        timeout=60,
     )
     return out.strip().splitlines()[-1] if rc == 0 and out.strip() else "?"

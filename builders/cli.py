@@ -11,6 +11,8 @@ from importlib import metadata
 from typing import Any
 
 from builders import interrupt
+from builders.container.select import CHOICES as ENGINE_CHOICES
+from builders.container.select import chosen as chosen_engine
 from builders.errors import ForgeError
 
 # Each module exposes `register(subparsers)`, adding its subcommands with a `func`
@@ -64,11 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
             raise
         module.register(subparsers)
     for sub in subparsers.choices.values():
-        # Every command that meets an engine takes the same choice; Engine.connect() reads it from FORGE_ENGINE,
-        # so processes a command starts (a test stage, a nox session) inherit it.
+        # Every command that meets an engine takes the same choice; main() resolves it once and the command
+        # passes it down to its Engine.connect.
         sub.add_argument(
             "--engine",
-            choices=("auto", "docker", "podman"),
+            choices=ENGINE_CHOICES,
             default=None,
             help="container engine (default: $FORGE_ENGINE, else auto: Podman when `docker` or DOCKER_HOST is Podman)",
         )
@@ -93,9 +95,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extras:
         innermost_parser(parser, argv).error(f"unrecognized arguments: {' '.join(extras)}")
     handler: Handler = args.func
-    if getattr(args, "engine", None):
-        os.environ["FORGE_ENGINE"] = args.engine
     try:
+        if hasattr(args, "engine"):
+            # Decided here, once: the flag, else FORGE_ENGINE, else auto. Written back to FORGE_ENGINE only so
+            # that processes the command starts (a test stage, a nox session) make the same choice.
+            args.engine = chosen_engine(args.engine)
+            os.environ["FORGE_ENGINE"] = args.engine
         # SIGTERM and SIGHUP unwind as Ctrl-C does, in every command (builders/interrupt.py).
         with interrupt.handled():
             return handler(args)

@@ -13,8 +13,8 @@ import time
 from typing import Any
 
 from builders.config.models import Distro, Recipe
+from builders.container import Engine
 from builders.distros import family_for
-from builders.engine import Engine
 from builders.errors import ConfigError
 from builders.gpu_archs import LibraryArchs, coverage_gaps, library_stem, parse_listing
 from builders.image_tests import CheckResult, _python

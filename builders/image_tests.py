@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import requests
 
+from builders.container import Engine, RunSpec
 from builders.emulation import emulated_cpu_sysfs
-from builders.engine import Engine
 from builders.errors import EngineError
 from builders.plan import BuildPlan
 
@@ -86,7 +86,9 @@ def free_port() -> int:
 
 def _python(engine: Engine, image: str, code: str, plan: BuildPlan, timeout: float = 300) -> tuple[int, str]:
     with emulated_cpu_sysfs(plan.distro.arch, platform.machine()) as volumes:
-        return engine.run_once(image, ["-c", code], entrypoint=["python3"], volumes=volumes, timeout=timeout)
+        return engine.run_once(
+            RunSpec(image=image, command=["-c", code], entrypoint=["python3"], volumes=volumes), timeout=timeout
+        )
 
 
 # qemu-user-static runs an arm64 Python some 10-20x slower than native: importing vLLM and torch, about 20 s
@@ -231,13 +233,15 @@ def _serve_tiny_model(
         ]
         try:
             cid = engine.run_detached(
-                image=image,
-                command=command,
-                volumes={str(model): "/model"},
-                env=env,
-                shm_size="2g",
-                labels={"forge.test": plan.session_id},
-                gpus=gpus,
+                RunSpec(
+                    image=image,
+                    command=command,
+                    volumes={str(model): "/model"},
+                    env=env,
+                    shm_size="2g",
+                    labels={"forge.test": plan.session_id},
+                    gpus=gpus,
+                )
             )
         except EngineError as exc:
             if not gpus:
@@ -278,7 +282,7 @@ def _serve_tiny_model(
 
 def check_entrypoint(engine: Engine, image: str, plan: BuildPlan) -> CheckResult:
     start = time.monotonic()
-    rc, out = engine.run_once(image, ["--help"], timeout=60)
+    rc, out = engine.run_once(RunSpec(image=image, command=["--help"]), timeout=60)
     return CheckResult(
         name="entrypoint-help",
         ok=rc == 0,
@@ -404,7 +408,9 @@ def check_torch_cuda(engine: Engine, image: str, plan: BuildPlan, *, gpus: bool)
     assert plan.cuda is not None
     start = time.monotonic()
     try:
-        rc, out = engine.run_once(image, ["-c", TORCH_CUDA_PROBE], entrypoint=["python3"], timeout=300, gpus=gpus)
+        rc, out = engine.run_once(
+            RunSpec(image=image, command=["-c", TORCH_CUDA_PROBE], entrypoint=["python3"], gpus=gpus), timeout=300
+        )
     except EngineError as exc:
         return _engine_refused("torch-cuda", exc, start)
     ok, detail = judge_torch_cuda(rc, out, plan.cuda.version, need_gpu=gpus)

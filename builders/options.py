@@ -1,7 +1,7 @@
 """Build options, declared once: each BuildOptions field that the command line sets carries its flag (help,
 metavar, how the text becomes the value) in its `Annotated` metadata, and the parser is generated from them.
 
-Choices are the `Literal`s of the models (TorchIndex, GpuMode) or of this module (BuilderChoice), never retyped;
+Choices are the `Literal`s of the models (TorchIndex, GpuMode) or of the container engines (BuilderChoice), never retyped;
 a boolean field is a switch, a `bool | None` one a --x/--no-x pair. PlanOptions, the pure planner's input, is
 derived from BuildOptions by `plan_options` plus what the build resolved (the builder, the CA bundle, the pins).
 """
@@ -19,12 +19,10 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_typ
 from packaging.version import InvalidVersion, Version
 
 from builders.config.models import GpuMode, TorchIndex
+from builders.container.base import BuilderChoice, EngineChoice
+from builders.container.select import chosen as chosen_engine
 from builders.errors import UsageError
 from builders.plan import PlanOptions
-
-# --builder: auto takes the engine's best (Docker: BuildKit when a client offers it, else the legacy API builder;
-# Podman: buildah through `podman build`).
-BuilderChoice = Literal["auto", "buildkit", "legacy", "buildah"]
 
 # One CUDA compute capability as TORCH_CUDA_ARCH_LIST spells it: 9.0, 10.0a, 12.0f, 8.0+PTX.
 CUDA_ARCH = re.compile(r"\d+\.\d+[af]?(\+PTX)?")
@@ -190,6 +188,9 @@ class BuildOptions:
     keep_context: bool = False
     lock_file: Path | None = None  # default: forge.lock at the project root
     sbom: bool = True  # write a CycloneDX SBOM of the tagged image beside the report
+    # The container engine: every command's --engine, which builders/cli.py resolves once. A caller that builds
+    # without the CLI (a test, a benchmark) gets what the CLI would have chosen: FORGE_ENGINE, else auto.
+    engine: EngineChoice = field(default_factory=chosen_engine)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> BuildOptions:
@@ -199,6 +200,8 @@ class BuildOptions:
             for o in cli_options()
             if hasattr(args, o.field)
         }
+        if getattr(args, "engine", None):
+            given["engine"] = args.engine
         return cls(**given)
 
 

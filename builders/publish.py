@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from builders.engine import Engine
+from builders.container import Engine
 from builders.errors import ForgeError
 from builders.log import Log
 from builders.platforms import BY_ARCH, Platform

@@ -10,6 +10,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from builders import interrupt
+from builders.errors import ForgeError, PreflightBlocked
+
 
 @dataclass
 class BuildReport:
@@ -51,6 +54,20 @@ class BuildReport:
             yield
         finally:
             self.phases[name] = round(time.monotonic() - start, 2)
+
+    def record_end(self, exc: BaseException, running: str | None) -> None:
+        """What stopped the build, during which phase (None: before the first)."""
+        self.ended_in = running
+        if isinstance(exc, PreflightBlocked):
+            self.result, self.error = "blocked", exc.render()
+        elif isinstance(exc, KeyboardInterrupt):
+            # SIGTERM and SIGHUP arrive as this too (builders/interrupt.py): one path for every way a build stops.
+            self.result, self.signal = "interrupted", interrupt.signal_of(exc)
+            self.error = f"interrupted by {self.signal} during {running or 'the start'}"
+        elif isinstance(exc, ForgeError):
+            self.result, self.error = "failed", exc.render()
+        else:  # a defect in Forge: the report must not go on saying "running"
+            self.result, self.error = "failed", f"{type(exc).__name__}: {exc}"
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=False)

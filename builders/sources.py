@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import requests
 
 from builders.config.models import Distro, FetchedSource, Recipe
-from builders.engine import Engine
+from builders.container import Engine, RunSpec
 from builders.errors import SourceUnavailable
 
 PYPI_SIMPLE = "https://pypi.org/simple"
@@ -128,7 +128,8 @@ def fetch_debian_source(source: FetchedSource, distro: Distro, engine: Engine, r
             f"chown -R {os.getuid()}:{os.getgid()} /out"
         )
         rc, log = engine.run_once(
-            distro.base.local_tag, ["sh", "-c", script], volumes={str(out): "/out:rw"}, timeout=600
+            RunSpec(image=distro.base.local_tag, command=["sh", "-c", script], volumes={str(out): "/out:rw"}),
+            timeout=600,
         )
         unpacked = [p for p in out.iterdir() if p.is_dir()]
         if rc != 0 or len(unpacked) != 1:

@@ -13,6 +13,7 @@ from typing import Any
 
 from builders.commands.output import output_dir, write_output
 from builders.config import Project
+from builders.container.base import EngineChoice
 from builders.errors import SourceUnavailable, UsageError
 from builders.log import Log, print_table
 from builders.log import console as wide_console
@@ -153,7 +154,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
-    from builders.engine import Engine
+    from builders.container import Engine
     from builders.sources import fetch_debian_source, fetch_sdist, fetch_wheelhouse
 
     project = _project(args)
@@ -171,7 +172,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
             continue
         if fetched.debian_source:
             carrier = project.distro(fetched.debian_source_distro) if fetched.debian_source_distro else distro
-            got = fetch_debian_source(fetched, carrier, Engine.connect(), project.root)
+            got = fetch_debian_source(fetched, carrier, Engine.connect(args.engine), project.root)
             print(f"{fetched.name}: {got.path} ({got.origin})")
         else:
             raise UsageError(
@@ -184,12 +185,12 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 def cmd_bootstrap(args: argparse.Namespace) -> int:
     from builders.bootstrap import bootstrap
-    from builders.engine import Engine
+    from builders.container import Engine
 
     project = _project(args)
     for plat in parse_platforms(args.platform):
         distro = for_platform(project.distro(args.distro), plat)
-        result = bootstrap(distro, Engine.connect(), source_date_epoch=args.source_date_epoch)
+        result = bootstrap(distro, Engine.connect(args.engine), source_date_epoch=args.source_date_epoch)
         print(
             f"{result.ref} {result.image_id} ({result.how} in {result.seconds:.1f}s, "
             f"rootfs sha256 {result.rootfs_sha256})"
@@ -229,18 +230,24 @@ def cmd_build(args: argparse.Namespace) -> int:
         print(report.summary())
     if ref is not None:
         # The same path as `forge push`: the reports just written are what proves the images.
-        return _push(project, distro, args.target, ref, platforms, options.reports_dir)
+        return _push(project, distro, args.target, ref, platforms, options.reports_dir, options.engine)
     return 0
 
 
 def _push(
-    project: Project, distro: Any, target: str, ref: Any, platforms: tuple[Platform, ...], report_dir: Path | None
+    project: Project,
+    distro: Any,
+    target: str,
+    ref: Any,
+    platforms: tuple[Platform, ...],
+    report_dir: Path | None,
+    engine_choice: EngineChoice,
 ) -> int:
     from builders.build import default_reports_dir
-    from builders.engine import Engine
+    from builders.container import Engine
     from builders.publish import proven, publish
 
-    engine = Engine.connect()
+    engine = Engine.connect(engine_choice)
     log = Log(lambda line: print(line, flush=True))
     images = [
         proven(engine, report_dir or default_reports_dir(project, for_platform(distro, p), target), p)
@@ -276,7 +283,8 @@ def cmd_push(args: argparse.Namespace) -> int:
     report_dir = Path(args.report_dir).resolve() if args.report_dir else None
     if len(platforms) > 1 and report_dir is not None:
         raise UsageError("--report-dir names one folder; several platforms have one report each")
-    return _push(project, distro, args.target, parse_reference(args.ref, what="REF"), platforms, report_dir)
+    ref = parse_reference(args.ref, what="REF")
+    return _push(project, distro, args.target, ref, platforms, report_dir, args.engine)
 
 
 class BuildProgress:

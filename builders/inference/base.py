@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from builders.config.models import Distro, Recipe
-    from builders.engine import Engine
+    from builders.container import Engine
     from builders.image_tests import CheckResult
     from builders.plan import BuildPlan, PlanOptions
     from builders.preflight.findings import Finding

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builders.config.models import Distro, Recipe
+from builders.container import Engine
 from builders.distros import family_for
-from builders.engine import Engine
 from builders.errors import ConfigError
 from builders.image_tests import CheckResult
 from builders.inference import llama_cpp_checks, llama_cpp_gates

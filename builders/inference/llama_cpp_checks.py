@@ -10,7 +10,7 @@ from pathlib import Path
 
 import requests
 
-from builders.engine import Engine
+from builders.container import Engine, RunSpec
 from builders.image_tests import CheckResult, free_port, server_log_excerpt
 from builders.plan import BuildPlan
 
@@ -33,7 +33,7 @@ def run(engine: Engine, image: str, plan: BuildPlan) -> list[CheckResult]:
 
 def check_version(engine: Engine, image: str) -> CheckResult:
     start = time.monotonic()
-    rc, out = engine.run_once(image, ["--version"], timeout=60, network_host=False)
+    rc, out = engine.run_once(RunSpec(image=image, command=["--version"], network_host=False), timeout=60)
     lines = [ln for ln in out.strip().splitlines() if ln.startswith("version") or "built with" in ln]
     return CheckResult(
         name="llama-server-version",
@@ -47,7 +47,9 @@ def check_runtime(engine: Engine, image: str) -> CheckResult:
     """Non-root, and no compiler or CMake on the PATH: the toolchain stage stayed behind."""
     start = time.monotonic()
     script = f"id -u; for t in {' '.join(COMPILERS)}; do command -v $t || true; done"
-    rc, out = engine.run_once(image, ["-c", script], entrypoint=["/bin/sh"], timeout=60, network_host=False)
+    rc, out = engine.run_once(
+        RunSpec(image=image, command=["-c", script], entrypoint=["/bin/sh"], network_host=False), timeout=60
+    )
     lines = out.strip().splitlines()
     uid = lines[0].strip() if lines else "?"
     found = [ln for ln in lines[1:] if ln.strip()]
@@ -96,13 +98,15 @@ def check_serve(engine: Engine, image: str, plan: BuildPlan) -> CheckResult:
         Path(tmp).chmod(0o755)
         model.chmod(0o644)
         cid = engine.run_detached(
-            image=image,
-            command=[
-                *("-m", "/model/tiny.gguf", "--host", "127.0.0.1", "--port", str(port), "--alias", SERVED_NAME),
-                *("-c", "1024", "-np", "2", "-t", "2"),
-            ],
-            volumes={tmp: "/model"},
-            labels={"forge.test": plan.session_id},
+            RunSpec(
+                image=image,
+                command=[
+                    *("-m", "/model/tiny.gguf", "--host", "127.0.0.1", "--port", str(port), "--alias", SERVED_NAME),
+                    *("-c", "1024", "-np", "2", "-t", "2"),
+                ],
+                volumes={tmp: "/model"},
+                labels={"forge.test": plan.session_id},
+            )
         )
         base = f"http://127.0.0.1:{port}"
         try:

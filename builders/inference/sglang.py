@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builders.config.models import Distro, Recipe
+from builders.container import Engine
 from builders.distros import family_for
-from builders.engine import Engine
 from builders.errors import ConfigError
 from builders.image_tests import CheckResult
 from builders.inference.base import PreflightInputs, find_line, sdist_member

@@ -12,7 +12,7 @@ from typing import get_args
 from builders.commands.core import add_gpu_args, gpu_args_apply
 from builders.config import Project
 from builders.config.models import TorchIndex
-from builders.engine import Engine
+from builders.container import Engine
 from builders.errors import EngineError, PreflightBlocked, PreflightIncomplete, UsageError
 from builders.gpu_gate import add_gpu_gate_args, gate_input, preflight_finding, with_finding
 from builders.log import Log
@@ -57,7 +57,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     gpu_args_apply(Target.resolve(distro, recipe), args)
     engine: Engine | None
     try:
-        engine = Engine.connect()
+        engine = Engine.connect(args.engine)
     except EngineError:
         engine = None  # preflight then runs on declared facts and says so
     run_flags = read_flags_file(Path(args.run_host_flags)) if args.run_host_flags else None

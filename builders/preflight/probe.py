@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from builders.config.models import Distro, Role
+from builders.container import Engine, RunSpec
 from builders.distros import family_for
-from builders.engine import Engine
 from builders.errors import EngineError
 
 # Roles whose versions the gates compare; installing them would take minutes, asking takes a second.
@@ -196,7 +196,9 @@ def probe_base(
         )
     start = time.monotonic()
     try:
-        rc, output = engine.run_once(image, ["sh", "-c", probe_script(distro, device=device)], timeout=timeout)
+        rc, output = engine.run_once(
+            RunSpec(image=image, command=["sh", "-c", probe_script(distro, device=device)]), timeout=timeout
+        )
     except EngineError as exc:
         return ProbeUnavailable(image=image, reason=f"probe container failed: {exc.message}")
     result = parse_probe_output(image, output, rc=rc, seconds=time.monotonic() - start)
@@ -220,7 +222,7 @@ def probe_nvcc_max_gcc(
     paths = " ".join(shlex.quote(p) for p in (*own, *HOST_CONFIG_PATHS))
     script = f'for f in {paths}; do if [ -f "$f" ]; then echo "FORGE path $f"; cat "$f"; exit 0; fi; done; exit 3'
     try:
-        rc, output = engine.run_once(image, ["sh", "-c", script], timeout=timeout)
+        rc, output = engine.run_once(RunSpec(image=image, command=["sh", "-c", script]), timeout=timeout)
     except EngineError:
         return None
     if rc != 0:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from builders.config import Project
 from builders.config.models import Distro, GpuMode, Recipe, Role, TorchIndex
-from builders.engine import Engine
+from builders.container import Engine
 from builders.errors import SourceUnavailable
 from builders.plan import CudaPlan, PlanOptions, cuda_torch, make_plan, torch_spec
 from builders.platforms import isa_for

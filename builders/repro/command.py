@@ -34,7 +34,7 @@ def _pair(project: Project, distro_name: str, target: str) -> tuple[Distro, Reci
 
 
 def cmd_lock(args: argparse.Namespace) -> int:
-    from builders.engine import Engine
+    from builders.container import Engine
     from builders.errors import SourceUnavailable
     from builders.repro.integration import check_drift
     from builders.repro.lockfile import LOCK_NAME, LockFile, PairLock, merge, notes, read_lock, write_lock
@@ -50,7 +50,7 @@ def cmd_lock(args: argparse.Namespace) -> int:
     pairs = explicit or project.pairs()
     path = Path(args.lock_file) if args.lock_file else project.root / LOCK_NAME
     existing = read_lock(path) if path.exists() else LockFile()
-    engine = Engine.connect()
+    engine = Engine.connect(args.engine)
     console = log.console(highlight=False)
     resolved: list[PairLock] = []
     skipped: list[str] = []
@@ -136,11 +136,11 @@ def cmd_verify_repro(args: argparse.Namespace) -> int:
 
 
 def cmd_sbom(args: argparse.Namespace) -> int:
-    from builders.engine import Engine
+    from builders.container import Engine
     from builders.repro.sbom import write_sbom
 
     result = write_sbom(
-        Engine.connect(),
+        Engine.connect(args.engine),
         args.image,
         Path(args.output),
         distro=args.distro or "",

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
-from builders.engine import Engine
+from builders.container import Engine
 from builders.errors import EngineError
 
 WHITEOUT = ".wh."

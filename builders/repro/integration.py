@@ -13,7 +13,7 @@ from typing import Protocol
 
 from builders.config import Project
 from builders.config.models import Distro, Recipe, TorchIndex
-from builders.engine import Engine
+from builders.container import Engine
 from builders.errors import ForgeError
 from builders.platforms import platform_of
 from builders.report import BuildReport

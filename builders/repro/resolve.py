@@ -20,7 +20,7 @@ from pathlib import Path
 from builders.bootstrap import DEFAULT_EPOCH
 from builders.config import Project
 from builders.config.models import Distro, Recipe, TorchIndex
-from builders.engine import Engine
+from builders.container import Engine
 from builders.errors import SourceUnavailable
 from builders.plan import PlanOptions, torch_spec
 from builders.preflight.source_facts import read_pins

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from builders.engine import Engine
+from builders.container import Engine, RunSpec
 from builders.errors import EngineError
 
 SBOM_NAME = "sbom.cdx.json"
@@ -260,7 +260,14 @@ def build_sbom(
 def image_inventory(engine: Engine, image: str) -> str:
     """Run the inventory script in a throwaway container of the image; it is removed whatever happens."""
     rc, out = engine.run_once(
-        image, ["-c", _SCRIPT], entrypoint=["/bin/sh"], env={"FORGE_PY": _PY_SCRIPT}, timeout=300, network_host=False
+        RunSpec(
+            image=image,
+            command=["-c", _SCRIPT],
+            entrypoint=["/bin/sh"],
+            env={"FORGE_PY": _PY_SCRIPT},
+            network_host=False,
+        ),
+        timeout=300,
     )
     if rc != 0:
         raise EngineError(

@@ -1,4 +1,4 @@
-"""Where the stack's servers run: containers from an image (through builders.engine) or host processes.
+"""Where the stack's servers run: containers from an image (through builders.container) or host processes.
 
 Both give the same handles, so the orchestration in stack.py never knows which it drives. The host-process
 mode (`--local-vllm`, `--local-llama-server`) exists to develop the router against real servers without
@@ -21,8 +21,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import IO, Protocol
 
+from builders.container import Engine, EngineChoice, RunSpec
+from builders.container.select import chosen as chosen_engine
 from builders.cpusets import parse_cpuset
-from builders.engine import Engine
 from builders.errors import EngineError, UsageError
 from builders.serving import DEFAULT_KIND, SERVING_ENGINES, ServerProbe, ServingEngine, serving_engine
 from builders.smoke.plan import CONTAINER_MODEL_DIR, RUN_LABEL, ReplicaPlan
@@ -198,10 +199,7 @@ class ContainerReplicas:
     def probe(self, *, timeout_s: float) -> ServerProbe:
         def run(argv: list[str]) -> tuple[int, str]:
             return self.engine.run_once(
-                self.image,
-                argv[1:],
-                entrypoint=[argv[0]],
-                env={"HF_HUB_OFFLINE": "1"},
+                RunSpec(image=self.image, command=argv[1:], entrypoint=[argv[0]], env={"HF_HUB_OFFLINE": "1"}),
                 timeout=timeout_s,
             )
 
@@ -215,16 +213,18 @@ class ContainerReplicas:
     def start(self, replica: ReplicaPlan, probe: ServerProbe, *, run_id: str) -> Launched:
         argv = self.serving.argv(probe, CONTAINER_MODEL_DIR, replica.args)
         cid = self.engine.run_detached(
-            image=self.image,
-            entrypoint=[argv[0]],
-            command=argv[1:],
-            name=replica.name,
-            env=dict(replica.env),
-            volumes={str(self.model_dir): CONTAINER_MODEL_DIR},
-            network_host=True,
-            shm_size="2g",
-            labels={RUN_LABEL: run_id, f"{RUN_LABEL}.replica": replica.label},
-            cpuset_cpus=replica.cpuset,
+            RunSpec(
+                image=self.image,
+                entrypoint=[argv[0]],
+                command=argv[1:],
+                name=replica.name,
+                env=dict(replica.env),
+                volumes={str(self.model_dir): CONTAINER_MODEL_DIR},
+                network_host=True,
+                shm_size="2g",
+                labels={RUN_LABEL: run_id, f"{RUN_LABEL}.replica": replica.label},
+                cpuset_cpus=replica.cpuset,
+            )
         )
         launched = LaunchedContainer(engine=self.engine, cid=cid, name=replica.name)
         self._started.append(launched)
@@ -349,15 +349,17 @@ class ContainerRouter:
         name = f"forge-smoke-{run_id}-router"
         try:
             cid = self.engine.run_detached(
-                image=self.image,
-                entrypoint=["python3", "-m", "builders.router"],
-                command=["--config", f"{ROUTER_CONFIG_DIR}/{config_name}"],
-                name=name,
-                env={},
-                volumes={str(config_dir): ROUTER_CONFIG_DIR},
-                network_host=True,
-                shm_size="64m",
-                labels={RUN_LABEL: run_id, f"{RUN_LABEL}.router": "1"},
+                RunSpec(
+                    image=self.image,
+                    entrypoint=["python3", "-m", "builders.router"],
+                    command=["--config", f"{ROUTER_CONFIG_DIR}/{config_name}"],
+                    name=name,
+                    env={},
+                    volumes={str(config_dir): ROUTER_CONFIG_DIR},
+                    network_host=True,
+                    shm_size="64m",
+                    labels={RUN_LABEL: run_id, f"{RUN_LABEL}.router": "1"},
+                )
             )
         except EngineError as exc:
             raise EngineError(exc.message, hint="the router image needs python3 with Forge installed") from exc
@@ -381,6 +383,9 @@ class Runtimes:
     local: Mapping[str, Path]
     """Serving engine -> the host binary its pools run as processes."""
     router_image: str | None
+    engine_choice: EngineChoice = field(default_factory=chosen_engine)
+    """The container engine the images run on (--engine, else what the CLI would choose), opened when a
+    container is first needed."""
 
     @classmethod
     def choose(
@@ -391,6 +396,7 @@ class Runtimes:
         router_image: str | None,
         llama_image: str | None = None,
         local_llama: Path | None = None,
+        engine: EngineChoice | None = None,
     ) -> Runtimes:
         images = {k: v for k, v in (("vllm", image), ("llama-cpp", llama_image)) if v is not None}
         local = {k: v for k, v in (("vllm", local_vllm), ("llama-cpp", local_llama)) if v is not None}
@@ -402,7 +408,7 @@ class Runtimes:
         for kind in set(images) & set(local):
             serving = SERVING_ENGINES[kind]
             raise UsageError(f"give either {serving.image_option} or {serving.local_option}, not both")
-        return cls(images=images, local=local, router_image=router_image)
+        return cls(images=images, local=local, router_image=router_image, engine_choice=chosen_engine(engine))
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Runtimes:
@@ -414,6 +420,7 @@ class Runtimes:
             router_image=args.router_image,
             llama_image=args.llama_image,
             local_llama=args.local_llama_server,
+            engine=getattr(args, "engine", None),
         )
 
     @property
@@ -423,7 +430,7 @@ class Runtimes:
 
     @cached_property
     def engine(self) -> Engine:
-        return Engine.connect()
+        return Engine.connect(self.engine_choice)
 
     def pull_pinned(self) -> list[str]:
         """Pull every image named by digest (NAME@sha256:…) now, so the stack runs exactly what the registry holds

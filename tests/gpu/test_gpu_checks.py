@@ -14,8 +14,8 @@ import pytest
 
 from builders.bootstrap import ensure_base
 from builders.config import Project
-from builders.engine import Engine
-from builders.engine.docker_engine import gpu_device_requests
+from builders.container import Engine, RunSpec
+from builders.container.docker_engine import gpu_device_requests
 from builders.errors import EngineError
 from builders.image_tests import (
     TOOLCHAIN_PROBE,
@@ -128,7 +128,7 @@ def test_a_gpu_request_runs_or_is_refused_with_the_remedy(project: Project, engi
     image = loaded_base(project, engine)
     before = set(engine.containers_with_label("forge.owner"))
     try:
-        rc, _ = engine.run_once(image, ["true"], timeout=60, gpus=True)
+        rc, _ = engine.run_once(RunSpec(image=image, command=["true"], gpus=True), timeout=60)
     except EngineError as exc:
         assert "with the host GPUs" in exc.message and exc.hint is not None and "NVIDIA Container Toolkit" in exc.hint
     else:
@@ -142,7 +142,7 @@ def test_a_gpu_the_engine_cannot_hand_over_fails_the_check(project: Project, eng
     plan = make_plan(ubuntu, project.recipe_for("gpu"), PlanOptions(max_jobs=1, gpu_mode="wheel"))
     image = loaded_base(project, engine)  # any image: the engine refuses before it runs
     try:
-        engine.run_once(image, ["true"], timeout=60, gpus=True)
+        engine.run_once(RunSpec(image=image, command=["true"], gpus=True), timeout=60)
     except EngineError:
         result = check_torch_cuda(engine, image, plan, gpus=True)
         assert not result.ok and "NVIDIA Container Toolkit" in result.detail

@@ -13,7 +13,7 @@ import pytest
 
 from builders.config import Project
 from builders.config.models import Distro, Recipe, TorchChoice
-from builders.engine import Engine
+from builders.container import Engine
 from builders.plan import PlanOptions, make_plan
 from builders.preflight import PreflightReport, run_preflight
 from builders.preflight.runner import COMPILE_GATES

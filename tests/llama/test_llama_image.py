@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from builders.config import Project
-from builders.engine import Engine
+from builders.container import Engine
 from builders.inference import native_engine
 from builders.plan import PlanOptions, make_plan
 

@@ -9,7 +9,7 @@ import pytest
 
 from builders.bootstrap import ensure_base, ensure_image, registry_of
 from builders.config import Project
-from builders.engine import Engine
+from builders.container import Engine
 from builders.errors import BaseUnavailable
 
 

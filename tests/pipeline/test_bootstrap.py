@@ -8,8 +8,8 @@ import pytest
 
 from builders.bootstrap import bootstrap, bootstrap_failure
 from builders.config import Project
+from builders.container import Engine
 from builders.distros import family_for
-from builders.engine import Engine
 from builders.errors import BaseUnavailable
 
 LOGS = Path(__file__).parents[1] / "logs"

@@ -15,7 +15,7 @@ import pytest
 
 from builders.build import BuildOptions, build
 from builders.config import Project
-from builders.engine import Engine
+from builders.container import Engine
 from builders.errors import BaseUnavailable, PreflightBlocked
 
 pytestmark = [pytest.mark.engine]

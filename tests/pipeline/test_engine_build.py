@@ -11,7 +11,7 @@ import pytest
 from builders.bootstrap import bootstrap, ensure_base
 from builders.build import BuildOptions, build
 from builders.config import Project
-from builders.engine import Engine
+from builders.container import Engine, RunSpec
 from builders.errors import BaseUnavailable, BuildFailed
 
 pytestmark = pytest.mark.engine
@@ -25,7 +25,7 @@ def test_bootstrap_debian_12_from_the_archive(project: Project, engine: Engine) 
     distro = project.distro("debian-12")
     result = bootstrap(distro, engine)
     assert result.how == "bootstrapped" and result.rootfs_sha256
-    rc, out = engine.run_once(distro.base.local_tag, ["cat", "/etc/debian_version"], timeout=60)
+    rc, out = engine.run_once(RunSpec(image=distro.base.local_tag, command=["cat", "/etc/debian_version"]), timeout=60)
     assert rc == 0 and out.strip().startswith("12.")
     # A second ensure finds the local base without touching the network.
     assert ensure_base(distro, engine).how == "local"
@@ -63,13 +63,15 @@ def test_router_image_builds_tests_and_tags(project: Project, engine: Engine, tm
         assert (tmp_path / "report.json").exists() and (tmp_path / "summary.txt").exists()
         # The CA bundle was a build secret: it is nowhere in the final image.
         rc, out = engine.run_once(
-            tag,
-            [
-                "-c",
-                "import pathlib; print([str(p) for p in pathlib.Path('/').rglob("
-                "'ca_bundle*') if '/proc' not in str(p)])",
-            ],
-            entrypoint=["python3"],
+            RunSpec(
+                image=tag,
+                command=[
+                    "-c",
+                    "import pathlib; print([str(p) for p in pathlib.Path('/').rglob("
+                    "'ca_bundle*') if '/proc' not in str(p)])",
+                ],
+                entrypoint=["python3"],
+            ),
             timeout=120,
         )
         assert rc == 0 and out.strip().endswith("[]"), out

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from builders.engine import Engine
-from builders.engine.docker_engine import DockerEngine
+from builders.container import Engine
+from builders.container.docker_engine import DockerEngine
 from builders.report import BuildReport
 
 pytestmark = pytest.mark.engine

@@ -15,7 +15,7 @@ import pytest
 
 from builders.build import BuildOptions, build, parse_toolchain, toolchain_script
 from builders.config import Project
-from builders.engine import Engine
+from builders.container import Engine
 from builders.errors import BaseUnavailable
 from builders.plan import PlanOptions, make_plan
 

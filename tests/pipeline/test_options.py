@@ -13,8 +13,10 @@ import pytest
 
 from builders.cli import build_parser
 from builders.config.models import CudaBuild, TorchChoice
-from builders.options import BuilderChoice, BuildOptions, cli_options, plan_options
+from builders.container.base import BuilderChoice
+from builders.options import BuildOptions, cli_options, plan_options
 from builders.plan import PlanOptions
+from builders.smoke.runtimes import Runtimes
 
 # What the planner learns from the build rather than from the options: the builder's secret support, whether
 # a CA bundle was found, and the versions and digest read from the sources and the base.
@@ -123,3 +125,18 @@ def test_verify_repro_takes_the_build_flags_it_passes_on_from_the_same_table(tmp
     assert BuildOptions.from_args(args) == BuildOptions(builder="legacy", reports_dir=Path("rel").resolve())
     text = _help("verify-repro")
     assert "default: reports/DISTRO-TARGET/repro" in text and "--tag" not in text and "--skip-tests" not in text
+
+
+def test_the_engine_is_chosen_once_and_carried_down(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FORGE_ENGINE", "podman")
+    # --engine wins over FORGE_ENGINE, and the options carry it to the build's one Engine.connect.
+    given = build_parser().parse_args(["build", "debian-12", "cpu", "--engine", "docker"])
+    assert BuildOptions.from_args(given).engine == "docker"
+    assert Runtimes.choose(image="forge/x:1", local_vllm=None, router_image=None, engine="docker").engine_choice == (
+        "docker"
+    )
+    # Without the flag (and for a caller that builds without the CLI) FORGE_ENGINE is the default, as for the CLI.
+    assert BuildOptions.from_args(build_parser().parse_args(["build", "debian-12", "cpu"])).engine == "podman"
+    assert Runtimes.choose(image="forge/x:1", local_vllm=None, router_image=None).engine_choice == "podman"
+    monkeypatch.delenv("FORGE_ENGINE")
+    assert BuildOptions().engine == "auto"

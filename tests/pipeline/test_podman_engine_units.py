@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from builders.container.base import OWNER_LABEL, RunSpec
+from builders.container.podman_engine import PodmanEngine, explain_start_failure, facts_from_info, qualify
+from builders.container.select import chosen, docker_cli_is_podman
 from builders.diagnose import diagnose_file
-from builders.engine.podman_engine import explain_start_failure, facts_from_info, qualify
-from builders.engine.select import chosen, docker_cli_is_podman
-from builders.errors import UsageError
+from builders.errors import EngineError, UsageError
 
 FIXTURES = Path(__file__).parent / "fixtures"
 LOGS = Path(__file__).resolve().parents[1] / "logs"
@@ -119,3 +120,38 @@ def test_a_docker_that_is_podman_is_told_apart(tmp_path: Path, monkeypatch: pyte
     assert docker_cli_is_podman() is True
     fake.write_text('#!/bin/sh\necho "Docker version 20.10.24+dfsg1, build 297e128"\n')
     assert docker_cli_is_podman() is False
+
+
+def test_a_run_spec_becomes_podmans_run_arguments() -> None:
+    engine = PodmanEngine("podman", facts=facts_from_info(_info("rootful")))
+    spec = RunSpec(
+        image="forge/debian-12-vllm-cpu:latest",
+        command=["--port", "8000"],
+        name="pool-0",
+        env={"HF_HUB_OFFLINE": "1"},
+        volumes={"/srv/model": "/model", "/tmp/out": "/out:rw"},
+        labels={"forge.run": "r1"},
+        entrypoint=["vllm", "serve"],
+        gpus=True,
+        cpuset_cpus="0-1",
+    )
+    args = engine._run_args(spec)
+    assert args[:2] == ["--name", "pool-0"]
+    labels = [args[i + 1] for i, arg in enumerate(args) if arg == "--label"]
+    assert labels == [f"{OWNER_LABEL}=forge", "forge.run=r1"]
+    assert "--volume" in args and "/srv/model:/model:ro" in args and "/tmp/out:/out:rw" in args
+    assert args[args.index("--entrypoint") + 1] == '["vllm", "serve"]'
+    assert "nvidia.com/gpu=all" in args and args[args.index("--cpuset-cpus") + 1] == "0-1"
+    assert args[-3:] == ["localhost/forge/debian-12-vllm-cpu:latest", "--port", "8000"]
+
+
+def test_a_throwaway_run_is_named_and_labelled_so_it_can_be_removed() -> None:
+    spec = RunSpec(image="debian:12", command=["true"], labels={"forge.test": "s1"}).throwaway()
+    assert spec.name is not None and spec.name.startswith("forge-")
+    assert spec.all_labels() == {OWNER_LABEL: "forge", "forge.test": "s1", "forge.throwaway": "1"}
+
+
+def test_cpus_are_not_confined_where_rootless_podman_cannot() -> None:
+    engine = PodmanEngine("podman", facts=facts_from_info(_info("rootless")))
+    with pytest.raises(EngineError, match="cpuset controller is not delegated"):
+        engine._run_args(RunSpec(image="debian:12", command=["true"], name="x", cpuset_cpus="0"))

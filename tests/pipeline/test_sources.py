@@ -9,7 +9,7 @@ import pytest
 from builders.build import BuildOptions, _fetched_source
 from builders.config import Project
 from builders.config.models import FetchedSource
-from builders.engine import Engine
+from builders.container import Engine
 from builders.errors import SourceUnavailable
 from builders.sources import manylinux_platforms, resolve_fetched
 

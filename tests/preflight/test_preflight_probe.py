@@ -8,7 +8,7 @@ import pytest
 
 from builders.bootstrap import ensure_base
 from builders.config import Project
-from builders.engine import Engine
+from builders.container import Engine
 from builders.preflight import PreflightReport, run_preflight
 from builders.preflight.probe import ProbeUnavailable, numeric_version, parse_probe_output, probe_base, probe_script
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from builders.engine.docker_engine import DockerEngine
+from builders.container.docker_engine import DockerEngine
 from builders.registry.local import local_registry
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,8 +17,8 @@ import pytest
 
 from builders.build import BuildOptions, build
 from builders.config import Project
+from builders.container import Engine
 from builders.emulation import describe as describe_stand_in
-from builders.engine import Engine
 from builders.log import Log
 from builders.platforms import PLATFORMS, for_platform
 from builders.publish import proven, publish

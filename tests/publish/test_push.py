@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from builders.cli import main
-from builders.engine import Engine
+from builders.container import Engine
 from builders.publish import sbom_tag
 from builders.registry import RegistryClient, parse_reference
 from builders.registry.local import free_port

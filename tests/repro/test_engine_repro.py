@@ -14,7 +14,7 @@ from builders.bootstrap import ensure_base
 from builders.build import BuildOptions, build
 from builders.cli import main
 from builders.config import Project
-from builders.engine import Engine
+from builders.container import Engine, RunSpec
 from builders.repro.errors import LockDrift
 from builders.repro.lockfile import LockFile, merge, read_lock, write_lock
 from builders.repro.resolve import resolve_pair
@@ -124,9 +124,14 @@ def test_build_writes_an_sbom_of_the_image_and_records_the_lock(
         if any(p["value"] == "python" for p in c.get("properties", []))
     }
     rc, out = engine.run_once(
-        tag,
-        ["-c", "import aiohttp, pydantic, yaml; print(aiohttp.__version__, pydantic.VERSION, yaml.__version__)"],
-        entrypoint=["python3"],
+        RunSpec(
+            image=tag,
+            command=[
+                "-c",
+                "import aiohttp, pydantic, yaml; print(aiohttp.__version__, pydantic.VERSION, yaml.__version__)",
+            ],
+            entrypoint=["python3"],
+        ),
         timeout=120,
     )
     assert rc == 0

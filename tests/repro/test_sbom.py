@@ -10,7 +10,7 @@ import pytest
 
 from builders.bootstrap import ensure_base
 from builders.config import Project
-from builders.engine import Engine
+from builders.container import Engine, RunSpec
 from builders.repro.sbom import build_sbom, write_sbom
 
 INVENTORY = "\n".join(
@@ -97,7 +97,9 @@ def test_sbom_of_the_debian_base_counts_what_dpkg_counts(project: Project, engin
     distro = project.distro("debian-12")
     image = ensure_base(distro, engine).ref
     result = write_sbom(engine, image, tmp_path, distro="debian-12", target="base", source_date_epoch=1735689600)
-    rc, out = engine.run_once(image, ["dpkg-query", "-W", "-f", "${db:Status-Abbrev} ${Package}\n"], timeout=60)
+    rc, out = engine.run_once(
+        RunSpec(image=image, command=["dpkg-query", "-W", "-f", "${db:Status-Abbrev} ${Package}\n"]), timeout=60
+    )
     assert rc == 0
     installed = {line.split()[1] for line in out.splitlines() if line.startswith("ii")}
     doc = json.loads(result.path.read_text())

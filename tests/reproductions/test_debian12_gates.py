@@ -11,8 +11,8 @@ import pytest
 from builders.bootstrap import ensure_base
 from builders.build import BuildOptions, build
 from builders.config import Project
+from builders.container import Engine
 from builders.diagnose import diagnose_file
-from builders.engine import Engine
 from builders.errors import BuildFailed
 from builders.preflight import Finding, PreflightReport, run_preflight
 from builders.sources import cache_dir, fetch_debian_source, fetch_wheelhouse, resolve_sdist

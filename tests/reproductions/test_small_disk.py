@@ -11,7 +11,7 @@ import pytest
 from builders.bootstrap import bootstrap
 from builders.build import BuildOptions, build
 from builders.config import Project
-from builders.engine import Engine
+from builders.container import Engine
 from builders.errors import BuildFailed
 from builders.preflight import run_preflight
 from builders.sources import fetch_wheelhouse

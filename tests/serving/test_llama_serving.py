@@ -23,7 +23,8 @@ import aiohttp
 import pytest
 import requests
 
-from builders.engine import Engine
+from builders.container import Engine
+from builders.container.select import chosen
 from builders.router import start_router
 from builders.router.config import config_from_mapping
 from builders.serving import SERVING_ENGINES
@@ -65,7 +66,10 @@ def runtime(model_dir: Path, logs_dir: Path) -> tuple[ReplicaRuntime, list[str]]
             local,
         ]
     image = llama_image()
-    return ContainerReplicas(Engine.connect(), image, model_dir=model_dir, serving=LLAMA), ["--llama-image", image]
+    return ContainerReplicas(Engine.connect(chosen()), image, model_dir=model_dir, serving=LLAMA), [
+        "--llama-image",
+        image,
+    ]
 
 
 TINY = {

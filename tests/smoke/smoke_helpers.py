@@ -149,7 +149,7 @@ def podman_base() -> str:
     Podman cannot pull here, and a second mmdebstrap would cost a minute for the same tree."""
     from builders.bootstrap import ensure_base
     from builders.config import Project
-    from builders.engine import Engine
+    from builders.container import Engine
 
     distro = Project.load(ROOT).distro("debian-12")
     podman = Engine.connect("podman")
@@ -193,7 +193,7 @@ def podman_image(target: str) -> str:
 
 
 def _podman_copy(target: str) -> str:
-    from builders.engine import Engine
+    from builders.container import Engine
 
     source = _forge_image(target)
     tag = f"forge/debian-12-{target}:podman-test"

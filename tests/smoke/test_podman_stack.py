@@ -24,7 +24,7 @@ from smoke_helpers import ROOT, free_base_port, marked_ca_bundle, podman_base, p
 
 from builders.cli import main
 from builders.config import Project
-from builders.engine import Engine
+from builders.container import Engine, RunSpec
 from builders.errors import EngineError
 from builders.preflight import run_preflight
 from builders.repro.image_export import export_image
@@ -67,7 +67,7 @@ def test_an_imported_rootfs_is_found_by_its_short_name(podman: Engine, tmp_path:
     try:
         podman.import_rootfs(str(rootfs), ref, changes=['CMD ["/probe", "--version"]'])
         assert podman.image_exists(ref) and "localhost/" + ref in podman.image_info(ref).tags
-        rc, out = podman.run_once(ref, [], timeout=60)
+        rc, out = podman.run_once(RunSpec(image=ref, command=[]), timeout=60)
         assert rc == 0 and "ldconfig" in out
     finally:
         podman.remove_image(ref)

@@ -13,7 +13,7 @@ from rich.console import Console
 from smoke_helpers import ROOT, free_base_port, interrupt_forge_smoke, router_image, smoke_image
 
 from builders.cli import main
-from builders.engine import Engine
+from builders.container import Engine, RunSpec
 from builders.smoke.plan import RUN_LABEL
 from builders.smoke.profile import load_profile
 from builders.smoke.runtimes import ContainerReplicas, ContainerRouter, ReplicaRuntime, RouterRuntime
@@ -101,13 +101,15 @@ def test_a_replica_container_runs_only_on_its_cpu_set(engine: Engine) -> None:
     image = smoke_image()
     last = max(os.sched_getaffinity(0))
     cid = engine.run_detached(
-        image=image,
-        entrypoint=["sh"],
-        command=["-c", "grep Cpus_allowed_list /proc/self/status; sleep 30"],
-        network_host=False,
-        shm_size="64m",
-        labels={RUN_LABEL: "cpuset-test"},
-        cpuset_cpus=str(last),
+        RunSpec(
+            image=image,
+            entrypoint=["sh"],
+            command=["-c", "grep Cpus_allowed_list /proc/self/status; sleep 30"],
+            network_host=False,
+            shm_size="64m",
+            labels={RUN_LABEL: "cpuset-test"},
+            cpuset_cpus=str(last),
+        )
     )
     try:
         deadline = time.monotonic() + 30

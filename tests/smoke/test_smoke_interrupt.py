@@ -15,7 +15,7 @@ import pytest
 from fake_vllm import install
 from smoke_helpers import free_base_port, interrupt_forge_smoke, processes_mentioning, router_image
 
-from builders.engine import Engine
+from builders.container import Engine
 from builders.smoke.plan import RUN_LABEL
 
 # The replicas are stand-ins, not vLLM servers: only the router container needs the engine.

@@ -19,12 +19,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, get_args
 
 from builders import interrupt
-from builders.engine.base import Builder, BuildRequest, BuildResult, LineSink
+from builders.container.base import Builder, BuilderChoice, BuildRequest, BuildResult, LineSink
 from builders.errors import EngineError
-from builders.options import BuilderChoice
 
 if TYPE_CHECKING:
-    from builders.engine.base import Engine
+    from builders.container.base import Engine
 
 __all__ = ["BuildRequest", "BuildResult", "Builder", "LineSink", "choose_builder", "describe", "stream_build"]
 

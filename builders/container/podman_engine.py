@@ -15,14 +15,14 @@ import shutil
 import subprocess
 import tempfile
 import time
-import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any
 
 from packaging.version import InvalidVersion, Version
 
-from builders.engine.base import OWNER_LABEL, Engine, EngineFacts, ImageInfo
-from builders.engine.image_builders import Builder, BuildRequest, BuildResult, LineSink, stream_build
+from builders.container.base import Engine, EngineFacts, ImageInfo, RunSpec
+from builders.container.image_builders import Builder, BuildRequest, BuildResult, LineSink, stream_build
 from builders.errors import EngineError
 
 # Buildah learnt `RUN --mount=type=secret` in 1.23 and `--mount=type=cache` in 1.24: the BuildKit-style template
@@ -311,89 +311,49 @@ class PodmanEngine(Engine):
 
     # --- containers ---------------------------------------------------------------------------------------
 
-    def _run_args(
-        self,
-        *,
-        image: str,
-        command: list[str],
-        name: str | None,
-        env: dict[str, str] | None,
-        volumes: dict[str, str] | None,
-        network_host: bool,
-        shm_size: str,
-        labels: dict[str, str] | None,
-        entrypoint: list[str] | None,
-        user: str | None,
-        gpus: bool,
-        cpuset_cpus: str | None,
-    ) -> list[str]:
-        args = ["--name", name or f"forge-{uuid.uuid4().hex[:10]}", "--network", "host" if network_host else "none"]
-        args += ["--shm-size", shm_size]
-        for key, value in {OWNER_LABEL: "forge", **(labels or {})}.items():
+    def _run_args(self, spec: RunSpec) -> list[str]:
+        """`podman run`'s arguments for a named spec (the caller names it, to remove it after a failed start)."""
+        assert spec.name, "name the container before starting it: a failed start is removed by name"
+        args = ["--name", spec.name, "--network", "host" if spec.network_host else "none"]
+        args += ["--shm-size", spec.shm_size]
+        for key, value in spec.all_labels().items():
             args += ["--label", f"{key}={value}"]
-        for key, value in (env or {}).items():
+        for key, value in spec.env.items():
             args += ["--env", f"{key}={value}"]
-        for host, target in (volumes or {}).items():
+        for host, target in spec.volumes.items():
             path, _, mode = target.partition(":")
             args += ["--volume", f"{host}:{path}:{'rw' if mode == 'rw' else 'ro'}"]
-        if entrypoint is not None:
-            args += ["--entrypoint", json.dumps(entrypoint)]
-        if user:
-            args += ["--user", user]
-        if gpus:
+        if spec.entrypoint is not None:
+            args += ["--entrypoint", json.dumps(spec.entrypoint)]
+        if spec.user:
+            args += ["--user", spec.user]
+        if spec.gpus:
             # The NVIDIA Container Toolkit's CDI spec (`nvidia-ctk cdi generate`) names every GPU as this device.
             args += ["--device", "nvidia.com/gpu=all"]
-        if cpuset_cpus:
+        if spec.cpuset_cpus:
             if not self.facts.capabilities.get("cpuset"):
                 raise EngineError(
-                    f"cannot confine a container to CPUs {cpuset_cpus}: the cpuset controller is not delegated "
+                    f"cannot confine a container to CPUs {spec.cpuset_cpus}: the cpuset controller is not delegated "
                     f"to this user ({self.facts.describe()})",
                     hint="run rootful, or on cgroups v2 delegate cpuset to the user (systemd: Delegate=cpuset)",
                 )
-            args += ["--cpuset-cpus", cpuset_cpus]
-        return [*args, qualify(image), *command]
+            args += ["--cpuset-cpus", spec.cpuset_cpus]
+        return [*args, qualify(spec.image), *spec.command]
 
-    def run_detached(
-        self,
-        *,
-        image: str,
-        command: list[str],
-        name: str | None = None,
-        env: dict[str, str] | None = None,
-        volumes: dict[str, str] | None = None,
-        network_host: bool = True,
-        shm_size: str = "2g",
-        labels: dict[str, str] | None = None,
-        entrypoint: list[str] | None = None,
-        user: str | None = None,
-        gpus: bool = False,
-        cpuset_cpus: str | None = None,
-    ) -> str:
-        name = name or f"forge-{uuid.uuid4().hex[:10]}"
-        args = self._run_args(
-            image=image,
-            command=command,
-            name=name,
-            env=env,
-            volumes=volumes,
-            network_host=network_host,
-            shm_size=shm_size,
-            labels=labels,
-            entrypoint=entrypoint,
-            user=user,
-            gpus=gpus,
-            cpuset_cpus=cpuset_cpus,
-        )
-        proc = self._run("run", "--detach", *args, check=False)
+    def run_detached(self, spec: RunSpec) -> str:
+        spec = replace(spec, name=spec.container_name())
+        assert spec.name is not None
+        proc = self._run("run", "--detach", *self._run_args(spec), check=False)
         if proc.returncode != 0:
             # run is create + start: a refused start leaves a created container. A name in use is someone else's.
             if "already in use" not in proc.stderr:
-                self.stop_and_remove(name, timeout=0)
+                self.stop_and_remove(spec.name, timeout=0)
             reason, remedy = explain_start_failure(proc.stderr)
             hint = "generate the NVIDIA CDI spec (`nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml`)"
+            gpus = " with the host GPUs" if spec.gpus else ""
             raise EngineError(
-                f"could not start a container from {qualify(image)}{' with the host GPUs' if gpus else ''}: {reason}",
-                hint=hint if gpus else remedy,
+                f"could not start a container from {qualify(spec.image)}{gpus}: {reason}",
+                hint=hint if spec.gpus else remedy,
             )
         return proc.stdout.strip().splitlines()[-1]
 
@@ -422,38 +382,12 @@ class PodmanEngine(Engine):
         proc = self._run("logs", "--tail", str(tail), cid, check=False)
         return proc.stdout + proc.stderr if proc.returncode == 0 else ""
 
-    def run_once(
-        self,
-        image: str,
-        command: list[str],
-        *,
-        entrypoint: list[str] | None = None,
-        env: dict[str, str] | None = None,
-        volumes: dict[str, str] | None = None,
-        network_host: bool = True,
-        timeout: float = 300,
-        user: str | None = None,
-        shm_size: str = "1g",
-        gpus: bool = False,
-    ) -> tuple[int, str]:
-        name = f"forge-{uuid.uuid4().hex[:10]}"
-        args = self._run_args(
-            image=image,
-            command=command,
-            name=name,
-            env=env,
-            volumes=volumes,
-            network_host=network_host,
-            shm_size=shm_size,
-            labels={"forge.throwaway": "1"},
-            entrypoint=entrypoint,
-            user=user,
-            gpus=gpus,
-            cpuset_cpus=None,
-        )
+    def run_once(self, spec: RunSpec, *, timeout: float = 300) -> tuple[int, str]:
+        spec = spec.throwaway()
+        assert spec.name is not None
         try:
             proc = subprocess.run(
-                [self.cli, "run", *args],
+                [self.cli, "run", *self._run_args(spec)],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
@@ -462,9 +396,9 @@ class PodmanEngine(Engine):
                 check=False,
             )
         except subprocess.TimeoutExpired as exc:
-            raise EngineError(f"{image} did not finish {command[:3]} within {timeout:.0f}s") from exc
+            raise EngineError(f"{spec.image} did not finish {spec.command[:3]} within {timeout:.0f}s") from exc
         finally:
-            self.stop_and_remove(name, timeout=1)
+            self.stop_and_remove(spec.name, timeout=1)
         return proc.returncode, proc.stdout
 
     def containers_with_label(self, key: str, value: str | None = None) -> list[str]:

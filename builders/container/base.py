@@ -1,19 +1,30 @@
 """The Engine interface: what Forge asks of a container engine, whichever one answers.
 
 One module per engine implements it (docker_engine.py over the Docker Engine API, podman_engine.py over the
-`podman` CLI); `Engine.connect()` picks one from `--engine` / FORGE_ENGINE (builders/engine/select.py). No code
-outside builders/engine/ asks which engine it has: what differs is a capability, recorded once in `facts`.
+`podman` CLI); `Engine.connect(choice)` opens the one the CLI chose from `--engine` / FORGE_ENGINE
+(builders/container/select.py). No code
+outside builders/container/ asks which engine it has: what differs is a capability, recorded once in `facts`.
 """
 
 from __future__ import annotations
 
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, Any, Literal, Protocol
 
 LineSink = Callable[[str], None]
+
+# --builder: auto takes the engine's best (Docker: BuildKit when a client offers it, else the legacy API builder;
+# Podman: buildah through `podman build`). Declared here, below the options that offer it, because each engine
+# knows its own builders.
+BuilderChoice = Literal["auto", "buildkit", "legacy", "buildah"]
+
+# --engine: auto finds what is there (select.py). The CLI resolves it once, FORGE_ENGINE its default, and passes it
+# down to the one `Engine.connect` of the command.
+EngineChoice = Literal["auto", "docker", "podman"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,17 +97,46 @@ class Builder(Protocol):
     def build(self, request: BuildRequest, sink: LineSink) -> BuildResult: ...
 
 
-# select.py registers how `Engine.connect()` picks an engine: the implementations import this module, so this
+# select.py registers how `Engine.connect(choice)` opens an engine: the implementations import this module, so this
 # module cannot import them.
-_CONNECT: list[Callable[[str | None], Engine]] = []
+_CONNECT: list[Callable[[EngineChoice], Engine]] = []
 
 
-def register_connector(connect: Callable[[str | None], Engine]) -> None:
+def register_connector(connect: Callable[[EngineChoice], Engine]) -> None:
     _CONNECT[:] = [connect]
 
 
 # Every container Forge starts carries this label, so a cleanup can find what a crashed run left behind.
 OWNER_LABEL = "forge.owner"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSpec:
+    """A container to run, whichever engine runs it: `run_detached` starts it, `run_once` runs it to completion."""
+
+    image: str
+    command: list[str]
+    name: str | None = None  # None: forge-<random>
+    env: dict[str, str] = field(default_factory=dict)
+    # host path -> container path, read-only unless the container path ends in ':rw'
+    volumes: dict[str, str] = field(default_factory=dict)
+    network_host: bool = True  # False: no network at all
+    shm_size: str = "2g"
+    labels: dict[str, str] = field(default_factory=dict)  # OWNER_LABEL is added to every container
+    entrypoint: list[str] | None = None
+    user: str | None = None
+    gpus: bool = False  # hand it every host GPU
+    cpuset_cpus: str | None = None  # confine it to these host CPUs ('0-1', '2,3')
+
+    def container_name(self) -> str:
+        return self.name or f"forge-{uuid.uuid4().hex[:10]}"
+
+    def all_labels(self) -> dict[str, str]:
+        return {OWNER_LABEL: "forge", **self.labels}
+
+    def throwaway(self) -> RunSpec:
+        """This spec as `run_once` starts it: named, so it can be removed whatever happens, and labelled as such."""
+        return replace(self, name=self.container_name(), labels={**self.labels, "forge.throwaway": "1"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -143,15 +183,15 @@ class EngineFacts:
 
 
 class Engine(ABC):
-    """A connected engine. Construct with `Engine.connect()`."""
+    """A connected engine. Construct with `Engine.connect(choice)`."""
 
     facts: EngineFacts
 
     @classmethod
-    def connect(cls, choice: str | None = None) -> Engine:
-        """The engine `choice` names (docker, podman, auto), else FORGE_ENGINE's, else auto."""
-        # Importing any module of builders.engine runs the package's __init__ first, which imports select.py.
-        assert _CONNECT, "builders/engine/select.py registers the connector when builders.engine is imported"
+    def connect(cls, choice: EngineChoice) -> Engine:
+        """The engine `choice` names: docker, podman, or auto (whatever answers here; select.py)."""
+        # Importing any module of builders.container runs the package's __init__ first, which imports select.py.
+        assert _CONNECT, "builders/container/select.py registers the connector when builders.container is imported"
         return _CONNECT[0](choice)
 
     @property
@@ -233,25 +273,8 @@ class Engine(ABC):
     # --- containers ---------------------------------------------------------------------------------------
 
     @abstractmethod
-    def run_detached(
-        self,
-        *,
-        image: str,
-        command: list[str],
-        name: str | None = None,
-        env: dict[str, str] | None = None,
-        volumes: dict[str, str] | None = None,
-        network_host: bool = True,
-        shm_size: str = "2g",
-        labels: dict[str, str] | None = None,
-        entrypoint: list[str] | None = None,
-        user: str | None = None,
-        gpus: bool = False,
-        cpuset_cpus: str | None = None,
-    ) -> str:
-        """Start a long-lived container; the caller must `stop_and_remove` it. gpus: hand it every host GPU;
-        cpuset_cpus: confine it to these host CPUs ('0-1', '2,3'). volumes: host path -> container path,
-        read-only unless the container path ends in ':rw'."""
+    def run_detached(self, spec: RunSpec) -> str:
+        """Start a long-lived container; the caller must `stop_and_remove` it."""
 
     @abstractmethod
     def stop_and_remove(self, cid: str, timeout: int = 5) -> None: ...
@@ -266,21 +289,8 @@ class Engine(ABC):
     def logs(self, cid: str, tail: int = 200) -> str: ...
 
     @abstractmethod
-    def run_once(
-        self,
-        image: str,
-        command: list[str],
-        *,
-        entrypoint: list[str] | None = None,
-        env: dict[str, str] | None = None,
-        volumes: dict[str, str] | None = None,
-        network_host: bool = True,
-        timeout: float = 300,
-        user: str | None = None,
-        shm_size: str = "1g",
-        gpus: bool = False,
-    ) -> tuple[int, str]:
-        """Run a throwaway container to completion; it is removed whatever happens."""
+    def run_once(self, spec: RunSpec, *, timeout: float = 300) -> tuple[int, str]:
+        """Run a throwaway container to completion (exit code, output); it is removed whatever happens."""
 
     @abstractmethod
     def containers_with_label(self, key: str, value: str | None = None) -> list[str]: ...

@@ -12,7 +12,6 @@ import io
 import os
 import shutil
 import tempfile
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -22,7 +21,7 @@ import docker.errors
 import docker.types
 import requests
 
-from builders.engine.base import OWNER_LABEL, Builder, Engine, EngineFacts, ImageInfo
+from builders.container.base import Builder, Engine, EngineFacts, ImageInfo, RunSpec
 from builders.errors import EngineError
 
 
@@ -31,10 +30,10 @@ def gpu_device_requests(gpus: bool) -> list[docker.types.DeviceRequest]:
     return [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else []
 
 
-def _volume_specs(volumes: dict[str, str] | None) -> dict[str, dict[str, str]]:
+def _volume_specs(volumes: dict[str, str]) -> dict[str, dict[str, str]]:
     """host path -> container path; read-only unless the container path ends in ':rw'."""
     specs = {}
-    for host, target in (volumes or {}).items():
+    for host, target in volumes.items():
         path, _, mode = target.partition(":")
         specs[host] = {"bind": path, "mode": "rw" if mode == "rw" else "ro"}
     return specs
@@ -92,7 +91,7 @@ class DockerEngine(Engine):
         return None
 
     def choose_builder(self, preference: str) -> Builder:
-        from builders.engine.image_builders import docker_builder
+        from builders.container.image_builders import docker_builder
 
         return docker_builder(self, preference)
 
@@ -235,40 +234,22 @@ class DockerEngine(Engine):
 
     # --- containers ---------------------------------------------------------------------------------------
 
-    def run_detached(
-        self,
-        *,
-        image: str,
-        command: list[str],
-        name: str | None = None,
-        env: dict[str, str] | None = None,
-        volumes: dict[str, str] | None = None,
-        network_host: bool = True,
-        shm_size: str = "2g",
-        labels: dict[str, str] | None = None,
-        entrypoint: list[str] | None = None,
-        user: str | None = None,
-        gpus: bool = False,
-        cpuset_cpus: str | None = None,
-    ) -> str:
-        """Start a long-lived container; the caller must `stop_and_remove` it. gpus: hand it every host GPU;
-        cpuset_cpus: confine it to these host CPUs ('0-1', '2,3')."""
-        all_labels = {OWNER_LABEL: "forge", **(labels or {})}
-        name = name or f"forge-{uuid.uuid4().hex[:10]}"
+    def run_detached(self, spec: RunSpec) -> str:
+        name = spec.container_name()
         try:
             container = self.client.containers.run(
-                image,
-                command=command,
+                spec.image,
+                command=spec.command,
                 name=name,
-                environment=env or {},
-                volumes=_volume_specs(volumes),
-                network_mode="host" if network_host else "none",
-                shm_size=shm_size,
-                labels=all_labels,
-                entrypoint=entrypoint,
-                user=user,
-                device_requests=gpu_device_requests(gpus) or None,
-                cpuset_cpus=cpuset_cpus,
+                environment=spec.env,
+                volumes=_volume_specs(spec.volumes),
+                network_mode="host" if spec.network_host else "none",
+                shm_size=spec.shm_size,
+                labels=spec.all_labels(),
+                entrypoint=spec.entrypoint,
+                user=spec.user,
+                device_requests=gpu_device_requests(spec.gpus) or None,
+                cpuset_cpus=spec.cpuset_cpus,
                 detach=True,
             )
         except docker.errors.APIError as exc:
@@ -279,11 +260,11 @@ class DockerEngine(Engine):
             hint = (
                 "install the NVIDIA Container Toolkit and register its runtime with the engine "
                 "(`nvidia-ctk runtime configure`), then restart the engine"
-                if gpus
+                if spec.gpus
                 else None
             )
             raise EngineError(
-                f"could not start a container from {image}{' with the host GPUs' if gpus else ''}: "
+                f"could not start a container from {spec.image}{' with the host GPUs' if spec.gpus else ''}: "
                 f"{exc.explanation or exc}",
                 hint=hint,
             ) from exc
@@ -315,39 +296,14 @@ class DockerEngine(Engine):
         except docker.errors.NotFound:
             return ""
 
-    def run_once(
-        self,
-        image: str,
-        command: list[str],
-        *,
-        entrypoint: list[str] | None = None,
-        env: dict[str, str] | None = None,
-        volumes: dict[str, str] | None = None,
-        network_host: bool = True,
-        timeout: float = 300,
-        user: str | None = None,
-        shm_size: str = "1g",
-        gpus: bool = False,
-    ) -> tuple[int, str]:
-        """Run a throwaway container to completion; it is removed whatever happens."""
-        cid = self.run_detached(
-            image=image,
-            command=command,
-            env=env,
-            volumes=volumes,
-            network_host=network_host,
-            entrypoint=entrypoint,
-            user=user,
-            shm_size=shm_size,
-            labels={"forge.throwaway": "1"},
-            gpus=gpus,
-        )
+    def run_once(self, spec: RunSpec, *, timeout: float = 300) -> tuple[int, str]:
+        cid = self.run_detached(spec.throwaway())
         container = self.client.containers.get(cid)
         try:
             try:
                 result = container.wait(timeout=timeout)
             except requests.exceptions.ConnectionError as exc:
-                raise EngineError(f"{image} did not finish {command[:3]} within {timeout:.0f}s") from exc
+                raise EngineError(f"{spec.image} did not finish {spec.command[:3]} within {timeout:.0f}s") from exc
             output = bytes(container.logs()).decode(errors="replace")
             return int(result.get("StatusCode", 1)), output
         finally:

@@ -10,23 +10,24 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from typing import Literal, get_args
+from typing import cast, get_args
 
-from builders.engine.base import Engine, register_connector
-from builders.engine.docker_engine import DockerEngine, docker_host, is_podman_service, open_client
-from builders.engine.podman_engine import PodmanEngine
+from builders.container.base import Engine, EngineChoice, register_connector
+from builders.container.docker_engine import DockerEngine, docker_host, is_podman_service, open_client
+from builders.container.podman_engine import PodmanEngine
 from builders.errors import EngineError, UsageError
 
-EngineChoice = Literal["auto", "docker", "podman"]
 ENV = "FORGE_ENGINE"
+CHOICES: tuple[str, ...] = get_args(EngineChoice)
 
 
-def chosen(choice: str | None = None) -> str:
+def chosen(choice: str | None = None) -> EngineChoice:
+    """The CLI's one decision: `--engine` when given, else FORGE_ENGINE, else auto."""
     value = (choice or os.environ.get(ENV) or "auto").strip().lower()
-    if value not in get_args(EngineChoice):
+    if value not in CHOICES:
         where = "--engine" if choice else ENV
-        raise UsageError(f"{where}={value!r} is not an engine", hint=f"use one of {', '.join(get_args(EngineChoice))}")
-    return value
+        raise UsageError(f"{where}={value!r} is not an engine", hint=f"use one of {', '.join(CHOICES)}")
+    return cast(EngineChoice, value)
 
 
 def docker_cli_is_podman() -> bool:
@@ -41,7 +42,8 @@ def docker_cli_is_podman() -> bool:
     return out.lower().startswith("podman")
 
 
-def connect(choice: str | None = None) -> Engine:
+def connect(choice: EngineChoice) -> Engine:
+    # Checked again: a caller outside the CLI (a test, a benchmark) may hand in any text.
     value = chosen(choice)
     if value == "podman":
         return PodmanEngine.open()
