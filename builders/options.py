@@ -21,6 +21,7 @@ from packaging.version import InvalidVersion, Version
 from builders.config.models import GpuMode, TorchIndex
 from builders.errors import UsageError
 from builders.plan import PlanOptions
+from builders.target import Target
 
 # --builder: auto takes the engine's best (Docker: BuildKit when a client offers it, else the legacy API builder;
 # Podman: buildah through `podman build`).
@@ -282,3 +283,19 @@ def plan_options(options: BuildOptions, max_jobs: int) -> PlanOptions:
     with dataclasses.replace."""
     shared = {f.name for f in fields(PlanOptions)} & {f.name for f in fields(BuildOptions)} - {"max_jobs"}
     return PlanOptions(max_jobs=max_jobs, **{name: getattr(options, name) for name in sorted(shared)})
+
+
+def add_gpu_args(p: argparse.ArgumentParser) -> None:
+    """--gpu-mode for preflight, from the same table as build's (no gate reads the arch list)."""
+    add_flags(p, [o for o in cli_options("plan") if o.field == "gpu_mode"])
+    p.set_defaults(cuda_arch_list=None)
+
+
+def gpu_args_apply(target: Target, args: argparse.Namespace) -> None:
+    """--gpu-mode and --cuda-arch-list shape GPU builds only: given for another target, they are a mistake."""
+    given = [f for f, v in (("--gpu-mode", args.gpu_mode), ("--cuda-arch-list", args.cuda_arch_list)) if v]
+    if given and not target.cuda:
+        raise UsageError(
+            f"{' and '.join(given)} given for target {target.recipe.target}, which is not a GPU target",
+            hint="drop them, or build the gpu target",
+        )

@@ -23,8 +23,8 @@ from typing import IO, Protocol
 
 from builders.cpusets import parse_cpuset
 from builders.engine import Engine
+from builders.engines import DEFAULT_KIND, SERVING_ENGINES, ServerProbe, ServingEngine, serving_engine
 from builders.errors import EngineError, UsageError
-from builders.serving import DEFAULT_KIND, SERVING_ENGINES, ServerProbe, ServingEngine, serving_engine
 from builders.smoke.plan import CONTAINER_MODEL_DIR, RUN_LABEL, ReplicaPlan
 
 ROUTER_CONFIG_DIR = "/forge/router"

@@ -24,9 +24,9 @@ import pytest
 import requests
 
 from builders.engine import Engine
+from builders.engines import SERVING_ENGINES
 from builders.router import start_router
 from builders.router.config import config_from_mapping
-from builders.serving import SERVING_ENGINES
 from builders.smoke.plan import plan_stack
 from builders.smoke.profile import profile_from_mapping
 from builders.smoke.runtimes import ContainerReplicas, Launched, LocalReplicas, ReplicaRuntime

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from builders.smoke.vllm_args import ArgProblem, PoolArgv, ServeArgSpec
+from builders.engines.args import ArgProblem, PoolArgv, ServeArgSpec
 
 if TYPE_CHECKING:
     from builders.smoke.profile import PoolSettings, StackProfile
@@ -48,7 +48,7 @@ class PoolCommand:
 
 class ServingEngine(abc.ABC):
     """One kind of server behind the router. Subclasses are stateless; one instance per kind is registered in
-    builders/serving/__init__.py."""
+    builders/engines/__init__.py."""
 
     kind: ClassVar[str]
     """The profile's spelling (`engine: vllm`)."""
