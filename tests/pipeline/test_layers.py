@@ -19,7 +19,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("config and data", {"config", "distros", "platforms", "target", "registry", "diagnose"}),
     ("container engines", {"engine"}),
     ("planning", {"plan", "options", "render", "serving_dtype", "sources", "trust", "bootstrap"}),
-    ("serving engines", {"engines", "gpu_gate", "preflight"}),
+    ("serving engines", {"engines", "preflight"}),
     ("build", {"build", "report", "repro", "publish"}),
     ("runtime", {"router", "traffic", "kvlab", "smoke", "sweep", "deploy"}),
     ("CLI edge", {"cli", "commands"}),
