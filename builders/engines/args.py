@@ -3,7 +3,8 @@
 vLLM renames and retires serve flags between releases (`--max-num-partial-prefills` is gone in 0.32), and a
 bad flag otherwise surfaces as an argparse error in the log of a container that died twenty seconds into
 the smoke run. The accepted flags are read from that very vLLM's `serve --help=all` output, which is the
-one interface every release keeps, and cached per image id.
+one interface every release keeps, and cached per image id. The checks themselves (ServeArgSpec, check_pools)
+know no engine: llama.cpp's serve.py runs its own flags through them.
 """
 
 from __future__ import annotations
