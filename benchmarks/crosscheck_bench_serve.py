@@ -25,10 +25,10 @@ sys.path.insert(0, str(ROOT))
 
 from rich.console import Console  # noqa: E402
 
+from builders.engines.tiny_model import write_tiny_model  # noqa: E402
 from builders.smoke.profile import load_profile  # noqa: E402
 from builders.smoke.runtimes import LocalReplicas, LocalRouter, ReplicaRuntime, RouterRuntime  # noqa: E402
 from builders.smoke.stack import RunningStack, SmokeOptions, SmokeRun  # noqa: E402
-from builders.smoke.tiny_model import write_tiny_model  # noqa: E402
 from builders.traffic import TrafficPlan, run_traffic  # noqa: E402
 from builders.traffic.plan import ClassSLO  # noqa: E402
 

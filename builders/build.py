@@ -28,9 +28,10 @@ from builders.container.image_builders import describe
 from builders.diagnose import diagnose_file
 from builders.diagnose.diagnosis import diagnose_text
 from builders.emulation import describe as describe_stand_in
+from builders.engines.checks import CheckResult, status_text
+from builders.engines.vllm.gpu_wheel import run_gpu_wheel_checks
+from builders.engines.vllm.image_tests import run_checks
 from builders.errors import BaseUnavailable, BuildFailed, PreflightBlocked, SourceUnavailable
-from builders.gpu_wheel import run_gpu_wheel_checks
-from builders.image_tests import CheckResult, run_checks, status_text
 from builders.log import Log, as_log
 from builders.options import BuildOptions as BuildOptions  # re-exported: callers build with it from here
 from builders.options import plan_options
@@ -458,7 +459,7 @@ def _inspect_toolchain(ctx: Context) -> None:
 def _test(ctx: Context) -> None:
     assert ctx.image_id is not None
     if ctx.target.native:
-        from builders.inference import native_engine
+        from builders.engines import native_engine
 
         checks = native_engine(ctx.recipe).checks(ctx.engine, ctx.image_id, ctx.plan)
     else:

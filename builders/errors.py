@@ -104,7 +104,7 @@ class SweepInvalid(ForgeError):
 
 class GpuUnsupported(ForgeError):
     """A run host's GPU has no kernels in the image: no SASS for its compute capability and no PTX the driver can
-    JIT to it (builders/gpu_gate.py). vLLM would start and then die with "no kernel image is available"."""
+    JIT to it (builders/preflight/gpu_gate.py). vLLM would start and then die with "no kernel image is available"."""
 
     # 16 is kvlab's, 17-18 publish's, 19 the registry's.
     exit_code = 20

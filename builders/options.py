@@ -23,6 +23,7 @@ from builders.container.base import BuilderChoice, EngineChoice
 from builders.container.select import chosen as chosen_engine
 from builders.errors import UsageError
 from builders.plan import PlanOptions
+from builders.target import Target
 
 # One CUDA compute capability as TORCH_CUDA_ARCH_LIST spells it: 9.0, 10.0a, 12.0f, 8.0+PTX.
 CUDA_ARCH = re.compile(r"\d+\.\d+[af]?(\+PTX)?")
@@ -285,3 +286,19 @@ def plan_options(options: BuildOptions, max_jobs: int) -> PlanOptions:
     with dataclasses.replace."""
     shared = {f.name for f in fields(PlanOptions)} & {f.name for f in fields(BuildOptions)} - {"max_jobs"}
     return PlanOptions(max_jobs=max_jobs, **{name: getattr(options, name) for name in sorted(shared)})
+
+
+def add_gpu_args(p: argparse.ArgumentParser) -> None:
+    """--gpu-mode for preflight, from the same table as build's (no gate reads the arch list)."""
+    add_flags(p, [o for o in cli_options("plan") if o.field == "gpu_mode"])
+    p.set_defaults(cuda_arch_list=None)
+
+
+def gpu_args_apply(target: Target, args: argparse.Namespace) -> None:
+    """--gpu-mode and --cuda-arch-list shape GPU builds only: given for another target, they are a mistake."""
+    given = [f for f, v in (("--gpu-mode", args.gpu_mode), ("--cuda-arch-list", args.cuda_arch_list)) if v]
+    if given and not target.cuda:
+        raise UsageError(
+            f"{' and '.join(given)} given for target {target.recipe.target}, which is not a GPU target",
+            hint="drop them, or build the gpu target",
+        )

@@ -108,7 +108,7 @@ class BuildReport:
             lines.append("  versions: " + ", ".join(f"{k} {v}" for k, v in self.versions.items()))
         if self.phases:
             lines.append("  phases: " + ", ".join(f"{k} {v:.1f}s" for k, v in self.phases.items()))
-        from builders.image_tests import status_text
+        from builders.engines.checks import status_text
 
         for test in self.tests:
             lines.append(f"  test {test['name']}: {status_text(test)}")

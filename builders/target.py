@@ -10,13 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from builders.config.engines import engine_package
 from builders.config.models import Distro, GpuMode, Recipe
 
 
 def engine_module(recipe: Recipe) -> str:
     """The module that plans, preflights and tests a kind=native recipe, named by its engine (llama-cpp →
-    builders/inference/llama_cpp.py)."""
-    return f"builders.inference.{recipe.engine.replace('-', '_')}"
+    builders/engines/llama_cpp/image.py)."""
+    return f"{engine_package(recipe.engine)}.image"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,7 +66,7 @@ class Target:
 
     @property
     def native(self) -> bool:
-        """Another engine's C/C++ server (llama.cpp): its module in builders/inference plans, preflights and tests
+        """Another engine's C/C++ server (llama.cpp): its module in builders/engines/ plans, preflights and tests
         it, so none of the vLLM phases above apply."""
         return self.recipe.kind == "native"
 

@@ -11,13 +11,13 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from builders.commands.output import output_dir, write_output
 from builders.config import Project
 from builders.container.base import EngineChoice
 from builders.errors import SourceUnavailable, UsageError
 from builders.log import Log, print_table
 from builders.log import console as wide_console
-from builders.options import BuildOptions, add_flags, cli_options, plan_options
+from builders.options import BuildOptions, add_flags, cli_options, gpu_args_apply, plan_options
+from builders.output import output_dir, write_output
 from builders.plan import PlanOptions, make_plan
 from builders.platforms import PLATFORMS, Platform, for_platform, parse_platforms
 from builders.registry import parse_reference
@@ -78,16 +78,6 @@ def _plan_options(args: argparse.Namespace) -> PlanOptions:
     return replace(
         plan_options(options, options.max_jobs or 2), buildkit=options.builder != "legacy", trust_ca_bundle=True
     )
-
-
-def gpu_args_apply(target: Target, args: argparse.Namespace) -> None:
-    """--gpu-mode and --cuda-arch-list shape GPU builds only: given for another target, they are a mistake."""
-    given = [f for f, v in (("--gpu-mode", args.gpu_mode), ("--cuda-arch-list", args.cuda_arch_list)) if v]
-    if given and not target.cuda:
-        raise UsageError(
-            f"{' and '.join(given)} given for target {target.recipe.target}, which is not a GPU target",
-            hint="drop them, or build the gpu target",
-        )
 
 
 def _torch_pin(project: Project, target: Target, args: argparse.Namespace) -> str | None:
@@ -315,12 +305,6 @@ class BuildProgress:
 
 def _common_plan_args(p: argparse.ArgumentParser) -> None:
     add_flags(p, cli_options("plan"))
-
-
-def add_gpu_args(p: argparse.ArgumentParser) -> None:
-    """--gpu-mode for preflight, from the same table as build's (no gate reads the arch list)."""
-    add_flags(p, [o for o in cli_options("plan") if o.field == "gpu_mode"])
-    p.set_defaults(cuda_arch_list=None)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

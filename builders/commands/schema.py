@@ -14,10 +14,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from builders.commands.output import output_dir, write_output
 from builders.config import Project
 from builders.config.models import Distro, Recipe
 from builders.errors import UsageError
+from builders.output import output_dir, write_output
 from builders.smoke.profile import StackProfile
 
 SCHEMA_DIR = "schemas"

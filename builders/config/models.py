@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from builders.config.engines import EngineName
+
 Family = Literal["debian", "ubuntu", "fedora", "ubi"]
 # Named once: the recipe fields below and the CLI's --torch-index / --gpu-mode choices (builders/options.py).
 TorchIndex = Literal["pytorch-cpu", "pytorch-cuda", "pypi", "wheelhouse"]
@@ -260,10 +262,10 @@ class Recipe(Strict):
     template: str = Field(description="Jinja2 template in containers/")
     kind: Literal["source", "wheel", "python-app", "native"] = Field(
         description="how the image gets its software; native: a C/C++ server compiled from a pinned archive, "
-        "planned, preflighted and tested by its engine's module (builders/inference)"
+        "planned, preflighted and tested by its engine's module (builders/engines/)"
     )
-    engine: Literal["vllm", "llama-cpp", "sglang"] = Field(
-        default="vllm", description="the inference engine the image serves with (builders/inference names each)"
+    engine: EngineName = Field(
+        default="vllm", description="the inference engine the image serves with (builders/engines/ names each)"
     )
     device: Literal["cpu", "cuda", "none"] = Field(description="VLLM_TARGET_DEVICE, or none")
     distros: tuple[str, ...] | Literal["all"] = Field(default="all", description="distros this recipe supports")

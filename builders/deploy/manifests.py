@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from builders.cpusets import parse_cpuset
+from builders.engines.args import SERVE_ENTRIES
+from builders.engines.tiny_model import ModelShape, write_tiny_model
 from builders.errors import ConfigError, UsageError
 from builders.router.config import RouterConfig, config_from_mapping
 from builders.serving_dtype import AUTO
 from builders.smoke.plan import CONTAINER_MODEL_DIR, plan_stack, pool_args
 from builders.smoke.profile import StackProfile
-from builders.smoke.tiny_model import ModelShape, write_tiny_model
-from builders.smoke.vllm_args import SERVE_ENTRIES
 
 Object = dict[str, Any]
 Network = Literal["cluster", "host"]
@@ -95,7 +95,7 @@ def check_image(flag: str, ref: str) -> list[str]:
 def memory_bytes(profile: StackProfile, pool: str) -> int:
     """A replica's memory request and limit, rounded up to 256 MiB."""
     model = profile.model
-    vocab = 1024  # the tiny model's tokenizer (builders/smoke/tiny_model.py VOCAB_SIZE)
+    vocab = 1024  # the tiny model's tokenizer (builders/engines/tiny_model.py VOCAB_SIZE)
     hidden = model.hidden_size
     intermediate = model.intermediate_size or 2 * hidden
     # Embeddings and LM head, then per layer the four attention projections and the three MLP matrices.

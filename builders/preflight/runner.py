@@ -14,7 +14,7 @@ from builders.config import Project
 from builders.config.models import Distro, GpuMode, Recipe, Role, TorchIndex
 from builders.container import Engine
 from builders.errors import SourceUnavailable
-from builders.plan import CudaPlan, PlanOptions, cuda_torch, make_plan, torch_spec
+from builders.plan import CudaPlan, PlanOptions, cuda_torch, make_plan, native_module, torch_spec
 from builders.platforms import isa_for
 from builders.preflight import gates
 from builders.preflight.arm_gates import arm_gates
@@ -27,6 +27,7 @@ from builders.preflight.host import (
     mount_for,
     read_host_facts,
 )
+from builders.preflight.inputs import PreflightInputs
 from builders.preflight.probe import (
     NUMA_HEADER,
     ProbeResult,
@@ -658,14 +659,13 @@ def _native_preflight(
 ) -> PreflightReport:
     """Another engine's gates come from its module, read from its own build files; disk and RAM are the same
     gates as every build's."""
-    from builders.inference import native_engine
-    from builders.inference.base import PreflightInputs
-
     source_path, why = _source_or_fetch(project, recipe, source, fetch, progress)
     # The same order as vLLM's path: a tmpfs scratch dir's reservation comes off the RAM the jobs may use.
     disk, reserved = _disk_findings(recipe, engine, scratch_dir, host)
     jobs, jobs_origin = _jobs(recipe, True, max_jobs, max(host.memory.available - reserved, 0), host.cores)
-    findings = native_engine(recipe).preflight(
+    # Loaded by name, as the plan loads the engine's planner: engine packages import preflight, not the reverse.
+    engine_preflight: Callable[[PreflightInputs], list[Finding]] = native_module(recipe).ENGINE.preflight
+    findings = engine_preflight(
         PreflightInputs(
             distro=distro,
             recipe=recipe,

@@ -155,7 +155,7 @@ def cmd_sbom(args: argparse.Namespace) -> int:
 
 
 def cmd_ci(args: argparse.Namespace) -> int:
-    from builders.commands.output import write_output
+    from builders.output import write_output
     from builders.repro.ci import GITHUB_PATH, GITLAB_PATH, render_github, render_gitlab, render_matrix
 
     project = _project(args)

@@ -10,13 +10,13 @@ from rich.console import Console
 
 from builders import log
 from builders.config.project import find_root
+from builders.engines.args import raise_for_problems
 from builders.errors import UsageError
-from builders.gpu_gate import add_gpu_gate_args, gate_from_args
+from builders.preflight.gpu_gate import add_gpu_gate_args, gate_from_args
 from builders.smoke.endpoint import EndpointOptions, smoke_endpoint
 from builders.smoke.profile import load_profile
 from builders.smoke.runtimes import Runtimes
 from builders.smoke.stack import SmokeOptions, SmokeRun, summary_table, validate_profile
-from builders.smoke.vllm_args import raise_for_problems
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -6,10 +6,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from builders.serving import DEFAULT_KIND, ServingEngine, serving_engine
+from builders.engines import DEFAULT_KIND, ServingEngine, serving_engine
+from builders.engines.args import PoolArgv
 from builders.serving_dtype import DtypeChoice, choose_dtype, this_host
 from builders.smoke.profile import PoolSettings, StackProfile
-from builders.smoke.vllm_args import PoolArgv
 
 # Where the tiny model is mounted inside replica containers.
 CONTAINER_MODEL_DIR = "/forge/model"
@@ -31,7 +31,7 @@ class ReplicaPlan:
     cpuset: str | None = None
     """CPUs the whole replica (every process it starts) is confined to; None leaves it to the kernel."""
     engine: str = DEFAULT_KIND
-    """The serving engine it runs (builders/serving)."""
+    """The serving engine it runs (builders/engines/)."""
 
     @property
     def serving(self) -> ServingEngine:

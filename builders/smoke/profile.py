@@ -19,9 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from builders.config.loading import load_yaml
 from builders.cpusets import format_cpuset, parse_cpuset
+from builders.engines import DEFAULT_KIND, SERVING_ENGINES, LlamaCppSettings, ServerKind, ServingEngine
 from builders.errors import ConfigError, UsageError
 from builders.router.classes import ALL_CLASSES, RequestClass
-from builders.serving import DEFAULT_KIND, SERVING_ENGINES, LlamaCppSettings, ServerKind, ServingEngine
 
 _POOL_NAME = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
 

@@ -24,8 +24,8 @@ from typing import IO, Protocol
 from builders.container import Engine, EngineChoice, RunSpec
 from builders.container.select import chosen as chosen_engine
 from builders.cpusets import parse_cpuset
+from builders.engines import DEFAULT_KIND, SERVING_ENGINES, ServerProbe, ServingEngine, serving_engine
 from builders.errors import EngineError, UsageError
-from builders.serving import DEFAULT_KIND, SERVING_ENGINES, ServerProbe, ServingEngine, serving_engine
 from builders.smoke.plan import CONTAINER_MODEL_DIR, RUN_LABEL, ReplicaPlan
 
 ROUTER_CONFIG_DIR = "/forge/router"

@@ -29,16 +29,16 @@ from rich.console import Console
 from rich.table import Table
 
 from builders import interrupt
+from builders.engines import ServerProbe, ServingEngine
+from builders.engines.args import ArgProblem, raise_for_problems
 from builders.errors import ConfigError, ForgeError, SmokeFailed, UsageError
 from builders.log import console as wide_console
 from builders.router.classes import ALL_CLASSES, RequestClass
 from builders.router.config import RouterConfig, config_from_mapping
-from builders.serving import ServerProbe, ServingEngine
 from builders.serving_dtype import choose_dtype, this_host
 from builders.smoke.plan import ReplicaPlan, RuntimeGroup, StackPlan, plan_stack
 from builders.smoke.profile import StackProfile, check_cpus_available, explain
 from builders.smoke.runtimes import Launched, ReplicaRuntime, RouterRuntime
-from builders.smoke.vllm_args import ArgProblem, raise_for_problems
 from builders.traffic.metrics import RequestRecord
 from builders.traffic.plan import TrafficPlan
 from builders.traffic.results import TrafficResult

@@ -16,8 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from builders.config.loading import load_yaml
 from builders.cpusets import parse_cpuset
+from builders.engines import SERVING_ENGINES
 from builders.errors import ConfigError, UsageError
-from builders.serving import SERVING_ENGINES
 from builders.smoke.profile import StackProfile, _suggest, profile_from_mapping
 from builders.smoke.stack import merged
 

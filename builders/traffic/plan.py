@@ -11,18 +11,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from builders.engines.tiny_model import DEFAULT_VOCABULARY
 from builders.router.classes import RequestClass
 
 Endpoint = Literal["chat", "completions"]
-
-DEFAULT_VOCABULARY: tuple[str, ...] = (
-    "the", "cat", "dog", "sun", "sea", "tree", "house", "road", "blue", "red", "green", "small",
-    "large", "old", "new", "fast", "slow", "city", "river", "stone", "bird", "fish", "book", "door",
-    "light", "night", "day", "time", "year", "man", "woman", "child", "water", "fire", "wind", "rain",
-    "snow", "cold", "warm", "good", "bad", "long", "short", "high", "low", "open", "close", "run",
-    "walk", "read", "write", "sing", "play", "work", "rest", "eat", "drink", "see", "hear", "find",
-    "give", "take", "make", "keep",
-)  # fmt: skip
 
 
 class ClassSLO(BaseModel):

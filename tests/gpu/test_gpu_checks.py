@@ -16,11 +16,10 @@ from builders.bootstrap import ensure_base
 from builders.config import Project
 from builders.container import Engine, RunSpec
 from builders.container.docker_engine import gpu_device_requests
-from builders.errors import EngineError
-from builders.image_tests import (
+from builders.engines.checks import CheckResult, status_text
+from builders.engines.vllm.image_tests import (
     TOOLCHAIN_PROBE,
     TORCH_CUDA_PROBE,
-    CheckResult,
     GpuPresence,
     check_torch_cuda,
     detect_gpus,
@@ -28,8 +27,8 @@ from builders.image_tests import (
     judge_toolchain,
     judge_torch_cuda,
     skipped,
-    status_text,
 )
+from builders.errors import EngineError
 from builders.plan import PlanOptions, make_plan
 
 H200 = "GPU 0: NVIDIA H200 (UUID: GPU-5a0c0d2e-0000-0000-0000-000000000000)"

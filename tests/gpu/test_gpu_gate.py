@@ -11,7 +11,7 @@ from gpu_data import ARCH_LIST, vllm_libraries
 
 from builders.errors import GpuUnsupported, UsageError
 from builders.gpu_archs import Capability
-from builders.gpu_gate import (
+from builders.preflight.gpu_gate import (
     add_gpu_gate_args,
     enforce,
     gate_from_args,

@@ -9,8 +9,9 @@ import pytest
 
 from builders.config import Project
 from builders.config.models import Distro, GpuMode, TorchChoice
+from builders.engines.vllm.plan import glibc_rsqrt_fix, make_cuda_plan
 from builders.errors import ConfigError
-from builders.plan import BuildPlan, PlanOptions, glibc_rsqrt_fix, make_cuda_plan, make_plan
+from builders.plan import BuildPlan, PlanOptions, make_plan
 
 GPU_DISTROS = ("fedora-44", "ubi-9", "ubuntu-24.04")
 MODES: tuple[GpuMode, ...] = ("source", "wheel")

@@ -11,10 +11,10 @@ import pytest
 from gpu_data import ARCH_LIST, VLLM
 
 from builders.config import Project
+from builders.engines.vllm.gpu_wheel import judge_archs, judge_libs
 from builders.errors import UsageError
-from builders.gpu_gate import gpu_from_product, image_libraries, judge
-from builders.gpu_wheel import judge_archs, judge_libs
 from builders.plan import BuildPlan, PlanOptions, make_plan
+from builders.preflight.gpu_gate import gpu_from_product, image_libraries, judge
 from builders.render import render
 from builders.target import Target
 

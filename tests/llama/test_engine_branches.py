@@ -2,7 +2,7 @@
 
 The check parses every module of the package and flags a comparison that names an inference engine: a string
 such as "llama-cpp" or "sglang" compared with anything, or anything called `engine` compared with an engine's
-name. An engine's own modules (builders/inference/llama_cpp*.py for llama-cpp) may name themselves.
+name. An engine's own package (builders/engines/llama_cpp/ for llama-cpp) may name it.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ def _is_engine_name(node: ast.expr) -> bool:
 def engine_branches(source: str, filename: str) -> list[str]:
     """Lines of `source` that compare against an inference engine's name, as `file:line: text`."""
     tree = ast.parse(source, filename=filename)
-    own = {e for e in ENGINES if Path(filename).stem.startswith(e.replace("-", "_"))}
+    parts = Path(filename).parts
+    own = {e for e in ENGINES if parts[:3] == ("builders", "engines", e.replace("-", "_"))}
     found: list[str] = []
     for node in ast.walk(tree):
         sides: list[ast.expr] = []
@@ -73,9 +74,12 @@ def test_the_check_finds_each_shape_of_branch() -> None:
         assert engine_branches(snippet, "builders/plan.py"), snippet
     # Not branches: the sdist's source key, an engine naming itself in its own module.
     assert engine_branches('if "vllm" in overrides:\n    pass\n', "builders/sources.py") == []
-    assert engine_branches('if recipe.engine == "llama-cpp":\n    pass\n', "builders/inference/llama_cpp.py") == []
+    assert engine_branches('if recipe.engine == "llama-cpp":\n    pass\n', "builders/engines/llama_cpp/image.py") == []
+    # Another engine's package, or a module merely named like the engine, is not its own.
+    assert engine_branches('if recipe.engine == "llama-cpp":\n    pass\n', "builders/engines/sglang/image.py")
+    assert engine_branches('if recipe.engine == "llama-cpp":\n    pass\n', "builders/llama_cpp_extra.py")
 
 
 def test_every_engine_but_vllm_has_its_module() -> None:
     for name in OTHER_ENGINES:
-        assert (ROOT / "builders" / "inference" / f"{name.replace('-', '_')}.py").is_file(), name
+        assert (ROOT / "builders" / "engines" / name.replace("-", "_") / "image.py").is_file(), name

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from gguf import GGUFReader, GGUFValueType, TokenType
 
+from builders.engines.llama_cpp.gguf_model import write_tiny_gguf
+from builders.engines.tiny_model import BOS, EOS, IM_END, IM_START, build_tokenizer
 from builders.errors import SmokeFailed
-from builders.gguf_model import write_tiny_gguf
-from builders.smoke.tiny_model import BOS, EOS, IM_END, IM_START, build_tokenizer
 
 
 def _scalar(reader: GGUFReader, key: str) -> object:

@@ -12,7 +12,7 @@ import pytest
 
 from builders.config import Project
 from builders.container import Engine
-from builders.inference import native_engine
+from builders.engines import native_engine
 from builders.plan import PlanOptions, make_plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "smoke"))

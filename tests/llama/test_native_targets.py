@@ -152,5 +152,5 @@ def test_sglang_renders_a_cpu_image_and_a_gpu_one_beside_vllms(project: Project)
 
 def test_a_native_recipe_whose_engine_has_no_module_is_refused_naming_the_recipe(project: Project) -> None:
     recipe = project.recipe_for("llama-cpp").model_copy(update={"engine": "tgi"})
-    with pytest.raises(ConfigError, match=r"recipes/llama-cpp\.yaml: engine 'tgi' .* builders\.inference\.tgi"):
+    with pytest.raises(ConfigError, match=r"recipes/llama-cpp\.yaml: engine 'tgi' .* builders\.engines\.tgi\.image"):
         make_plan(project.distro("debian-14"), recipe, PlanOptions(max_jobs=1))

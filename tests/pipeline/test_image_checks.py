@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from builders.emulation import NEOVERSE_N1_MIDR, SYSFS_CPU, emulated_cpu_sysfs
-from builders.image_tests import IMPORT_PROBE, ImportProbe, check_cpu_kernels, check_import, check_version
+from builders.engines.vllm.image_tests import IMPORT_PROBE, ImportProbe, check_cpu_kernels, check_import, check_version
 from builders.plan import PlanOptions, make_plan
 
 SBGEMM = "ImportError('/opt/venv/lib/python3.11/site-packages/vllm/_C.abi3.so: undefined symbol: sbgemm_')"
@@ -128,8 +128,8 @@ def test_a_native_or_x86_container_is_lent_nothing(arch: str, host: str) -> None
 
 def test_a_failed_check_is_diagnosed_into_the_report_and_its_remedy_is_the_hint() -> None:
     from builders.build import judge_checks
+    from builders.engines.checks import CheckResult
     from builders.errors import BuildFailed
-    from builders.image_tests import CheckResult
     from builders.report import BuildReport
 
     report = BuildReport(distro="debian-12", target="cpu-wheel", recipe="vllm-cpu-wheel")
@@ -147,8 +147,8 @@ def test_a_failed_check_is_diagnosed_into_the_report_and_its_remedy_is_the_hint(
 
 def test_a_failure_no_rule_knows_keeps_the_checks_own_line_and_says_unknown() -> None:
     from builders.build import judge_checks
+    from builders.engines.checks import CheckResult
     from builders.errors import BuildFailed
-    from builders.image_tests import CheckResult
     from builders.report import BuildReport
 
     report = BuildReport(distro="debian-12", target="router", recipe="router")

@@ -15,20 +15,20 @@ from test_imports import PACKAGE, import_graph
 ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
 
 LAYERS: list[tuple[str, set[str]]] = [
-    ("foundations", {"errors", "interrupt", "log", "cpusets", "emulation", "gpu_archs"}),
+    ("foundations", {"errors", "interrupt", "log", "output", "cpusets", "emulation", "gpu_archs"}),
     ("config and data", {"config", "distros", "platforms", "target", "registry", "diagnose"}),
     ("container engines", {"container"}),
     ("planning", {"plan", "options", "render", "serving_dtype", "sources", "trust", "bootstrap"}),
-    ("serving engines", {"inference", "serving", "gguf_model", "image_tests", "gpu_gate", "gpu_wheel", "preflight"}),
+    ("serving engines", {"engines", "preflight"}),
     ("build", {"build", "report", "repro", "publish"}),
     ("runtime", {"router", "traffic", "kvlab", "smoke", "sweep", "deploy"}),
     ("CLI edge", {"cli", "commands"}),
 ]
 
-# A ratchet: 7 package arrows, carried by 10 module edges, when this test was written; 6 and 9 once BuilderChoice
-# moved into container/. Lower these as arrows are removed, never raise them; issue 35's goal is at most 3.
-MAX_PACKAGE_ARROWS = 6
-MAX_MODULE_EDGES = 9
+# A ratchet: what was measured when this test was written (7 package arrows, carried by 10 module edges). Lower
+# these as arrows are removed, never raise them; issue 35's goal is at most 3 package arrows.
+MAX_PACKAGE_ARROWS = 0
+MAX_MODULE_EDGES = 0
 
 
 def unit(module: str) -> str:

@@ -25,9 +25,9 @@ import requests
 
 from builders.container import Engine
 from builders.container.select import chosen
+from builders.engines import SERVING_ENGINES
 from builders.router import start_router
 from builders.router.config import config_from_mapping
-from builders.serving import SERVING_ENGINES
 from builders.smoke.plan import plan_stack
 from builders.smoke.profile import profile_from_mapping
 from builders.smoke.runtimes import ContainerReplicas, Launched, LocalReplicas, ReplicaRuntime

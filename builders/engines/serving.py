@@ -1,10 +1,10 @@
 """What Forge needs to know about a serving engine (the program a replica runs: vLLM, llama.cpp's server).
 
 "Engine" alone means Docker or Podman in this project (builders/container); this module's subject is the
-*server kind* a pool runs. Each kind lives in one module behind `ServingEngine`: how its command line is
-built from a profile, which model format it loads, how its flags are read from its own `--help` inside the
-image, how its replicas learn their API key and show that they are busy. Smoke, sweep and deploy ask the
-pool's `ServingEngine`; none of them branches on the kind.
+*server kind* a pool runs. Each kind is a `ServingEngine` in its package's serve.py (builders/engines/<name>/):
+how its command line is built from a profile, which model format it loads, how its flags are read from its own
+`--help` inside the image, how its replicas learn their API key and show that they are busy. Smoke, sweep and
+deploy ask the pool's `ServingEngine`; none of them branches on the kind.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from builders.smoke.vllm_args import ArgProblem, PoolArgv, ServeArgSpec
+from builders.engines.args import ArgProblem, PoolArgv, ServeArgSpec
 
 if TYPE_CHECKING:
     from builders.smoke.profile import PoolSettings, StackProfile
@@ -48,7 +48,7 @@ class PoolCommand:
 
 class ServingEngine(abc.ABC):
     """One kind of server behind the router. Subclasses are stateless; one instance per kind is registered in
-    builders/serving/__init__.py."""
+    builders/engines/__init__.py."""
 
     kind: ClassVar[str]
     """The profile's spelling (`engine: vllm`)."""

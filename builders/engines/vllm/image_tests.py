@@ -11,77 +11,25 @@ from __future__ import annotations
 import json
 import platform
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import requests
 
 from builders.container import Engine, RunSpec
 from builders.emulation import emulated_cpu_sysfs
+from builders.engines.checks import CheckResult, free_port, server_log_excerpt
 from builders.errors import EngineError
 from builders.plan import BuildPlan
 
 SERVE_DEADLINE_S = 420
 
 if TYPE_CHECKING:
-    from builders.smoke.tiny_model import ModelShape
-
-
-@dataclass(frozen=True, kw_only=True)
-class CheckResult:
-    name: str
-    ok: bool  # False fails the build; a skipped check is ok but reports status "skipped"
-    detail: str
-    seconds: float
-    skipped: bool = False
-    data: dict[str, Any] | None = None  # what the check read, kept in the report (cuda-archs: each library's archs)
-
-    @property
-    def status(self) -> Literal["passed", "failed", "skipped"]:
-        return "skipped" if self.skipped else ("passed" if self.ok else "failed")
-
-    def as_report(self) -> dict[str, Any]:
-        """The entry the build report stores: status says skipped apart from passed."""
-        return {
-            "name": self.name,
-            "status": self.status,
-            "ok": self.ok,
-            "detail": self.detail,
-            "seconds": round(self.seconds, 1),
-            **({"data": self.data} if self.data is not None else {}),
-        }
-
-
-def status_text(entry: dict[str, Any]) -> str:
-    """A report.tests entry as a line reads it: `ok DETAIL`, `FAILED DETAIL` or `skipped: REASON` (never `ok`)."""
-    detail = str(entry.get("detail") or "").strip().splitlines()
-    first = detail[0] if detail else ""
-    status = entry.get("status") or ("passed" if entry.get("ok") else "failed")
-    if status == "skipped":
-        return first if first.startswith("skipped") else f"skipped: {first or 'no reason given'}"
-    return f"{'ok' if status == 'passed' else 'FAILED'} {first}".rstrip()
-
-
-def server_log_excerpt(engine: Engine, cid: str) -> str:
-    """The lines that say why a server died, then its last lines.
-
-    vLLM's worker errors come hundreds of lines before the final RuntimeError, so the tail alone hides them.
-    """
-    lines = engine.logs(cid, tail=2000).splitlines()
-    causes = [ln for ln in lines if "Error:" in ln or "error:" in ln][:8]
-    head = ["errors in the log:", *causes, "...", "last lines:"] if causes else []
-    return "\n".join(head + lines[-30:])
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    from builders.engines.tiny_model import ModelShape
 
 
 def _python(engine: Engine, image: str, code: str, plan: BuildPlan, timeout: float = 300) -> tuple[int, str]:
@@ -170,8 +118,8 @@ def check_tcmalloc(engine: Engine, image: str, plan: BuildPlan) -> CheckResult:
 
 
 def check_serve(engine: Engine, image: str, plan: BuildPlan) -> CheckResult:
+    from builders.engines.tiny_model import ModelShape
     from builders.serving_dtype import choose_dtype, this_host
-    from builders.smoke.tiny_model import ModelShape
 
     # The test stage serves on the engine's host, this one: the same choice a smoke run makes here.
     dtype = choose_dtype("auto", this_host())
@@ -202,7 +150,7 @@ def _serve_tiny_model(
 ) -> CheckResult:
     """`vllm serve` of a tiny random model in the image, judged by its /v1/models answer: the CPU and the GPU
     serve checks differ only in dtype, environment and the GPU's own arguments."""
-    from builders.smoke.tiny_model import write_tiny_model
+    from builders.engines.tiny_model import write_tiny_model
 
     start = time.monotonic()
     port = free_port()

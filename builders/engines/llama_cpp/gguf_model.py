@@ -2,7 +2,7 @@
 
 llama.cpp has no dummy loader: unlike vLLM's `--load-format dummy` it reads every weight from the file, so
 the weights are written (random, seeded; a few hundred KiB at the default size). The tokenizer is the same
-byte-level BPE the vLLM tiny model uses (builders/smoke/tiny_model.py), stored as GGUF `tokenizer.ggml.*`
+byte-level BPE the vLLM tiny model uses (builders/engines/tiny_model.py), stored as GGUF `tokenizer.ggml.*`
 keys, so both engines see the same prompts as the same number of tokens and a sweep compares like with like.
 """
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFWriter, LlamaFileType, TokenType
 
+from builders.engines.tiny_model import BOS, CHAT_TEMPLATE, EOS, PAD, SPECIAL_TOKENS, VOCAB_SIZE, build_tokenizer
 from builders.errors import SmokeFailed
-from builders.smoke.tiny_model import BOS, CHAT_TEMPLATE, EOS, PAD, SPECIAL_TOKENS, VOCAB_SIZE, build_tokenizer
 
 ARCHITECTURE = "llama"
 HEAD_DIM = 32

@@ -15,9 +15,10 @@ from typing import Any
 from builders.config.models import Distro, Recipe
 from builders.container import Engine
 from builders.distros import family_for
+from builders.engines.checks import CheckResult
+from builders.engines.vllm.image_tests import _python
 from builders.errors import ConfigError
 from builders.gpu_archs import LibraryArchs, coverage_gaps, library_stem, parse_listing
-from builders.image_tests import CheckResult, _python
 from builders.plan import BuildPlan, ContextItem, CudaPlan, PlanOptions, image_build_args, image_labels, torch_spec
 from builders.platforms import platform_of
 from builders.target import Target

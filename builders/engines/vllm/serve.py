@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from builders.cpusets import format_cpuset, parse_cpuset
-from builders.serving.base import HelpRunner, ModelFormat, PoolCommand, ServerProbe, ServingEngine
-from builders.smoke.vllm_args import SERVE_ENTRIES, ArgProblem, PoolArgv, check_pools, local_cache_key, probe_serve
+from builders.engines.args import SERVE_ENTRIES, ArgProblem, PoolArgv, check_pools, local_cache_key, probe_serve
+from builders.engines.serving import HelpRunner, ModelFormat, PoolCommand, ServerProbe, ServingEngine
 
 if TYPE_CHECKING:
     from builders.smoke.profile import PoolSettings, StackProfile
@@ -123,7 +123,7 @@ class VLLM(ServingEngine):
         return model_dir
 
     def write_model(self, model_dir: Path, profile: StackProfile, *, dtype: str) -> None:
-        from builders.smoke.tiny_model import ModelShape, write_tiny_model
+        from builders.engines.tiny_model import ModelShape, write_tiny_model
 
         write_tiny_model(
             model_dir,

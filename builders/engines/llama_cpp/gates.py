@@ -11,9 +11,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from builders.inference.base import PreflightInputs, find_line
-from builders.inference.llama_cpp_tree import GGML_ISA_FLAGS, VENDORED, read_member
+from builders.engines.llama_cpp.tree import GGML_ISA_FLAGS, VENDORED, read_member
+from builders.engines.native import find_line
 from builders.preflight.findings import Finding, blocker, passed, unchecked, warning
+from builders.preflight.inputs import PreflightInputs
 
 # The oldest GCC whose libstdc++ gives a C++ standard in full, <filesystem> included without -lstdc++fs (GCC 9
 # release notes); llama.cpp's common library and server use std::filesystem.
@@ -108,7 +109,7 @@ def _compiler_gate(inputs: PreflightInputs, sdist: Path, text: str) -> Finding:
             found,
             f"C++{standard}",
             source,
-            f"add C++{standard} to GCC_FOR_CXX in builders/inference/llama_cpp_gates.py",
+            f"add C++{standard} to GCC_FOR_CXX in builders/engines/llama_cpp/gates.py",
             f"Forge has no GCC minimum on record for C++{standard}",
         )
     required = f"≥ {needed} (C++{standard}, CMAKE_CXX_STANDARD_REQUIRED)"

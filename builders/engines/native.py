@@ -5,31 +5,16 @@ from __future__ import annotations
 import re
 import tarfile
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from builders.config.models import Distro, Recipe
     from builders.container import Engine
-    from builders.image_tests import CheckResult
+    from builders.engines.checks import CheckResult
     from builders.plan import BuildPlan, PlanOptions
     from builders.preflight.findings import Finding
-    from builders.preflight.host import HostFacts
-
-
-@dataclass(frozen=True, kw_only=True)
-class PreflightInputs:
-    """What preflight hands an engine module: the pair, the host, and where the pinned source is (if at hand)."""
-
-    distro: Distro
-    recipe: Recipe
-    host: HostFacts
-    source: Path | None  # the pinned archive, or None when it is not in the cache and may not be fetched
-    source_why: str  # why source is None
-    max_jobs: int | None
-    run_flags: frozenset[str]  # CPU flags of the host the image will run on
-    run_source: str
+    from builders.preflight.inputs import PreflightInputs
 
 
 class NativeEngine(Protocol):

@@ -3,7 +3,8 @@
 vLLM renames and retires serve flags between releases (`--max-num-partial-prefills` is gone in 0.32), and a
 bad flag otherwise surfaces as an argparse error in the log of a container that died twenty seconds into
 the smoke run. The accepted flags are read from that very vLLM's `serve --help=all` output, which is the
-one interface every release keeps, and cached per image id.
+one interface every release keeps, and cached per image id. The checks themselves (ServeArgSpec, check_pools)
+know no engine: llama.cpp's serve.py runs its own flags through them.
 """
 
 from __future__ import annotations
@@ -425,7 +426,7 @@ def probe_serve(
     under `cache_key` (an image id, or a hash of a local binary) because a probe costs a container start and
     a vLLM import (about ten seconds).
     """
-    cache_file = _cache_dir() / f"{cache_key}.json" if cache_key else None
+    cache_file = serve_args_cache_dir() / f"{cache_key}.json" if cache_key else None
     if cache_file is not None and cache_file.is_file():
         try:
             data = json.loads(cache_file.read_text(encoding="utf-8"))
@@ -474,7 +475,8 @@ def local_cache_key(binary: Path) -> str:
     return "local-" + digest.hexdigest()[:24]
 
 
-def _cache_dir() -> Path:
+def serve_args_cache_dir() -> Path:
+    """Where each engine caches what its server's --help said, keyed by image or binary (one folder for all)."""
     root = os.environ.get("FORGE_CACHE_DIR") or os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     base = Path(root) if os.environ.get("FORGE_CACHE_DIR") else Path(root) / "forge"
     return base / "vllm-serve-args"

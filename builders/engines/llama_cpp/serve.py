@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from builders.cpusets import parse_cpuset
+from builders.engines.args import ArgProblem, PoolArgv, ServeArgSpec, ServeOption, check_pools, serve_args_cache_dir
+from builders.engines.serving import HelpRunner, ModelFormat, PoolCommand, ServerProbe, ServingEngine
 from builders.errors import SmokeFailed
-from builders.serving.base import HelpRunner, ModelFormat, PoolCommand, ServerProbe, ServingEngine
-from builders.smoke.vllm_args import ArgProblem, PoolArgv, ServeArgSpec, ServeOption, check_pools
 
 if TYPE_CHECKING:
     from builders.smoke.profile import PoolSettings, StackProfile
@@ -216,9 +216,7 @@ class LlamaCpp(ServingEngine):
     def probe(
         self, run: HelpRunner, *, entries: Sequence[Sequence[str]], source: str, cache_key: str | None
     ) -> ServerProbe:
-        from builders.smoke.vllm_args import _cache_dir
-
-        cache_file = _cache_dir() / f"llama-{cache_key}.json" if cache_key else None
+        cache_file = serve_args_cache_dir() / f"llama-{cache_key}.json" if cache_key else None
         if cache_file is not None and cache_file.is_file():
             try:
                 data = json.loads(cache_file.read_text(encoding="utf-8"))
@@ -253,7 +251,7 @@ class LlamaCpp(ServingEngine):
         return f"{model_dir}/{MODEL_FILE}"
 
     def write_model(self, model_dir: Path, profile: StackProfile, *, dtype: str) -> None:
-        from builders.gguf_model import write_tiny_gguf
+        from builders.engines.llama_cpp.gguf_model import write_tiny_gguf
 
         # The weights are float32 whatever the run's dtype: ggml's CPU backend computes in f32 either way.
         write_tiny_gguf(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from builders.engines.native import sdist_member
 from builders.errors import ConfigError
-from builders.inference.base import sdist_member
 
 # The tree inside the sdist: every path the gates cite is relative to the sdist's top folder.
 VENDORED = "vendor/llama.cpp"

@@ -16,7 +16,6 @@ from typing import Any
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from builders.errors import SmokeFailed
-from builders.traffic.plan import DEFAULT_VOCABULARY
 
 HEAD_DIM = 64
 BOS = "<s>"
@@ -29,6 +28,18 @@ SPECIAL_TOKENS = (PAD, BOS, EOS, IM_START, IM_END)
 # Byte-level BPE: every possible input encodes (no unknown tokens) and any generated id decodes, so random
 # weights cannot produce an undecodable stream.
 VOCAB_SIZE = 1024
+
+# The words the traffic generator (builders/traffic/plan.py) builds its prompts from: common short English words
+# that byte-level BPE tokenizers encode as one token each after a space. Kept here, with the tokenizer trained on
+# them, so this engine-side module does not import the runtime layer.
+DEFAULT_VOCABULARY: tuple[str, ...] = (
+    "the", "cat", "dog", "sun", "sea", "tree", "house", "road", "blue", "red", "green", "small",
+    "large", "old", "new", "fast", "slow", "city", "river", "stone", "bird", "fish", "book", "door",
+    "light", "night", "day", "time", "year", "man", "woman", "child", "water", "fire", "wind", "rain",
+    "snow", "cold", "warm", "good", "bad", "long", "short", "high", "low", "open", "close", "run",
+    "walk", "read", "write", "sing", "play", "work", "rest", "eat", "drink", "see", "hear", "find",
+    "give", "take", "make", "keep",
+)  # fmt: skip
 
 # Fixed corpus the merges are learned from: ordinary English plus the traffic generator's vocabulary, whose
 # plans assume one token per word after a space (TrafficPlan.tokens_per_word = 1.0), as with Llama's BPE.

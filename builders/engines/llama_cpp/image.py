@@ -13,14 +13,15 @@ from pathlib import Path
 from builders.config.models import Distro, Recipe
 from builders.container import Engine
 from builders.distros import family_for
+from builders.engines.checks import CheckResult
+from builders.engines.llama_cpp import checks as llama_cpp_checks
+from builders.engines.llama_cpp import gates as llama_cpp_gates
+from builders.engines.llama_cpp.tree import GGML_ISA_FLAGS, VENDORED
 from builders.errors import ConfigError
-from builders.image_tests import CheckResult
-from builders.inference import llama_cpp_checks, llama_cpp_gates
-from builders.inference.base import PreflightInputs
-from builders.inference.llama_cpp_tree import GGML_ISA_FLAGS, VENDORED
 from builders.plan import BuildPlan, ContextItem, PlanOptions, image_build_args, image_labels
 from builders.platforms import platform_of
 from builders.preflight.findings import Finding
+from builders.preflight.inputs import PreflightInputs
 
 # Everything but the ISA, which comes from the recipe as build args. Why each is set:
 CMAKE_DEFINES: dict[str, str] = {

@@ -11,7 +11,7 @@ from pathlib import Path
 import requests
 
 from builders.container import Engine, RunSpec
-from builders.image_tests import CheckResult, free_port, server_log_excerpt
+from builders.engines.checks import CheckResult, free_port, server_log_excerpt
 from builders.plan import BuildPlan
 
 SERVED_NAME = "tiny"
@@ -89,7 +89,7 @@ def streamed_chat(base_url: str, model: str, *, max_tokens: int = 8, timeout: fl
 
 
 def check_serve(engine: Engine, image: str, plan: BuildPlan) -> CheckResult:
-    from builders.gguf_model import write_tiny_gguf
+    from builders.engines.llama_cpp.gguf_model import write_tiny_gguf
 
     start = time.monotonic()
     port = free_port()
