@@ -27,8 +27,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULES = ("store", "kernel", "pool", "layouts")
-TESTS = ("tests/kvlab/test_kvlab_cases.py", "tests/kvlab/test_kvlab_rank.py")
-"""Every case as its own test, and the ranking's counters (the layouts' Stats)."""
+TESTS = ("tests/kvlab/test_kvlab_cases.py", "tests/kvlab/test_kvlab_pool.py", "tests/kvlab/test_kvlab_rank.py")
+"""Every case as its own test, the pool's refusals and invariant checks, and the ranking's counters (the layouts'
+Stats)."""
 
 EQUIVALENT: dict[tuple[str, str], str] = {
     # (module, the mutated line as mutmut shows it after "+") -> why no test can tell
