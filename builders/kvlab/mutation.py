@@ -27,9 +27,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULES = ("store", "kernel", "pool", "layouts")
-TESTS = ("tests/kvlab/test_kvlab_cases.py", "tests/kvlab/test_kvlab_pool.py", "tests/kvlab/test_kvlab_rank.py")
-"""Every case as its own test, the pool's refusals and invariant checks, and the ranking's counters (the layouts'
-Stats)."""
+TESTS = (
+    "tests/kvlab/test_kvlab_cases.py",
+    "tests/kvlab/test_kvlab_pool.py",
+    "tests/kvlab/test_kvlab_layouts.py",
+    "tests/kvlab/test_kvlab_rank.py",
+)
+"""Every case as its own test, the pool's refusals and invariant checks, the layouts' counters counted by hand and
+their planted bugs' switches, and the ranking."""
 
 EQUIVALENT: dict[tuple[str, str], str] = {
     # (module, the mutated line as mutmut shows it after "+") -> why no test can tell
@@ -127,7 +132,10 @@ EQUIVALENT: dict[tuple[str, str], str] = {
     ),
 }
 
-STATUS = {0: "survived", 1: "killed", 3: "killed", 5: "no tests", 33: "no tests", 34: "skipped", 36: "timeout"}
+STATUS = {0: "survived", 1: "killed", 3: "killed", 5: "no tests", 33: "no tests", 34: "skipped"}
+STATUS |= dict.fromkeys((36, 24, -24, 152, 255), "timeout")
+"""mutmut's exit codes (mutmut/stats.py). A timeout (36, or SIGXCPU at its CPU limit) is a mutant that made the
+tests run on, e.g. a loop that no longer advances: noticed, so counted killed, as mutmut's own score does."""
 
 
 @dataclass
@@ -185,8 +193,10 @@ def collect(work: Path, module: str, result: ModuleResult) -> None:
             result.not_checked += 1
             continue
         status = STATUS.get(code, "suspicious")
-        if status == "killed":
+        if status in ("killed", "timeout"):
             result.killed += 1
+            if status == "timeout":
+                result.other["timeout (killed)"] = result.other.get("timeout (killed)", 0) + 1
         elif status == "survived":
             line = _diff(work, name)
             why = EQUIVALENT.get((module, line))
