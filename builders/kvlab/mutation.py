@@ -233,6 +233,47 @@ def run_module(module: str, *, timeout: float, children: int) -> ModuleResult:
     return result
 
 
+def recheck_module(module: str, *, timeout: float, children: int) -> ModuleResult:
+    """Re-check a kept run's survivors and unchecked mutants with today's tests, in a fresh copy (changing the
+    kept copy's test selection would make mutmut reset every verdict), and fold the new verdicts into the kept
+    run. A mutant killed before stays killed: tests are only ever added to the selection."""
+    work = ROOT / "build" / "kvlab-mutation" / module
+    meta = work / "mutants" / "builders" / "kvlab" / f"{module}.py.meta"
+    if not meta.exists():
+        return run_module(module, timeout=timeout, children=children)
+    data = json.loads(meta.read_text())
+    codes: dict[str, int | None] = data["exit_code_by_key"]
+    names = [n for n, c in codes.items() if c is None or STATUS.get(c) not in ("killed", "timeout")]
+    fresh = work.with_name(f"{module}-recheck")
+    prepare(fresh, module)
+    result = ModuleResult(module)
+    start = time.monotonic()
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    with (fresh / "mutmut.log").open("w") as log:
+        try:
+            subprocess.run(
+                ["mutmut", "run", "--max-children", str(children), *names],
+                cwd=fresh,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                timeout=timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            result.timed_out = True
+    fresh_meta = fresh / "mutants" / "builders" / "kvlab" / f"{module}.py.meta"
+    if fresh_meta.exists():
+        new_codes = json.loads(fresh_meta.read_text())["exit_code_by_key"]
+        for name in names:
+            if new_codes.get(name) is not None:
+                codes[name] = new_codes[name]
+        meta.write_text(json.dumps(data))
+    result.seconds = round(time.monotonic() - start, 1)
+    collect(work, module, result)
+    return result
+
+
 def score(results: list[ModuleResult]) -> tuple[int, int, int]:
     """(killed, checked, equivalent): the killed share is killed / (checked - equivalent)."""
     killed = sum(r.killed for r in results)
@@ -268,6 +309,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per module (default 1800)")
     parser.add_argument("--children", type=int, default=2, help="mutants checked in parallel (default 2)")
     parser.add_argument("--min-killed", type=float, default=0.9, help="fail below this killed share (default 0.9)")
+    parser.add_argument(
+        "--recheck",
+        action="store_true",
+        help="re-check only the kept run's survivors and unchecked mutants, with today's tests",
+    )
     parser.add_argument("--report-only", action="store_true", help="only summarise the module results kept")
     args = parser.parse_args(argv)
     unknown = [m for m in args.modules if m not in MODULES]
@@ -279,7 +325,13 @@ def main(argv: list[str] | None = None) -> int:
     report = ROOT / "reports" / "kvlab-mutation"
     report.mkdir(parents=True, exist_ok=True)
     for module in [] if args.report_only else args.modules:
-        result = run_module(module, timeout=args.timeout, children=args.children)
+        if args.recheck:
+            kept = report / f"{module}.json"
+            before = json.loads(kept.read_text())["seconds"] if kept.exists() else 0.0
+            result = recheck_module(module, timeout=args.timeout, children=args.children)
+            result.seconds = round(result.seconds + before, 1)
+        else:
+            result = run_module(module, timeout=args.timeout, children=args.children)
         (report / f"{module}.json").write_text(json.dumps(asdict(result), indent=2) + "\n")
         print(f"{module}: {result.killed} killed of {result.total - result.not_checked} checked", flush=True)
     results = [ModuleResult(**json.loads(path.read_text())) for m in MODULES if (path := report / f"{m}.json").exists()]
