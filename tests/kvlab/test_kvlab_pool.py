@@ -64,6 +64,16 @@ def test_the_free_queue_refuses_an_empty_pop_and_a_block_it_does_not_hold() -> N
     err = _refusal(queue.popleft)
     assert err.message == "no free KV block left"
     assert _refusal(lambda: queue.remove(KVBlock(7))).message == "block 7 is not in the free queue"
+    # A block taken out is unlinked: taking it out again is refused, not a corrupted queue.
+    first, second, third = KVBlock(1), KVBlock(2), KVBlock(3)
+    queue = FreeBlockQueue([first, second])
+    queue.remove(first)
+    assert _refusal(lambda: queue.remove(first)).message == "block 1 is not in the free queue"
+    # appendleft (the planted mru-eviction's way back in) puts a block at the head, counted.
+    queue.appendleft(third)
+    queue.append(first)
+    assert [b.block_id for b in queue] == [3, 2, 1] and len(queue) == queue.num_free == 3
+    assert queue.popleft() is third
 
 
 def test_a_write_into_a_freed_window_block_is_refused_before_and_inside_the_loop() -> None:
