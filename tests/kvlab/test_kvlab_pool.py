@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from builders.kvlab.pool import POOL_BUGS, BlockPool, FreeBlockQueue, KVBlock, PoolError, Request
+from builders.kvlab.pool import POOL_BUGS, BlockPool, FreeBlockQueue, KVBlock, PoolError, Request, hash_block
 
 COW_HINT = "vLLM V1 shares only full blocks; create the pool with cow=True for V0's copy-on-write"
 ROOM_HINT = "give the pool more blocks or free a request"
@@ -97,6 +97,60 @@ def test_the_smallest_pool_is_two_blocks_of_one_token() -> None:
         "no free KV block left: request 'r' needs 1 for 1 tokens, 0 are free"
     )
     pool.check_invariants()
+
+
+def test_the_room_check_counts_exactly_the_blocks_an_append_takes() -> None:
+    # With no block free, tokens that fit the last block's free slots are taken, and an empty append is a no-op.
+    for cow in (False, True):
+        pool = BlockPool(2, 2, cow=cow)
+        r = pool.add_request("r", [])
+        assert pool.append(r, [9]) == [(1, 0)]
+        assert pool.append(r, []) == []
+        assert pool.append(r, [10]) == [(1, 1)]
+        err = _refusal(lambda pool=pool, r=r: pool.append(r, [11]))  # type: ignore[misc]
+        assert (err.message, err.hint) == (
+            "no free KV block left: request 'r' needs 1 for 1 tokens, 0 are free",
+            ROOM_HINT,
+        )
+        assert r.num_tokens == 2
+    # Copy-on-write of a shared partial block takes exactly one block: with one free, the write goes through.
+    pool = BlockPool(4, 4, cow=True)
+    r = pool.add_request("r", [])
+    pool.append(r, list(range(6)))
+    child = pool.fork(r, "c")
+    assert pool.free_queue.num_free == 1
+    assert pool.append(child, [6]) == [(3, 2)]
+    err = _refusal(lambda: pool.append(r, [6, 7, 8]))
+    assert err.message == "no free KV block left: request 'r' needs 1 for 3 tokens, 0 are free"
+
+
+def test_a_block_computed_after_a_prefix_hit_chains_its_hash_to_the_hit() -> None:
+    pool = BlockPool(16, 4)
+    x, y, z = [1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]
+    a = pool.add_request("a", [])
+    pool.append(a, x + y)
+    b = pool.add_request("b", [*x, *z, 0])
+    assert b.num_tokens == 4
+    pool.append(b, z)
+    assert b.hashes == [hash_block(None, x), hash_block(hash_block(None, x), z)]
+    # z cached at position 4 after x: a prompt starting with z does not hit it; one starting x + z does.
+    assert pool.add_request("c", [*z, 0]).num_tokens == 0
+    assert pool.add_request("d", [*x, *z, 0]).num_tokens == 8
+
+
+def test_the_planted_pool_bugs_reach_append() -> None:
+    # append-not-atomic skips the room check: the append runs out half way, keeping the tokens it placed.
+    pool = BlockPool(3, 4, bug="append-not-atomic")
+    r = pool.add_request("r", [])
+    err = _refusal(lambda: pool.append(r, list(range(12))))
+    assert err.message == "no free KV block left" and r.num_tokens == 8
+    # parentless-hash hashes each full block on its own tokens, in append as in the prefix lookup.
+    tokens = list(range(8))
+    for bug, parent in ((None, hash_block(None, tokens[:4])), ("parentless-hash", None)):
+        pool = BlockPool(4, 4, bug=bug)
+        r = pool.add_request("r", [])
+        pool.append(r, tokens)
+        assert r.hashes[1] == hash_block(parent, tokens[4:])
 
 
 def test_every_block_handed_out_is_announced_so_the_store_can_poison_it() -> None:
