@@ -138,7 +138,7 @@ def test_a_block_computed_after_a_prefix_hit_chains_its_hash_to_the_hit() -> Non
     assert pool.add_request("d", [*x, *z, 0]).num_tokens == 8
 
 
-def test_the_planted_pool_bugs_reach_append() -> None:
+def test_the_planted_pool_bugs_reach_append_and_the_lookup() -> None:
     # append-not-atomic skips the room check: the append runs out half way, keeping the tokens it placed.
     pool = BlockPool(3, 4, bug="append-not-atomic")
     r = pool.add_request("r", [])
@@ -151,6 +151,11 @@ def test_the_planted_pool_bugs_reach_append() -> None:
         r = pool.add_request("r", [])
         pool.append(r, tokens)
         assert r.hashes[1] == hash_block(parent, tokens[4:])
+    # And in the prefix lookup: under the bug, blocks 2 and 3 of a request hit at positions 0 and 1.
+    pool = BlockPool(8, 4, bug="parentless-hash")
+    r = pool.add_request("r", [])
+    pool.append(r, list(range(12)))
+    assert pool.add_request("h", [*range(4, 12), 99]).num_tokens == 8
 
 
 def test_every_block_handed_out_is_announced_so_the_store_can_poison_it() -> None:
