@@ -11,12 +11,14 @@ from dataclasses import asdict
 import numpy as np
 import pytest
 
+from builders.kvlab import kernel
 from builders.kvlab.cases import CASES
 from builders.kvlab.check import run_case
 from builders.kvlab.lab import Lab
-from builders.kvlab.layouts import LAYOUTS, Entry
+from builders.kvlab.layouts import LAYOUTS, Entry, Span, VirtualContiguous, csr_seq_len, spans_of, to_csr
 from builders.kvlab.pool import Request
 from builders.kvlab.spec import AttnSpec
+from builders.kvlab.store import KVStore
 
 BLOCK = 4
 BYTES_PER_TOKEN = 2 * 2 * 8 * 2  # K and V, 2 KV heads of 8, fp16-sized
@@ -138,3 +140,71 @@ def test_a_planted_layout_bug_reaches_its_layout(name: str, bug: str) -> None:
     case = next(c for c in CASES if c.name == CAUGHT_BY[name, bug])
     assert run_case(case, name).passed
     assert not run_case(case, name, layout_bug=bug).passed
+
+
+def test_each_layout_refuses_a_bug_it_does_not_plant() -> None:
+    spec = AttnSpec(num_heads=2, num_kv_heads=2, head_size=4)
+    for name, cls in LAYOUTS.items():
+        with pytest.raises(ValueError) as caught:
+            cls(BLOCK, spec, bug="nope")
+        assert str(caught.value) == f"layout {name} has no planted bug 'nope'; known: {', '.join(cls.bugs)}"
+        assert cls(BLOCK, spec, bug=next(iter(cls.bugs))).bug == next(iter(cls.bugs))
+        with pytest.raises(ValueError) as caught:
+            cls(BLOCK, spec, kernel_bug="nope")
+        assert str(caught.value) == f"no planted kernel bug 'nope'; known: {', '.join(kernel.KERNEL_BUGS)}"
+        cls(BLOCK, spec, kernel_bug=next(iter(kernel.KERNEL_BUGS)))
+
+
+def _entry(block_ids: tuple[int, ...], seq_len: int) -> Entry:
+    return Entry(req_id="e", block_ids=block_ids, seq_len=seq_len, query=np.zeros((1, 2, 4), np.float32))
+
+
+def test_the_exchange_format_is_flashinfers_int32_csr() -> None:
+    csr = to_csr([_entry((3, 4), 5), _entry((), 0), _entry((7,), 4)], BLOCK)
+    assert csr.kv_indptr.dtype == csr.kv_indices.dtype == csr.kv_last_page_len.dtype == np.int32
+    assert csr.kv_indptr.tolist() == [0, 2, 2, 3] and csr.kv_indices.tolist() == [3, 4, 7]
+    assert csr.kv_last_page_len[[0, 2]].tolist() == [1, 4]
+    assert [csr_seq_len(csr, i, BLOCK) for i in range(3)] == [5, 0, 4]
+
+
+def test_spans_are_runs_of_following_blocks_from_the_first_page_without_the_null_page() -> None:
+    assert spans_of([1, 2, 3]) == [Span(0, 1, 3)]
+    assert spans_of([1, 2, 5, 6]) == [Span(0, 1, 2), Span(2, 5, 2)]
+    assert spans_of([4, 3]) == [Span(0, 4, 1), Span(1, 3, 1)]
+    assert spans_of([0, 0, 3, 4]) == [Span(2, 3, 2)]
+    assert spans_of([7, 0, 8]) == [Span(0, 7, 1), Span(2, 8, 1)]
+    assert spans_of([3, 4, 9, 10], first_page=2) == [Span(2, 9, 2)]
+    # The planted merge-across-gap rule: any higher block joins the run.
+    assert spans_of([1, 2, 5], merge_any_ascending=True) == [Span(0, 1, 3)]
+
+
+def test_spans_start_at_the_windows_first_page() -> None:
+    # Block 5 is still held but wholly before the window: it is not a run the attention reads.
+    spec = AttnSpec(num_heads=2, num_kv_heads=2, head_size=4, sliding_window=5)
+    store = KVStore(16, BLOCK, spec)
+    rng = np.random.default_rng(0)
+    for block in (5, 9, 10):
+        store.k[block], store.v[block] = rng.standard_normal((2, BLOCK, 2, 4)).astype(np.float32)
+    entry = Entry(req_id="e", block_ids=(5, 9, 10), seq_len=12, query=rng.standard_normal((1, 2, 4)).astype(np.float32))
+    spans, paged = LAYOUTS["spans"](BLOCK, spec), LAYOUTS["paged"](BLOCK, spec)
+    assert np.array_equal(spans.attend([entry], store)[0], paged.attend([entry], store)[0])
+    assert (spans.stats.index_lookups, spans.stats.metadata_bytes, spans.stats.kv_tokens_read) == (1, 20, 5)
+
+
+def test_the_virtual_buffer_is_kept_while_it_fits_and_copies_only_what_changed() -> None:
+    lab, requests, entries = _shared_batch()
+    layout = VirtualContiguous(BLOCK, lab.spec)
+    layout.attend(entries, lab.store)
+    before = dict(layout.buffers)
+    assert {r: b.k.shape[0] for r, b in before.items()} == {"a": 12, "b": 16, "c": 8, "a2": 12, "f": 8}
+    copied = layout.stats.copy_bytes
+    for request in requests:
+        lab.compute(request, lab.prompt(1))
+    entries = [lab.entry(r) for r in requests]
+    for request, entry, out in zip(requests, entries, layout.attend(entries, lab.store), strict=True):
+        assert np.allclose(out, lab.expected(request, entry), atol=2e-5, rtol=0), request.req_id
+    # Each request's last block changed (f's is new); nothing else is copied again.
+    assert layout.stats.copy_bytes - copied == 5 * BLOCK * BYTES_PER_TOKEN
+    assert all(layout.buffers[r] is before[r] for r in ("a", "b", "c", "a2"))
+    # f outgrew its 8 rows: a new reservation of twice the old, its mapped blocks carried over.
+    assert layout.buffers["f"] is not before["f"] and layout.buffers["f"].k.shape[0] == 16
