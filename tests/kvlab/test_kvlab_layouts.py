@@ -152,7 +152,8 @@ def test_each_layout_refuses_a_bug_it_does_not_plant() -> None:
         with pytest.raises(ValueError) as caught:
             cls(BLOCK, spec, kernel_bug="nope")
         assert str(caught.value) == f"no planted kernel bug 'nope'; known: {', '.join(kernel.KERNEL_BUGS)}"
-        cls(BLOCK, spec, kernel_bug=next(iter(kernel.KERNEL_BUGS)))
+        planted = next(iter(kernel.KERNEL_BUGS))
+        assert getattr(cls(BLOCK, spec, kernel_bug=planted).kernel_bugs, kernel.KERNEL_BUGS[planted][0]) is True
 
 
 def _entry(block_ids: tuple[int, ...], seq_len: int) -> Entry:
