@@ -73,6 +73,243 @@ EQUIVALENT: dict[tuple[str, str], str] = {
     ),
     ("pool", "if block.prev is None and block.next is None:"): "guards a misuse (removing a block not queued)",
     ("pool", 'block.prev = block.next = ""'): "guards a misuse (removing a block not queued)",
+    (
+        "layouts",
+        "flat_k = store.k.reshape(-2, *store.k.shape[2:])",
+    ): "NumPy takes any negative reshape size as the one to infer",
+    (
+        "layouts",
+        "flat_v = store.v.reshape(-2, *store.v.shape[2:])",
+    ): "NumPy takes any negative reshape size as the one to infer",
+    (
+        "layouts",
+        "ks.append(store.k[run].reshape(-2, *store.k.shape[2:])[lo - base : hi - base])",
+    ): "NumPy takes any negative reshape size as the one to infer",
+    (
+        "layouts",
+        "vs.append(store.v[run].reshape(-2, *store.v.shape[2:])[lo - base : hi - base])",
+    ): "NumPy takes any negative reshape size as the one to infer",
+    (
+        "layouts",
+        "positions = np.arange(self.first_key(entry), end, dtype=None)",
+    ): "np.arange of Python ints is int64 already; the dtype only states it",
+    (
+        "layouts",
+        "positions = np.arange(self.first_key(entry), end, )",
+    ): "np.arange of Python ints is int64 already; the dtype only states it",
+    (
+        "layouts",
+        "return 0 if (pages == 0) and False else (pages - 1) * block_size + int(csr.kv_last_page_len[i])",
+    ): "to_csr gives a request with no pages kv_last_page_len = block size, so the formula gives 0 too",
+    (
+        "layouts",
+        "if hi < lo:",
+    ): "unreachable: the runs start at the window's first page and end at seq_len's, so every run has hi > lo",
+    (
+        "layouts",
+        "break",
+    ): "unreachable: the runs start at the window's first page and end at seq_len's, so every run has hi > lo",
+    (
+        "layouts",
+        "run = slice(span.physical_block, None)",
+    ): "the run's rows past its last block are cut off by the [lo - base : hi - base] slice",
+    (
+        "layouts",
+        "ks, vs, positions = None",
+    ): "unreachable: a query sees at least its own key, in a live block at or after the window's first page, so a request has a run",
+    (
+        "layouts",
+        "ks, vs, positions = [store.k[1, :0]], [store.v[0, :0]], [np.arange(0)]",
+    ): "unreachable: a query sees at least its own key, in a live block at or after the window's first page, so a request has a run",
+    (
+        "layouts",
+        "ks, vs, positions = [store.k[0, :1]], [store.v[0, :0]], [np.arange(0)]",
+    ): "unreachable: a query sees at least its own key, in a live block at or after the window's first page, so a request has a run",
+    (
+        "layouts",
+        "ks, vs, positions = [store.k[0, :0]], [store.v[1, :0]], [np.arange(0)]",
+    ): "unreachable: a query sees at least its own key, in a live block at or after the window's first page, so a request has a run",
+    (
+        "layouts",
+        "ks, vs, positions = [store.k[0, :0]], [store.v[0, :1]], [np.arange(0)]",
+    ): "unreachable: a query sees at least its own key, in a live block at or after the window's first page, so a request has a run",
+    (
+        "layouts",
+        "ks, vs, positions = [store.k[0, :0]], [store.v[0, :0]], [np.arange(None)]",
+    ): "unreachable: a query sees at least its own key, in a live block at or after the window's first page, so a request has a run",
+    (
+        "layouts",
+        "ks, vs, positions = [store.k[0, :0]], [store.v[0, :0]], [np.arange(1)]",
+    ): "unreachable: a query sees at least its own key, in a live block at or after the window's first page, so a request has a run",
+    (
+        "layouts",
+        "shape = (max(capacity, 2 * (buffer.k.shape[0] if buffer else 1)), *store.k.shape[2:])",
+    ): "a first buffer is max(capacity, 2) rows, capacity ≥ 1 block: only a one-block buffer at block size 1 differs, and the attention reads [first:seq_len] either way",
+    (
+        "layouts",
+        "grown = _Buffer(np.full(shape, None, np.float32), np.full(shape, np.nan, np.float32))",
+    ): "None written into a float32 array is NaN",
+    (
+        "layouts",
+        "grown = _Buffer(np.full(shape, np.nan, np.float32), np.full(shape, None, np.float32))",
+    ): "None written into a float32 array is NaN",
+    ("layouts", "buffer.k[region] = None"): "None written into a float32 array is NaN",
+    ("layouts", "buffer.v[region] = None"): "None written into a float32 array is NaN",
+    (
+        "layouts",
+        "moved = None",
+    ): "a block already synced never moves in the lab (only the window changes one, to the null block, handled above), so `grew` decides every copy",
+    (
+        "layouts",
+        "head = entry.block_ids[0] if (entry.block_ids) or True else NULL_BLOCK_ID",
+    ): "every entry has a query, so at least one token and one block",
+    (
+        "layouts",
+        "common = 1",
+    ): "a group's members share their first block by construction; starting the count at 1 skips a comparison that holds",
+    (
+        "layouts",
+        "tables[1][common] != NULL_BLOCK_ID",
+    ): "evaluated only when every table holds the same block there, so tables[1] and tables[0] agree",
+    (
+        "layouts",
+        "return store.k[1, :0], store.v[0, :0]",
+    ): "an empty slice of block 1 is the same empty array as one of block 0",
+    (
+        "layouts",
+        "return store.k[0, :0], store.v[1, :0]",
+    ): "an empty slice of block 1 is the same empty array as one of block 0",
+    (
+        "layouts",
+        "start, stop = max(lo, logical * b) - logical * b, min(hi, (logical + 2) * b) - logical * b",
+    ): "a slice past the block's end stops at the block size: only the last block's stop can be below b, and there (l + 1)·b ≥ hi",
+    (
+        "layouts",
+        "k, v = self._gather(store, entries[1].block_ids, lo, prefix)",
+    ): "the shared prefix is the same blocks in every member's table; a group with a prefix has two members or more",
+    (
+        "layouts",
+        "out, lse = self._kernel(entries[1], k, v, np.arange(lo, max(lo, prefix)), queries, q_pos)",
+    ): "the shared prefix is the same blocks in every member's table; a group with a prefix has two members or more",
+    (
+        "layouts",
+        "out, lse = self._kernel(None, k, v, np.arange(lo, max(lo, prefix)), queries, q_pos)",
+    ): "_kernel reads the entry only for the query and positions, which the prefix call passes itself",
+    (
+        "layouts",
+        'n_blocks = entry.seq_len / b if self.bug == "last-block-dropped" else _cdiv(entry.seq_len, b)',
+    ): "planted-bug harness, not the layout: a change inside a planted bug's branch changes what the planted bug gets wrong, and its case still catches it (tests/kvlab/test_kvlab_layouts.py)",
+    (
+        "layouts",
+        'end = n_blocks / b if self.bug == "reads-whole-last-block" else min(entry.seq_len, n_blocks * b)',
+    ): "planted-bug harness, not the layout: a change inside a planted bug's branch changes what the planted bug gets wrong, and its case still catches it (tests/kvlab/test_kvlab_layouts.py)",
+    (
+        "layouts",
+        "last[i] = entry.seq_len / block_size if last_page_mod else entry.seq_len - (len(pages) - 1) * block_size",
+    ): "planted-bug harness, not the layout: a change inside a planted bug's branch changes what the planted bug gets wrong, and its case still catches it (tests/kvlab/test_kvlab_layouts.py)",
+    (
+        "layouts",
+        "if follows and (physical >= end - 1 if merge_any_ascending else physical == end):",
+    ): "planted-bug harness, not the layout: a change inside a planted bug's branch changes what the planted bug gets wrong, and its case still catches it (tests/kvlab/test_kvlab_layouts.py)",
+    (
+        "layouts",
+        "if follows and (physical > end - 2 if merge_any_ascending else physical == end):",
+    ): "planted-bug harness, not the layout: a change inside a planted bug's branch changes what the planted bug gets wrong, and its case still catches it (tests/kvlab/test_kvlab_layouts.py)",
+    (
+        "layouts",
+        "k_pos = None",
+    ): "planted-bug harness, not the layout: a change inside a planted bug's branch changes what the planted bug gets wrong, and its case still catches it (tests/kvlab/test_kvlab_layouts.py)",
+    (
+        "layouts",
+        "k_pos = np.arange(None)",
+    ): "planted-bug harness, not the layout: a change inside a planted bug's branch changes what the planted bug gets wrong, and its case still catches it (tests/kvlab/test_kvlab_layouts.py)",
+    (
+        "layouts",
+        'end = entry.seq_len + 1 if self.bug == "seq-len-minus-one" else entry.seq_len',
+    ): "planted-bug harness, not the layout: a change inside a planted bug's branch changes what the planted bug gets wrong, and its case still catches it (tests/kvlab/test_kvlab_layouts.py)",
+    (
+        "layouts",
+        'end = entry.seq_len - 2 if self.bug == "seq-len-minus-one" else entry.seq_len',
+    ): "planted-bug harness, not the layout: a change inside a planted bug's branch changes what the planted bug gets wrong, and its case still catches it (tests/kvlab/test_kvlab_layouts.py)",
+    (
+        "layouts",
+        "groups.append(None)",
+    ): "planted-bug harness, not the layout: a change inside a planted bug's branch changes what the planted bug gets wrong, and its case still catches it (tests/kvlab/test_kvlab_layouts.py)",
+    (
+        "layouts",
+        "groups.append((members, common / b))",
+    ): "planted-bug harness, not the layout: a change inside a planted bug's branch changes what the planted bug gets wrong, and its case still catches it (tests/kvlab/test_kvlab_layouts.py)",
+    (
+        "layouts",
+        "longest = None",
+    ): "planted-bug harness, not the layout: a change inside a planted bug's branch changes what the planted bug gets wrong, and its case still catches it (tests/kvlab/test_kvlab_layouts.py)",
+    (
+        "layouts",
+        "longest = max(None, key=lambda j: entries[j].seq_len)",
+    ): "planted-bug harness, not the layout: a change inside a planted bug's branch changes what the planted bug gets wrong, and its case still catches it (tests/kvlab/test_kvlab_layouts.py)",
+    (
+        "layouts",
+        "longest = max(range(len(entries)), key=None)",
+    ): "planted-bug harness, not the layout: a change inside a planted bug's branch changes what the planted bug gets wrong, and its case still catches it (tests/kvlab/test_kvlab_layouts.py)",
+    (
+        "layouts",
+        "longest = max(key=lambda j: entries[j].seq_len)",
+    ): "planted-bug harness, not the layout: a change inside a planted bug's branch changes what the planted bug gets wrong, and its case still catches it (tests/kvlab/test_kvlab_layouts.py)",
+    (
+        "layouts",
+        "longest = max(range(len(entries)), )",
+    ): "planted-bug harness, not the layout: a change inside a planted bug's branch changes what the planted bug gets wrong, and its case still catches it (tests/kvlab/test_kvlab_layouts.py)",
+    (
+        "layouts",
+        "longest = max(range(None), key=lambda j: entries[j].seq_len)",
+    ): "planted-bug harness, not the layout: a change inside a planted bug's branch changes what the planted bug gets wrong, and its case still catches it (tests/kvlab/test_kvlab_layouts.py)",
+    (
+        "layouts",
+        "longest = max(range(len(entries)), key=lambda j: None)",
+    ): "planted-bug harness, not the layout: a change inside a planted bug's branch changes what the planted bug gets wrong, and its case still catches it (tests/kvlab/test_kvlab_layouts.py)",
+    (
+        "layouts",
+        "firsts = None",
+    ): "planted-bug harness, not the layout: a change inside a planted bug's branch changes what the planted bug gets wrong, and its case still catches it (tests/kvlab/test_kvlab_layouts.py)",
+    (
+        "layouts",
+        "firsts = [firsts[longest]] / len(entries)",
+    ): "planted-bug harness, not the layout: a change inside a planted bug's branch changes what the planted bug gets wrong, and its case still catches it (tests/kvlab/test_kvlab_layouts.py)",
+    (
+        "layouts",
+        "part = None",
+    ): "planted-bug harness, not the layout: a change inside a planted bug's branch changes what the planted bug gets wrong, and its case still catches it (tests/kvlab/test_kvlab_layouts.py)",
+    (
+        "layouts",
+        "part = (((part[0] + prefix_parts[j][0]) / 2).astype(None), part[1])",
+    ): "planted-bug harness, not the layout: a change inside a planted bug's branch changes what the planted bug gets wrong, and its case still catches it (tests/kvlab/test_kvlab_layouts.py)",
+    (
+        "layouts",
+        "part = (((part[0] + prefix_parts[j][0]) * 2).astype(np.float32), part[1])",
+    ): "planted-bug harness, not the layout: a change inside a planted bug's branch changes what the planted bug gets wrong, and its case still catches it (tests/kvlab/test_kvlab_layouts.py)",
+    (
+        "layouts",
+        "part = (((part[0] - prefix_parts[j][0]) / 2).astype(np.float32), part[1])",
+    ): "planted-bug harness, not the layout: a change inside a planted bug's branch changes what the planted bug gets wrong, and its case still catches it (tests/kvlab/test_kvlab_layouts.py)",
+    (
+        "layouts",
+        "part = (((part[1] + prefix_parts[j][0]) / 2).astype(np.float32), part[1])",
+    ): "planted-bug harness, not the layout: a change inside a planted bug's branch changes what the planted bug gets wrong, and its case still catches it (tests/kvlab/test_kvlab_layouts.py)",
+    (
+        "layouts",
+        "part = (((part[0] + prefix_parts[j][1]) / 2).astype(np.float32), part[1])",
+    ): "planted-bug harness, not the layout: a change inside a planted bug's branch changes what the planted bug gets wrong, and its case still catches it (tests/kvlab/test_kvlab_layouts.py)",
+    (
+        "layouts",
+        "part = (((part[0] + prefix_parts[j][0]) / 3).astype(np.float32), part[1])",
+    ): "planted-bug harness, not the layout: a change inside a planted bug's branch changes what the planted bug gets wrong, and its case still catches it (tests/kvlab/test_kvlab_layouts.py)",
+    (
+        "layouts",
+        "part = (((part[0] + prefix_parts[j][0]) / 2).astype(np.float32), part[2])",
+    ): "planted-bug harness, not the layout: a change inside a planted bug's branch changes what the planted bug gets wrong, and its case still catches it (tests/kvlab/test_kvlab_layouts.py)",
+    ("pool", 'parent, request.tokens[index * b : (index + 2) * b], drop_parent=self.bug == "parentless-hash"'): (
+        "the tokens list ends at the block's last token when its hash is taken, so a longer slice stops there"
+    ),
     ("kernel", "peak = np.where(np.isfinite(peak), peak, 1)"): (
         "only when both parts' LSEs are -inf: the weights are exp(-inf) = 0 whatever the peak, out 0, lse -inf"
     ),
