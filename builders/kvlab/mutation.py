@@ -48,31 +48,23 @@ EQUIVALENT: dict[tuple[str, str], str] = {
     ),
     ("store", "blocks = np.fromiter((s[0] for s in slots), dtype=np.int64, )"): "count is only a preallocation hint",
     ("store", "offsets = np.fromiter((s[1] for s in slots), dtype=np.int64, )"): "count is only a preallocation hint",
-    ("pool", "def hash_block(parent: bytes | None, tokens: Sequence[int], *, drop_parent: bool = True) -> bytes:"): (
-        "every caller passes drop_parent"
-    ),
     ("pool", 'digest.update(b"XX,XX".join(str(t).encode() for t in tokens))'): (
         "any separator that is not a digit keeps token lists apart"
     ),
-    ("pool", 'root = b"XXkvlab-rootXX" if parent is None else parent'): "any root constant chains the same way",
-    ("pool", 'root = b"KVLAB-ROOT" if parent is None else parent'): "any root constant chains the same way",
     ("pool", 'block.block_hash = ""'): "a fresh block's hash is only tested against None before it is set",
     ("pool", "limit = max(1, len(tokens) - 1) // b"): (
         "differs only for an empty prompt at block size 1, where no cached block has no tokens"
     ),
     ("pool", "request.blocks = None"): "the request has left the pool; nothing reads its table again",
-    ("pool", "return"): "`return []` without a window: no caller reads the empty list",
     ("pool", "self._head = KVBlock(None)"): "the free queue's sentinel ids are never read",
     ("pool", "self._head = KVBlock(+1)"): "the free queue's sentinel ids are never read",
     ("pool", "self._head = KVBlock(-2)"): "the free queue's sentinel ids are never read",
     ("pool", "self._tail = KVBlock(None)"): "the free queue's sentinel ids are never read",
     ("pool", "self._tail = KVBlock(+2)"): "the free queue's sentinel ids are never read",
     ("pool", "self._tail = KVBlock(-3)"): "the free queue's sentinel ids are never read",
-    ("pool", "if block is None and block is self._tail:"): (
-        "_check_room refuses an append before the queue can run empty; an empty popleft is unreachable"
+    ("pool", "if block.prev is None and block.next is None:"): (
+        "a block is linked on both sides or on neither (append, appendleft and remove set both), so and/or agree"
     ),
-    ("pool", "if block.prev is None and block.next is None:"): "guards a misuse (removing a block not queued)",
-    ("pool", 'block.prev = block.next = ""'): "guards a misuse (removing a block not queued)",
     (
         "layouts",
         "flat_k = store.k.reshape(-2, *store.k.shape[2:])",
