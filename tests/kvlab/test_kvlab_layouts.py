@@ -105,6 +105,7 @@ def test_each_layout_answers_and_counts_what_its_rule_says(
         expected = lab.expected(request, entry)
         assert np.allclose(out, expected, atol=2e-5, rtol=0), f"{name} {request.req_id}"
     stats = asdict(layout.stats)
+    assert all(type(count) is int for count in stats.values()), stats
     assert stats.pop("kernel_calls") == (calls[name] if calls else len(entries))
     assert stats == counts[name]
 
@@ -140,6 +141,13 @@ def test_a_planted_layout_bug_reaches_its_layout(name: str, bug: str) -> None:
     case = next(c for c in CASES if c.name == CAUGHT_BY[name, bug])
     assert run_case(case, name).passed
     assert not run_case(case, name, layout_bug=bug).passed
+
+
+def test_a_planted_kernel_bug_reaches_the_hybrid_merge() -> None:
+    # The hybrid layout hands its kernel switches to kernel.merge too: merge-without-max overflows at logits 200.
+    case = next(c for c in CASES if c.name == "logits-200")
+    assert run_case(case, "hybrid").passed
+    assert not run_case(case, "hybrid", kernel_bug="merge-without-max").passed
 
 
 def test_each_layout_refuses_a_bug_it_does_not_plant() -> None:
