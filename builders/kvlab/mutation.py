@@ -302,6 +302,22 @@ EQUIVALENT: dict[tuple[str, str], str] = {
     ("pool", 'parent, request.tokens[index * b : (index + 2) * b], drop_parent=self.bug == "parentless-hash"'): (
         "the tokens list ends at the block's last token when its hash is taken, so a longer slice stops there"
     ),
+    (
+        "layouts",
+        "return store.k[0, :0], store.v[0, :1]",
+    ): "no keys, so no weights: einsum broadcasts V's one row to the weights' empty key axis and sums nothing",
+    (
+        "layouts",
+        'window_slack=2 if bug == "window-off-by-one" else 0,',
+    ): "planted-bug harness, not the layout: a change inside a planted bug's branch changes what the planted bug gets wrong, and its case still catches it (tests/kvlab/test_kvlab_layouts.py)",
+    (
+        "layouts",
+        'slack = 2 if self.bug == "window-off-by-one" else 0',
+    ): "planted-bug harness, not the layout: a change inside a planted bug's branch changes what the planted bug gets wrong, and its case still catches it (tests/kvlab/test_kvlab_layouts.py)",
+    (
+        "layouts",
+        "return max(0, entry.q_start - self.spec.sliding_window + 1 + slack)",
+    ): "slack is 0 but under the planted window-off-by-one, which then narrows the window instead and is still caught: planted-bug harness",
     ("kernel", "peak = np.where(np.isfinite(peak), peak, 1)"): (
         "only when both parts' LSEs are -inf: the weights are exp(-inf) = 0 whatever the peak, out 0, lse -inf"
     ),
