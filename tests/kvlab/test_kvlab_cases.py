@@ -12,7 +12,6 @@ import pytest
 from builders.kvlab import kernel
 from builders.kvlab.cases import Case
 from builders.kvlab.check import run_case, runs
-from builders.kvlab.pool import BlockPool, PoolError
 from builders.kvlab.spec import AttnSpec
 
 RUNS = runs()
@@ -82,50 +81,3 @@ def test_dequantize_multiplies_each_side_by_its_own_scale() -> None:
     assert k.dtype == v.dtype == np.float32 and bool(np.all(k == 0.5)) and bool(np.all(v == 0.25))
     plain = AttnSpec(num_heads=2, num_kv_heads=2, head_size=4)
     assert kernel.dequantize(ones, ones, plain, k_scale_twice=False, v_by_k_scale=False)[0] is ones
-
-
-def test_pool_refuses_what_its_rules_forbid() -> None:
-    with pytest.raises(PoolError, match="at least 2 blocks of at least 1 token, not 1 × 4"):
-        BlockPool(1, 4)
-    with pytest.raises(PoolError, match="not 4 × 0"):
-        BlockPool(4, 0)
-    with pytest.raises(PoolError, match="unknown pool bug 'nope'"):
-        BlockPool(4, 4, bug="nope")
-    pool = BlockPool(6, 4)
-    request = pool.add_request("r", [])
-    pool.append(request, list(range(5)))
-    with pytest.raises(PoolError, match="request 'r' is already in the pool"):
-        pool.add_request("r", [])
-    with pytest.raises(PoolError, match="ends in a partial block"):
-        pool.fork(request, "c")
-    pool.append(request, [5, 6, 7])
-    with pytest.raises(PoolError, match="request 'r' is already in the pool"):
-        pool.fork(request, "r")
-    child = pool.fork(request, "c")
-    with pytest.raises(PoolError, match=r"writes block \d+, which 2 requests share"):
-        pool._copy_on_write(child, 1)
-    pool.free(child)
-    block = pool.blocks[request.block_ids[0]]
-    pool._release(block)
-    with pytest.raises(PoolError, match=f"block {block.block_id} freed more often than it was taken"):
-        pool._release(block)
-
-
-@pytest.mark.parametrize(
-    ("corrupt", "message"),
-    [
-        (lambda p, r: setattr(p.blocks[r.block_ids[0]], "ref_cnt", 2), "ref_cnt != holders"),
-        (lambda p, r: r.hashes.append(b"x"), "r: hash count"),
-        (lambda p, r: p.free_queue.append(p.null_block), "null block is in the free queue"),
-        (lambda p, r: setattr(p.free_queue, "num_free", 99), "free queue has duplicates or a bad count"),
-        (lambda p, r: p.cached.__setitem__(b"other", p.blocks[r.block_ids[0]]), "has another hash"),
-    ],
-)
-def test_pool_invariants_name_what_broke(corrupt: Any, message: str) -> None:
-    pool = BlockPool(8, 4)
-    request = pool.add_request("r", [])
-    pool.append(request, list(range(9)))
-    pool.check_invariants()
-    corrupt(pool, request)
-    with pytest.raises(AssertionError, match=message):
-        pool.check_invariants()
