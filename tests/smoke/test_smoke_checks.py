@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from builders.router.classes import RequestClass
+from builders.smoke.judge import compare_slow_clients, judge_kill
 from builders.smoke.plan import StackPlan, plan_stack
 from builders.smoke.profile import load_profile
-from builders.smoke.stack import compare_slow_clients, judge_kill, traffic_plan
+from builders.smoke.stack import traffic_plan
 from builders.traffic.metrics import RequestRecord
 from builders.traffic.plan import TrafficPlan
 from builders.traffic.results import TrafficResult
