@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "builders.smoke.command",
     "builders.deploy.command",
     "builders.repro.command",
+    "builders.verify.command",
     "builders.commands.schema",
     "builders.sweep.command",
     "builders.kvlab.command",

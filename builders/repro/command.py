@@ -1,4 +1,4 @@
-"""forge lock | verify-repro | sbom | ci, and `--locked` on forge build."""
+"""forge lock | sbom | ci, and `--locked` on forge build (verify-repro, which runs builds, is builders/verify/)."""
 
 from __future__ import annotations
 
@@ -11,19 +11,17 @@ from builders import log
 from builders.config import Project
 from builders.config.models import Distro, Recipe
 from builders.errors import UsageError
-from builders.options import BuildOptions, add_flags, cli_options, parse_sources
-from builders.repro.errors import LockDrift, NotReproducible, StaleRender
+from builders.options import parse_sources
+from builders.repro.errors import LockDrift, StaleRender
 
 Handler = Callable[[argparse.Namespace], int]
-# The build options verify-repro passes on to both builds, with the flags `forge build` spells them with.
-VERIFY_BUILD_OPTIONS = {"builder", "max_jobs", "source_overrides", "wheelhouse", "reports_dir", "scratch_dir"}
 
 
-def _project(args: argparse.Namespace) -> Project:
+def project_from(args: argparse.Namespace) -> Project:
     return Project.load(args.root)
 
 
-def _pair(project: Project, distro_name: str, target: str) -> tuple[Distro, Recipe]:
+def pair_from(project: Project, distro_name: str, target: str) -> tuple[Distro, Recipe]:
     distro, recipe = project.distro(distro_name), project.recipe_for(target)
     if not recipe.supports(distro.name):
         raise UsageError(
@@ -40,13 +38,13 @@ def cmd_lock(args: argparse.Namespace) -> int:
     from builders.repro.lockfile import LOCK_NAME, LockFile, PairLock, merge, notes, read_lock, write_lock
     from builders.repro.resolve import resolve_pair
 
-    project = _project(args)
+    project = project_from(args)
     if len(args.pairs) % 2:
         raise UsageError(
             f"expected DISTRO TARGET pairs, got {len(args.pairs)} word(s): {' '.join(args.pairs)}",
             hint="for example `forge lock debian-12 cpu-wheel debian-13 cpu`; none: every pair",
         )
-    explicit = [_pair(project, d, t) for d, t in zip(args.pairs[::2], args.pairs[1::2], strict=True)]
+    explicit = [pair_from(project, d, t) for d, t in zip(args.pairs[::2], args.pairs[1::2], strict=True)]
     pairs = explicit or project.pairs()
     path = Path(args.lock_file) if args.lock_file else project.root / LOCK_NAME
     existing = read_lock(path) if path.exists() else LockFile()
@@ -99,42 +97,6 @@ def cmd_lock(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_verify_repro(args: argparse.Namespace) -> int:
-    from builders.repro.verify import VerifyOptions, verify_repro
-
-    project = _project(args)
-    distro, recipe = _pair(project, args.distro, args.target)
-    console = log.console(highlight=False)
-    quiet = args.quiet
-
-    def sink(line: str) -> None:
-        if not quiet or line.startswith("forge:"):
-            console.print(line, markup=False, soft_wrap=True)
-
-    result = verify_repro(
-        project,
-        distro,
-        recipe,
-        VerifyOptions(
-            strict_mtimes=args.strict_mtimes, keep_images=args.keep_images, build=BuildOptions.from_args(args)
-        ),
-        sink,
-    )
-    print(result.comparison.summary())
-    print(
-        f"  SOURCE_DATE_EPOCH={result.source_date_epoch}; report: {result.report}"
-        + (f"; diffoscope: {result.diffoscope}" if result.diffoscope else "")
-    )
-    if not result.comparison.reproducible:
-        raise NotReproducible(
-            f"{distro.name} {recipe.target}: {len(result.comparison.differences)} path(s) differ between two builds "
-            f"of the same inputs (listed above and in {result.report})",
-            hint="make the step that writes them deterministic (drop logs and caches, pass SOURCE_DATE_EPOCH) "
-            "or remove the files in the same RUN",
-        )
-    return 0
-
-
 def cmd_sbom(args: argparse.Namespace) -> int:
     from builders.container import Engine
     from builders.repro.sbom import write_sbom
@@ -158,7 +120,7 @@ def cmd_ci(args: argparse.Namespace) -> int:
     from builders.output import write_output
     from builders.repro.ci import GITHUB_PATH, GITLAB_PATH, render_github, render_gitlab, render_matrix
 
-    project = _project(args)
+    project = project_from(args)
     if args.format == "github":
         text = render_github(
             project,
@@ -212,24 +174,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--source", action="append", metavar="NAME=PATH", help="lock a local copy of a source")
     p.add_argument("--wheelhouse", default=None, help="folder of wheels, for wheel targets")
     p.set_defaults(func=cmd_lock)
-
-    p = subparsers.add_parser(
-        "verify-repro",
-        help="build twice (the second without cache) and compare the layers Forge controls",
-        description="Exit 11 when the two images differ in content; files that differ are listed (diffoscope "
-        "is used on them when installed). Mtimes are counted apart unless --strict-mtimes.",
-    )
-    p.add_argument("distro", help="distro (debian-12) or family (debian: its default release)")
-    p.add_argument("target", help="target (cpu, cpu-wheel, router, ...)")
-    p.add_argument("--strict-mtimes", action="store_true", help="count files that differ only in mtime")
-    add_flags(
-        p,
-        [o for o in cli_options() if o.field in VERIFY_BUILD_OPTIONS],
-        helps={"reports_dir": "default: reports/DISTRO-TARGET/repro", "scratch_dir": "where build contexts are staged"},
-    )
-    p.add_argument("--keep-images", action="store_true", help="keep forge/repro-DISTRO-TARGET:first and :second")
-    p.add_argument("-q", "--quiet", action="store_true", help="only Forge's own lines, not the build output")
-    p.set_defaults(func=cmd_verify_repro)
 
     p = subparsers.add_parser("sbom", help="write a CycloneDX 1.5 SBOM of any image (OS and Python packages)")
     p.add_argument("image", help="image reference or id, as the engine names it")

@@ -19,7 +19,7 @@ from builders.repro.errors import LockDrift
 from builders.repro.lockfile import LockFile, merge, read_lock, write_lock
 from builders.repro.resolve import resolve_pair
 from builders.repro.sbom import SBOM_LABEL
-from builders.repro.verify import VerifyOptions, verify_repro
+from builders.verify.repro import VerifyOptions, verify_repro
 
 pytestmark = pytest.mark.engine
 ROOT = Path(__file__).resolve().parents[2]
