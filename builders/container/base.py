@@ -256,6 +256,11 @@ class Engine(ABC):
     def load(self, tarball: bytes | Any) -> list[str]: ...
 
     @abstractmethod
+    def prune_build_cache(self) -> None:
+        """Drop the engine's build cache and dangling images: the copy of every built layer a build leaves besides
+        the image, which a small disk cannot hold for long (the tests reclaim it after an image's last use)."""
+
+    @abstractmethod
     def import_rootfs(
         self, tar_path: str, ref: str, *, changes: list[str] | None = None, platform: str | None = None
     ) -> str:

@@ -11,6 +11,7 @@ import contextlib
 import io
 import os
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -161,6 +162,14 @@ class DockerEngine(Engine):
     def remove_image(self, ref: str) -> None:
         with contextlib.suppress(docker.errors.ImageNotFound, docker.errors.APIError):
             self.client.images.remove(ref, force=True)
+
+    def prune_build_cache(self) -> None:
+        # BuildKit's cache is driven through the CLI here, as its builds are (image_builders.py); the API's
+        # prune covers dangling images.
+        if shutil.which("docker"):
+            subprocess.run(["docker", "builder", "prune", "-af"], capture_output=True, timeout=600, check=False)
+        with contextlib.suppress(docker.errors.APIError):
+            self.client.images.prune(filters={"dangling": True})
 
     def save_stream(self, ref: str) -> IO[bytes]:
         try:

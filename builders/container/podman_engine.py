@@ -260,6 +260,10 @@ class PodmanEngine(Engine):
     def remove_image(self, ref: str) -> None:
         self._run("rmi", "--force", qualify(ref), check=False)
 
+    def prune_build_cache(self) -> None:
+        # buildah keeps its intermediate layers as dangling images: pruning them is Podman's build cache.
+        self._run("image", "prune", "-f", check=False)
+
     def load(self, tarball: bytes | Any) -> list[str]:
         with tempfile.NamedTemporaryFile(prefix="forge-load-", suffix=".tar") as fh:
             # Copied in chunks: an image of several GB (the cpu-wheel's is 3.8) must not be held in memory whole.

@@ -156,9 +156,12 @@ def podman_base() -> str:
     if not podman.image_exists(distro.base.local_tag):
         docker = Engine.connect("docker")
         ensure_base(distro, docker)
-        save = subprocess.Popen(["docker", "save", distro.base.local_tag], stdout=subprocess.PIPE)
-        subprocess.run(["podman", "load"], stdin=save.stdout, check=True, capture_output=True)
-        assert save.wait() == 0
+        stream = docker.save_stream(distro.base.local_tag)
+        try:
+            podman.load(stream)
+        finally:
+            stream.close()
+        assert podman.image_exists(distro.base.local_tag)
     return distro.base.local_tag
 
 
@@ -218,17 +221,19 @@ def release_image(key: str) -> str | None:
     tag = _BUILT.pop(key, None)
     if tag is None or os.environ.get(RECLAIM_ENV) != "1":
         return None
-    engine = key.split(":", 1)[0]
+    from builders.container import Engine
+    from builders.errors import EngineError
+
+    engine = Engine.connect("docker" if key.startswith("docker:") else "podman")
     # By id, not by tag: a build tags :latest beside the test tag, and an image with a tag left keeps its layers.
-    found = subprocess.run(
-        [engine, "image", "inspect", "--format", "{{.Id}}", tag], capture_output=True, text=True, check=False
-    )
-    image_id = found.stdout.strip() if found.returncode == 0 else tag
+    try:
+        image_id = engine.image_info(tag).id
+    except EngineError:
+        image_id = tag
+    engine.remove_image(image_id)
     # The build cache goes too: on this CI host it is ours alone, and it holds another copy of the big layers.
-    prune = ["docker", "builder", "prune", "-af"] if engine == "docker" else ["podman", "image", "prune", "-f"]
-    for command in ([engine, "rmi", "-f", image_id], prune):
-        subprocess.run(command, capture_output=True, timeout=600, check=False)
-    gone = subprocess.run([engine, "image", "inspect", image_id], capture_output=True, check=False).returncode != 0
+    engine.prune_build_cache()
+    gone = not engine.image_exists(image_id)
     return f"released {key} ({tag}, {image_id[:19]}){'' if gone else ': still present'}"
 
 
