@@ -459,11 +459,20 @@ def run_module(module: str, *, timeout: float, children: int) -> ModuleResult:
     prepare(work, module)
     result = ModuleResult(module)
     start = time.monotonic()
+    result.timed_out = not _mutmut(work, [], timeout=timeout, children=children)
+    result.seconds = round(time.monotonic() - start, 1)
+    collect(work, module, result)
+    return result
+
+
+def _mutmut(work: Path, names: list[str], *, timeout: float, children: int) -> bool:
+    """`mutmut run` in a prepared copy (every mutant, or the named ones), its output to mutmut.log there;
+    False when it ran past the timeout."""
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     with (work / "mutmut.log").open("w") as log:
         try:
             subprocess.run(
-                ["mutmut", "run", "--max-children", str(children)],
+                ["mutmut", "run", "--max-children", str(children), *names],
                 cwd=work,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -472,10 +481,8 @@ def run_module(module: str, *, timeout: float, children: int) -> ModuleResult:
                 check=False,
             )
         except subprocess.TimeoutExpired:
-            result.timed_out = True
-    result.seconds = round(time.monotonic() - start, 1)
-    collect(work, module, result)
-    return result
+            return False
+    return True
 
 
 def recheck_module(module: str, *, timeout: float, children: int) -> ModuleResult:
@@ -493,20 +500,7 @@ def recheck_module(module: str, *, timeout: float, children: int) -> ModuleResul
     prepare(fresh, module)
     result = ModuleResult(module)
     start = time.monotonic()
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-    with (fresh / "mutmut.log").open("w") as log:
-        try:
-            subprocess.run(
-                ["mutmut", "run", "--max-children", str(children), *names],
-                cwd=fresh,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                timeout=timeout,
-                check=False,
-            )
-        except subprocess.TimeoutExpired:
-            result.timed_out = True
+    result.timed_out = not _mutmut(fresh, names, timeout=timeout, children=children)
     fresh_meta = fresh / "mutants" / "builders" / "kvlab" / f"{module}.py.meta"
     if fresh_meta.exists():
         new_codes = json.loads(fresh_meta.read_text())["exit_code_by_key"]
