@@ -158,10 +158,11 @@ def podman_base() -> str:
         ensure_base(distro, docker)
         stream = docker.save_stream(distro.base.local_tag)
         try:
-            podman.load(stream)
+            (image_id,) = podman.load(stream)
         finally:
             stream.close()
-        assert podman.image_exists(distro.base.local_tag)
+        # save_stream writes the image by id, without its names: the tag is given here.
+        podman.tag(image_id, distro.base.local_tag)
     return distro.base.local_tag
 
 
