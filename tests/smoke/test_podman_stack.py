@@ -166,6 +166,9 @@ def test_router_built_on_podman_passes_its_tests_and_no_layer_holds_the_ca_bundl
 def test_smoke_on_podman_passes_the_ci_profile_and_leaves_nothing(
     podman: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # CI once found two smoke-labelled containers after a clean run: whether an earlier test left them is told
+    # apart from this run leaving them by looking first, and either way the message names them.
+    assert podman.containers_with_label(RUN_LABEL) == [], "before this run: " + _smoke_containers()
     image, router = podman_image("cpu-wheel"), podman_image("router")
     staged = json.loads((ROOT / "reports" / "smoke-debian-12-cpu-wheel" / "report.json").read_text())
     assert staged["tests"] and all(t["ok"] for t in staged["tests"])
@@ -180,7 +183,14 @@ def test_smoke_on_podman_passes_the_ci_profile_and_leaves_nothing(
     assert report["gates"]["passed"] is True
     assert report["teardown"]["clean"] is True and report["teardown"]["leftovers"] == []
     assert report["replicas_from"].startswith(f"image {image}")
-    assert podman.containers_with_label(RUN_LABEL) == []
+    assert podman.containers_with_label(RUN_LABEL) == [], f"after run {report['run_id']}: " + _smoke_containers()
+
+
+def _smoke_containers() -> str:
+    """Every smoke-labelled container with its name (which carries its run id), labels and state."""
+    fmt = "{{.Names}} {{.State}} {{.Labels}}"
+    argv = ["podman", "ps", "--all", "--filter", f"label={RUN_LABEL}", "--format", fmt]
+    return subprocess.run(argv, capture_output=True, text=True, check=False).stdout
 
 
 def _rootless_python() -> Path:
