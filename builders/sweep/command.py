@@ -11,6 +11,7 @@ from builders.config.project import find_root
 from builders.errors import SweepInvalid, UsageError
 from builders.smoke.command import add_llama_options
 from builders.smoke.runtimes import Runtimes
+from builders.sweep.claims import claim_lines
 from builders.sweep.definition import available_sweep_profiles, load_sweep, load_sweep_settings
 from builders.sweep.report import render_table, summary_lines
 from builders.sweep.run import SweepOptions, run_sweep
@@ -50,6 +51,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=None,
         help="override how long replicas and router may take to start (timeouts.startup_s): a busy host needs more",
     )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run every profile N times, interleaved (each repetition rotates the order by one), each repetition "
+        "with its own traffic seed derived from the common one; the table shows medians and min-max spreads",
+    )
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument(
         "--no-calibrate",
@@ -83,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
     root = Path(args.root).resolve() if getattr(args, "root", None) else find_root()
     if args.base_port is not None and not 1024 <= args.base_port <= 65000:
         raise UsageError(f"--base-port {args.base_port}: use a port between 1024 and 65000")
+    if args.repeat < 1:
+        raise UsageError(f"--repeat {args.repeat}: give at least 1 run per profile")
     if args.rate_scale <= 0:
         raise UsageError(f"--rate-scale {args.rate_scale}: give a positive factor")
     if args.load_fraction is not None and not 0 < args.load_fraction <= 4:
@@ -119,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
             plots=not args.no_plots,
             settings=settings,
             rate_scale=args.rate_scale,
+            repeat=args.repeat,
         ),
         replicas=runtimes.replicas,
         router=runtimes.router,
@@ -129,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[red]profile {name} did not run:[/red] {why}")
     if report["goal"] is not None:
         console.print(f"work-conserving vs shared: {report['goal']}")
+    for line in claim_lines(report["claims"]):
+        console.print(line)
     for line in summary_lines(report):
         console.print(line)
     console.print(f"report: {args.report / 'sweep.json'}")

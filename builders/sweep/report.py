@@ -9,6 +9,7 @@ from typing import Any
 from rich.table import Table
 
 from builders.router.classes import ALL_CLASSES, RequestClass
+from builders.sweep.claims import claim_lines
 from builders.traffic.results import TrafficResult
 
 ROW_KEYS = (
@@ -131,10 +132,29 @@ def summary_lines(report: Mapping[str, Any]) -> list[str]:
         lines += _sizing_lines(report, calibration)
     elif calibration:
         lines.append(f"calibration off: configured rates x{calibration.get('applied_factor', 1.0):g}")
+    loads = _load_line(report)
+    if loads:
+        lines.append(loads)
     validity = report.get("validity") or {}
     if validity:
         lines.append(("valid: " if validity["valid"] else "INVALID RUN: ") + validity["why"])
     return lines
+
+
+def _load_line(report: Mapping[str, Any]) -> str:
+    """The host's 1-minute load average as each profile run's traffic started and ended, in running order."""
+    runs = []
+    for repetition in report.get("repetitions") or []:
+        for name in repetition.get("order", []):
+            load = repetition["profiles"][name].get("load_average_1m") or {}
+            start, end = (load.get(k) for k in ("start", "end"))
+            label = f"{name}#{repetition['repetition'] + 1}" if report.get("repeat", 1) > 1 else name
+            runs.append(f"{label} {_num(start)}->{_num(end)}")
+    return "host load average (1 min) at traffic start->end: " + ", ".join(runs) if runs else ""
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def _sizing_lines(report: Mapping[str, Any], calibration: Mapping[str, Any]) -> list[str]:
@@ -209,11 +229,62 @@ def table_rows(report: Mapping[str, Any]) -> list[list[str]]:
     return out
 
 
+REPEATED_COLUMNS = (
+    "engine",
+    "profile",
+    "class",
+    "runs",
+    "TTFT p99 ms median [min-max]",
+    "ITL p99 ms median [min-max]",
+    "goodput median [min-max]",
+    "gate passed",
+)
+
+
+def _spread(value: Mapping[str, Any] | None, digits: int) -> str:
+    if not value or value.get("median") is None:
+        return "-"
+    text = f"{value['median']:.{digits}f}"
+    return text + (f" [{value['min']:.{digits}f}-{value['max']:.{digits}f}]" if value["n"] > 1 else "")
+
+
+def repeated_rows(report: Mapping[str, Any]) -> list[list[str]]:
+    """A repeated sweep's rows: per profile × class the median and min-max over its valid repetitions."""
+    out = []
+    for name, profile in report["aggregate"].items():
+        engine = str(report["profiles"].get(name, {}).get("engine", "vllm"))
+        for class_name in [c.value for c in ALL_CLASSES]:
+            row = profile["classes"].get(class_name)
+            if row is None:
+                continue
+            out.append(
+                [
+                    engine,
+                    name,
+                    class_name,
+                    str(row["runs"]),
+                    _spread(row["ttft_p99_ms"], 0),
+                    _spread(row["itl_p99_ms"], 0),
+                    _spread(row["goodput"], 2),
+                    f"{row['gate_passes']} of {row['runs']}",
+                ]
+            )
+    return out
+
+
+def _columns_and_rows(report: Mapping[str, Any]) -> tuple[tuple[str, ...], list[list[str]]]:
+    # One run keeps today's table; a repeated sweep shows medians and spreads instead of one run's numbers.
+    if report.get("repeat", 1) > 1 and "aggregate" in report:
+        return REPEATED_COLUMNS, repeated_rows(report)
+    return COLUMNS, table_rows(report)
+
+
 def render_table(report: Mapping[str, Any]) -> Table:
     table = Table(title=f"forge sweep ({report['load']})")
-    for column in COLUMNS:
+    columns, rows = _columns_and_rows(report)
+    for column in columns:
         table.add_column(column, justify="left" if column in ("engine", "profile", "class", "gate") else "right")
-    for row in table_rows(report):
+    for row in rows:
         table.add_row(*row)
     validity = report.get("validity") or {}
     if validity and not validity["valid"]:
@@ -222,10 +293,17 @@ def render_table(report: Mapping[str, Any]) -> Table:
 
 
 def render_markdown(report: Mapping[str, Any]) -> str:
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + " --- |" * len(COLUMNS)]
-    lines += ["| " + " | ".join(row) + " |" for row in table_rows(report)]
+    columns, rows = _columns_and_rows(report)
+    lines = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
     notes = summary_lines(report)
-    return "\n".join(lines) + "\n" + ("\n" + "\n".join(f"- {n}" for n in notes) + "\n" if notes else "")
+    text = "\n".join(lines) + "\n" + ("\n" + "\n".join(f"- {n}" for n in notes) + "\n" if notes else "")
+    claims = report.get("claims")
+    if claims:
+        text += (
+            "\n## Claims\n\n" + "\n".join(f"- {line.removeprefix('claim: ')}" for line in claim_lines(claims)) + "\n"
+        )
+    return text
 
 
 def write_plots(report: Mapping[str, Any], directory: Path) -> list[Path]:

@@ -29,7 +29,9 @@ from builders.sweep.calibrate import (
     size_load,
     smaller_model,
 )
+from builders.sweep.claims import judge
 from builders.sweep.definition import SweepProfile, SweepSettings
+from builders.sweep.repeat import aggregate, load_average, repetition_seed, schedule
 from builders.sweep.report import class_rows, compare_to, judge_validity, render_markdown, write_plots
 from builders.traffic.plan import TrafficPlan
 
@@ -47,6 +49,8 @@ class SweepOptions:
     settings: SweepSettings = field(default_factory=SweepSettings)
     rate_scale: float = 1.0
     """A further factor on every rate after calibration (--rate-scale: a forced overload is 10)."""
+    repeat: int = 1
+    """How many times every profile runs (--repeat), interleaved, each repetition with its own traffic seed."""
 
 
 def describe_load(first: SweepProfile, plan: TrafficPlan | None = None) -> str:
@@ -201,6 +205,36 @@ class LoadSizer:
         self.size = size
 
 
+def with_seed(profile: SweepProfile, seed: int) -> SweepProfile:
+    """The profile sending its traffic drawn from `seed` (a repetition's, builders/sweep/repeat.py)."""
+    stack_profile = profile.profile.model_copy(update={"traffic": {**profile.profile.traffic, "seed": seed}})
+    return SweepProfile(profile=stack_profile, path=profile.path)
+
+
+def repetitions_validity(repetitions: list[dict[str, Any]], *, floor: float) -> dict[str, Any]:
+    """Judge each repetition as judge_validity judges a single run (recorded in it); the sweep is valid when
+    one repetition is, and the invalid ones are left out of the medians (repeat.aggregate skips them)."""
+    for repetition in repetitions:
+        verdict = judge_validity(
+            repetition["profiles"], reference=REFERENCE, floor=floor, names=list(repetition["profiles"])
+        )
+        repetition["validity"] = verdict
+        repetition["valid"] = verdict["valid"]
+    valid = [r["repetition"] for r in repetitions if r["valid"]]
+    invalid = [f"repetition {r['repetition']}: {r['validity']['why']}" for r in repetitions if not r["valid"]]
+    why = f"{len(valid)} of {len(repetitions)} repetitions valid" + (
+        ", left out of the medians: " + "; ".join(invalid) if invalid else ""
+    )
+    first = repetitions[0]["validity"] if repetitions else {}
+    return {
+        "valid": bool(valid),
+        "reference": first.get("reference"),
+        "served_fraction": first.get("served_fraction"),
+        "floor": floor,
+        "why": why,
+    }
+
+
 def run_sweep(
     options: SweepOptions,
     *,
@@ -226,12 +260,37 @@ def run_sweep(
     }
     profiles = list(options.profiles)
     sizer = LoadSizer(options=options, profiles=profiles, console=console, record=calibration)
+    common_seed = traffic_plan(profiles[0].profile, str(profiles[0].path)).seed
+    seeds = [repetition_seed(common_seed, r) for r in range(options.repeat)]
+    order = schedule(len(profiles), options.repeat)
+    repetitions: list[dict[str, Any]] = [
+        {"repetition": r, "seed": seeds[r], "order": [], "profiles": {}, "failed": {}} for r in range(options.repeat)
+    ]
+    report |= {"repeat": options.repeat, "seeds": seeds, "repetitions": repetitions}
+    loads: dict[str, float | None] = {}
+
+    def before_traffic(plan: StackPlan, api_key: str, traffic: TrafficPlan) -> TrafficPlan:
+        # Read as the traffic starts, after startup and calibration: what the measured requests competed with.
+        sized = sizer(plan, api_key, traffic)
+        loads["start"] = load_average()
+        return sized
+
     index = 0
-    while index < len(profiles):
-        sweep_profile = profiles[index]
+    while index < len(order):
+        repetition, position = order[index]
         index += 1
+        sweep_profile = with_seed(profiles[position], seeds[repetition])
         profile = sweep_profile.profile
-        console.print(f"[bold]sweep: profile {profile.name}[/bold] ({profile.description})")
+        rep = repetitions[repetition]
+        loads.clear()
+        console.print(
+            f"[bold]sweep: profile {profile.name}[/bold] ({profile.description})"
+            + (
+                f", repetition {repetition + 1} of {options.repeat}, seed {seeds[repetition]}"
+                if options.repeat > 1
+                else ""
+            )
+        )
         run = SmokeRun(
             options=SmokeOptions(
                 profile=profile,
@@ -242,7 +301,7 @@ def run_sweep(
             replicas_runtime_factory=replicas,
             router_runtime_factory=router,
             console=console,
-            before_traffic=sizer,
+            before_traffic=before_traffic,
         )
         try:
             run.execute()
@@ -255,7 +314,8 @@ def run_sweep(
             continue
         except SmokeFailed as exc:
             if "main" not in run.results:
-                report["failed_profiles"][profile.name] = exc.message[:2000]
+                report["failed_profiles"].setdefault(profile.name, exc.message[:2000])
+                rep["failed"][profile.name] = exc.message[:2000]
                 continue
         except KeyboardInterrupt as exc:
             # Ctrl-C, SIGTERM or SIGHUP (builders/interrupt.py): the profiles measured so far, and where it stopped.
@@ -263,11 +323,14 @@ def run_sweep(
             report["ended_in_phase"] = run.running
             (options.report_dir / "sweep.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
             raise
+        # Read once the run is over (its teardown included, seconds): the host's load as the traffic ended.
+        loads["end"] = load_average()
         result = run.results["main"]
         report.setdefault("dtype", run.report.get("dtype"))
-        report["load"] = describe_load(sweep_profile, result.plan)
+        if repetition == 0:
+            report["load"] = describe_load(sweep_profile, result.plan)
         report["model"] = model_size(sweep_profile).as_json()
-        report["profiles"][profile.name] = {
+        record = {
             "file": str(sweep_profile.path),
             "description": profile.description,
             "dtype": run.report.get("dtype", {}).get("dtype"),
@@ -278,13 +341,31 @@ def run_sweep(
             "wall_s": round(result.wall_s, 2),
             "stopped_by": result.stopped_by,
             "classes": class_rows(result),
+            "repetition": repetition,
+            "seed": seeds[repetition],
+            "load_average_1m": {"start": loads.get("start"), "end": loads.get("end")},
+        }
+        # The first repetition's run is the profile's row as a single sweep writes it (and what the plots draw);
+        # every repetition's numbers, without the CDF samples, are under `repetitions`.
+        report["profiles"].setdefault(profile.name, record)
+        rep["order"].append(profile.name)
+        rep["profiles"][profile.name] = record | {
+            "classes": {
+                c: {k: v for k, v in row.items() if k != "ttft_samples_ms"} for c, row in record["classes"].items()
+            }
         }
         # Written after every profile too, so a sweep cut short (Ctrl-C, a CI time limit) keeps what it measured.
         (options.report_dir / "sweep.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     report["goal"] = compare_to(report["profiles"], reference=REFERENCE, candidate=WORK_CONSERVING)
-    report["validity"] = judge_validity(
-        report["profiles"], reference=REFERENCE, floor=options.settings.served_floor, names=list(report["profiles"])
-    )
+    if options.repeat == 1:
+        report["validity"] = judge_validity(
+            report["profiles"], reference=REFERENCE, floor=options.settings.served_floor, names=list(report["profiles"])
+        )
+        repetitions[0] |= {"validity": report["validity"], "valid": report["validity"]["valid"]}
+    else:
+        report["validity"] = repetitions_validity(repetitions, floor=options.settings.served_floor)
+    report["aggregate"] = aggregate(repetitions)
+    report["claims"] = judge(report["aggregate"])
     (options.report_dir / "sweep.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     (options.report_dir / "sweep.md").write_text(render_markdown(report), encoding="utf-8")
     if options.plots and report["profiles"]:

@@ -123,7 +123,14 @@ def test_an_invalid_sweep_has_an_exit_code_of_its_own() -> None:
 
 
 @pytest.mark.parametrize(
-    "flag", [["--rate-scale", "0"], ["--load-fraction", "-1"], ["--model-size", "250x3"], ["--model-size", "256"]]
+    "flag",
+    [
+        ["--rate-scale", "0"],
+        ["--load-fraction", "-1"],
+        ["--model-size", "250x3"],
+        ["--model-size", "256"],
+        ["--repeat", "0"],
+    ],
 )
 def test_bad_load_flags_are_refused_before_anything_starts(flag: list[str]) -> None:
     from builders.cli import main

@@ -6,6 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from builders.router.classes import RequestClass
+from builders.sweep.claims import judge
+from builders.sweep.repeat import aggregate
 from builders.sweep.report import class_rows, compare_to, render_markdown, write_plots
 from builders.traffic.metrics import RequestRecord
 from builders.traffic.plan import TrafficPlan
@@ -97,3 +99,61 @@ def test_plots_are_png_files(tmp_path: Path) -> None:
     assert [p.name for p in paths] == ["ttft-cdf.png", "goodput.png"]
     for path in paths:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+
+
+def repeated_report() -> dict[str, Any]:
+    """Two valid repetitions of shared and work-conserving, as run_sweep records them."""
+    runs = [
+        {"shared": result([0.1, 0.9, 2.0], [1.0, 2.0]), "work-conserving": result([0.05, 0.1, 0.2], [1.0, 9.0])},
+        {"shared": result([0.1, 0.2, 3.0], [1.0, 3.0]), "work-conserving": result([0.05, 0.1, 0.3], [1.0, 8.0])},
+    ]
+    repetitions = [
+        {
+            "repetition": i,
+            "valid": True,
+            "order": list(profiles)[i:] + list(profiles)[:i],
+            "profiles": {
+                name: {"classes": class_rows(r), "load_average_1m": {"start": 1.0 + i, "end": 2.5}}
+                for name, r in profiles.items()
+            },
+        }
+        for i, profiles in enumerate(runs)
+    ]
+    agg = aggregate(repetitions)
+    return {
+        "load": "test load",
+        "repeat": 2,
+        "repetitions": repetitions,
+        "profiles": repetitions[0]["profiles"],
+        "aggregate": agg,
+        "claims": judge(agg),
+    }
+
+
+def test_a_repeated_sweep_shows_medians_and_spreads_and_the_claims() -> None:
+    report = repeated_report()
+    text = render_markdown(report)
+    lines = text.splitlines()
+    assert lines[0] == (
+        "| engine | profile | class | runs | TTFT p99 ms median [min-max] | ITL p99 ms median [min-max] | "
+        "goodput median [min-max] | gate passed |"
+    )
+    shared = report["aggregate"]["shared"]["classes"]["interactive"]["ttft_p99_ms"]
+    assert shared["n"] == 2 and shared["min"] < shared["max"]
+    row = f"| vllm | shared | interactive | 2 | {shared['median']:.0f} [{shared['min']:.0f}-{shared['max']:.0f}] |"
+    assert row in text
+    assert "| vllm | shared | interactive | 2 |" in text and "| 0 of 2 |" in text
+    assert "host load average (1 min) at traffic start->end: shared#1 1.00->2.50" in text
+    assert "work-conserving#2 2.00->2.50" in text
+    claims_at = lines.index("## Claims")
+    assert lines[claims_at + 2].startswith("- shared fails the interactive gate: HOLDS (")
+    assert sum("NOT RUN" in line for line in lines[claims_at:]) == 5
+
+
+def test_a_single_run_keeps_its_table_and_adds_the_claims() -> None:
+    report = sweep_report()
+    before = render_markdown(report)
+    report |= {"repeat": 1, "claims": judge(aggregate([{"profiles": report["profiles"]}]))}
+    after = render_markdown(report)
+    assert after.startswith(before)
+    assert "\n## Claims\n" in after and "shared fails the interactive gate: HOLDS" in after

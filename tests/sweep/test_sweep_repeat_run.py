@@ -1,0 +1,116 @@
+"""run_sweep with --repeat, its stack replaced by a stand-in that answers from real traffic records: the
+interleaved running order, each repetition's seed reaching the traffic, the load average around each run,
+and the claims and aggregate in sweep.json."""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from rich.console import Console
+
+from builders.router.classes import RequestClass
+from builders.smoke.plan import StackPlan
+from builders.smoke.stack import SmokeOptions, traffic_plan
+from builders.sweep import run as sweep_run
+from builders.sweep.definition import SweepSettings, load_sweep
+from builders.sweep.repeat import repetition_seed
+from builders.traffic.metrics import RequestRecord
+from builders.traffic.results import TrafficResult
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(kw_only=True)
+class StandIn:
+    """SmokeRun's surface that run_sweep uses: it calls the traffic hook as SmokeRun does, then answers every
+    planned class with four requests (shared's interactive ones too late for the 1 s SLO)."""
+
+    options: SmokeOptions
+    replicas_runtime_factory: Any
+    router_runtime_factory: Any
+    console: Console
+    before_traffic: Any
+    report: dict[str, Any] = field(default_factory=dict)
+    results: dict[str, TrafficResult] = field(default_factory=dict)
+    running: str | None = None
+
+    def execute(self) -> dict[str, Any]:
+        profile = self.options.profile
+        plan = self.before_traffic(cast(StackPlan, None), "key", traffic_plan(profile, "test"))
+        ran.append((profile.name, plan.seed))
+        records = []
+        for request_class in RequestClass:
+            if plan.for_class(request_class).count == 0:
+                continue
+            ttft = 2.0 if profile.name == "shared" and request_class is RequestClass.INTERACTIVE else 0.05
+            for i in range(4):
+                r = RequestRecord(
+                    request_class=request_class,
+                    index=i,
+                    endpoint="chat",
+                    stream=True,
+                    sent_class_header=False,
+                    prompt_chars=10,
+                    max_tokens=4,
+                )
+                r.content_times_s = [ttft + 0.01 * k for k in range(4)]
+                r.e2e_s = r.content_times_s[-1]
+                records.append(r)
+        self.results["main"] = TrafficResult.build(plan, records, wall_s=10.0, stopped_by="completed")
+        return self.report
+
+
+ran: list[tuple[str, int]] = []
+"""(profile, traffic seed) of every stand-in run, in running order."""
+
+
+def test_a_repeated_sweep_interleaves_reseeds_and_records_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ran.clear()
+    monkeypatch.setattr(sweep_run, "SmokeRun", StandIn)
+    loads = iter(float(n) for n in range(100))
+    monkeypatch.setattr(sweep_run, "load_average", lambda: next(loads))
+    profiles = load_sweep(["shared", "class-aware", "slow-isolation"], root=ROOT)
+    seed = traffic_plan(profiles[0].profile, "test").seed
+    sweep_run.run_sweep(
+        sweep_run.SweepOptions(
+            profiles=profiles,
+            report_dir=tmp_path,
+            plots=False,
+            settings=SweepSettings(calibrate=False),
+            repeat=3,
+        ),
+        replicas=lambda *a: None,  # type: ignore[arg-type]
+        router=lambda *a: None,  # type: ignore[arg-type]
+        console=Console(file=io.StringIO()),
+    )
+    seeds = [seed, repetition_seed(seed, 1), repetition_seed(seed, 2)]
+    assert ran == [
+        ("shared", seeds[0]),
+        ("class-aware", seeds[0]),
+        ("slow-isolation", seeds[0]),
+        ("class-aware", seeds[1]),
+        ("slow-isolation", seeds[1]),
+        ("shared", seeds[1]),
+        ("slow-isolation", seeds[2]),
+        ("shared", seeds[2]),
+        ("class-aware", seeds[2]),
+    ]
+    written = json.loads((tmp_path / "sweep.json").read_text(encoding="utf-8"))
+    assert written["repeat"] == 3 and written["seeds"] == seeds
+    assert [r["order"] for r in written["repetitions"]][1] == ["class-aware", "slow-isolation", "shared"]
+    # The first run's traffic started at load 0.0 and its run ended at 1.0; the second run's at 2.0 and 3.0.
+    assert written["repetitions"][0]["profiles"]["shared"]["load_average_1m"] == {"start": 0.0, "end": 1.0}
+    assert written["repetitions"][0]["profiles"]["class-aware"]["load_average_1m"] == {"start": 2.0, "end": 3.0}
+    assert written["profiles"]["shared"]["seed"] == seed
+    assert written["validity"]["valid"] and all(r["valid"] for r in written["repetitions"])
+    assert written["aggregate"]["shared"]["classes"]["interactive"]["gate_passes"] == 0
+    assert written["aggregate"]["shared"]["classes"]["interactive"]["runs"] == 3
+    verdicts = {c["claim"]: c["verdict"] for c in written["claims"]}
+    assert verdicts["shared fails the interactive gate"] == "holds"
+    assert list(verdicts.values()).count("not run") == 2  # prefix-affinity is not in this sweep
+    assert "## Claims" in (tmp_path / "sweep.md").read_text(encoding="utf-8")
