@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -63,8 +64,14 @@ def bootstrap(
         cmd = family.bootstrap_command(str(tar), source_date_epoch=epoch)
         env = {**os.environ, "SOURCE_DATE_EPOCH": str(epoch)}
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
-        if proc.returncode != 0 or not tar.exists():
-            raise bootstrap_failure(distro, (proc.stderr or "") + (proc.stdout or ""))
+        output = (proc.stderr or "") + (proc.stdout or "")
+        stale = stale_tempdir(output) if proc.returncode != 0 and tar.exists() else None
+        if stale is not None:
+            # The tarball was complete and only mmdebstrap's own tempdir removal failed: remove what it left
+            # (a /proc still mounted in the host's namespace, and the tree under it) rather than the base.
+            remove_stale_tempdir(stale)
+        elif proc.returncode != 0 or not tar.exists():
+            raise bootstrap_failure(distro, output)
         digest = hashlib.sha256(tar.read_bytes()).hexdigest()
         engine.import_rootfs(
             str(tar), distro.base.local_tag, changes=['CMD ["/bin/sh"]'], platform=platform_of(distro).name
@@ -77,6 +84,38 @@ def bootstrap(
         seconds=time.monotonic() - start,
         rootfs_sha256=digest,
     )
+
+
+# mmdebstrap (root mode) writes the tarball, prints "I: done", and only then removes its tempdir. On a loaded CI
+# host (issue 34) the chroot's /proc was still mounted at that point: `rm` skipped it ("on a different device")
+# and mmdebstrap exited 1 after a complete tarball.
+_TEMPDIR_REMOVAL = re.compile(r"^I: removing tempdir (/\S+?)\.\.\.$", re.MULTILINE)
+
+
+def stale_tempdir(output: str) -> Path | None:
+    """The tempdir mmdebstrap failed to remove, where that removal is the only thing that failed: the tarball
+    was written ("I: creating tarball" then "I: done") and every error line comes after the removal began."""
+    removal = _TEMPDIR_REMOVAL.search(output)
+    if removal is None:
+        return None
+    before, after = output[: removal.start()], output[removal.end() :]
+    done = before.rfind("I: creating tarball")
+    if done < 0 or "I: done" not in before[done:] or re.search(r"^E: ", before, re.MULTILINE):
+        return None
+    if not re.search(r"^E: rm failed", after, re.MULTILINE):
+        return None
+    path = Path(removal.group(1))
+    # Only mmdebstrap's own tempdirs: the path comes from a tool's output and is about to be removed.
+    return path if path.name.startswith("mmdebstrap.") and path.parent == Path(tempfile.gettempdir()) else None
+
+
+def remove_stale_tempdir(path: Path) -> None:
+    """Unmount what is still mounted under mmdebstrap's tempdir (lazily: a process may still hold /proc), then
+    remove the tree without crossing into a mount."""
+    mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    for mount in sorted((m for m in mounts if m == str(path) or m.startswith(f"{path}/")), reverse=True):
+        subprocess.run(["umount", "--lazy", mount], capture_output=True, check=False)
+    subprocess.run(["rm", "-rf", "--one-file-system", str(path)], capture_output=True, check=False)
 
 
 # The causes a bootstrap can name from the tool's own output. The words that tell them apart (an expired archive

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from builders.bootstrap import bootstrap, bootstrap_failure
+from builders.bootstrap import bootstrap, bootstrap_failure, remove_stale_tempdir, stale_tempdir
 from builders.config import Project
 from builders.container import Engine
 from builders.distros import family_for
@@ -88,3 +89,48 @@ def test_the_real_snapshot_archive_is_refused_without_the_field(project_copy: Pa
         assert err.hint is not None and "check_valid_until: false" in err.hint
     else:
         pytest.skip("this mirror serves a live archive, within its Valid-Until: nothing to refuse")
+
+
+# mmdebstrap 1.3.5's last lines in the loaded CI run of 2026-12-03 (issue 34): a complete tarball, then a
+# /proc still mounted in the chroot when it removed its tempdir.
+LOADED_CI_TAIL = """I: cleaning package lists and apt cache...
+I: creating tarball...
+I: done
+I: removing tempdir /tmp/mmdebstrap.0ZmUo9VM3r...
+rm: skipping '/tmp/mmdebstrap.0ZmUo9VM3r/proc', since it's on a different device
+E: rm failed: 256
+"""
+
+
+def test_a_tempdir_left_after_a_complete_tarball_is_named_for_removal() -> None:
+    assert stale_tempdir(LOADED_CI_TAIL) == Path("/tmp/mmdebstrap.0ZmUo9VM3r")
+
+
+@pytest.mark.parametrize(
+    "output",
+    [
+        # an error before the tarball: a failed bootstrap, whatever its cleanup did
+        LOADED_CI_TAIL.replace("I: creating tarball...", "E: apt-get download failed\nI: creating tarball..."),
+        # the tarball never finished
+        LOADED_CI_TAIL.replace("I: done\n", ""),
+        # no tarball step at all
+        LOADED_CI_TAIL.replace("I: creating tarball...\n", ""),
+        # the removal did not fail
+        LOADED_CI_TAIL.replace("E: rm failed: 256\n", ""),
+        # a path that is not mmdebstrap's own tempdir is never removed
+        LOADED_CI_TAIL.replace("/tmp/mmdebstrap.0ZmUo9VM3r", "/var/lib/docker"),
+        LOADED_CI_TAIL.replace("/tmp/mmdebstrap.0ZmUo9VM3r", "/tmp/mmdebstrap.x/../../etc"),
+    ],
+    ids=["error-before", "unfinished-tar", "no-tar", "removal-ok", "foreign-path", "escaping-path"],
+)
+def test_any_other_failure_stays_a_failure(output: str) -> None:
+    assert stale_tempdir(output) is None
+
+
+def test_a_stale_tempdir_is_removed(tmp_path: Path) -> None:
+    stale = Path(tempfile.mkdtemp(prefix="mmdebstrap."))
+    (stale / "proc").mkdir()
+    (stale / "etc").mkdir()
+    (stale / "etc" / "hostname").write_text("x")
+    remove_stale_tempdir(stale)
+    assert not stale.exists()
