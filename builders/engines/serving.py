@@ -132,6 +132,11 @@ class ServingEngine(abc.ABC):
         model = self.model_argument(model_dir)
         return [*probe.entry, *([model] if probe.model_is_positional else ["--model", model]), *args]
 
+    def startup_parts(self, log: str, *, healthy_after_s: float | None) -> dict[str, float | None]:
+        """Where a replica's start-up went, read from its log (seconds; None where the log does not say).
+        Empty for an engine whose log carries no stamps or durations to read."""
+        return {}
+
     def busy(self, metrics_text: str) -> bool:
         """Whether a /metrics page shows a request being generated."""
         for line in metrics_text.splitlines():

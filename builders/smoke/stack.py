@@ -494,6 +494,17 @@ class SmokeRun:
         )
         stack.startup_s.update(ready)
         self.say(f"replicas healthy: {', '.join(f'{k} {v:.0f}s' for k, v in ready.items())}")
+        # Read now, before the warm-up's requests add to the log: where each replica's start went (issue 41).
+        parts = {
+            r.label: r.serving.startup_parts(
+                stack.replicas[r.label].logs(tail=2000), healthy_after_s=ready.get(r.label)
+            )
+            for r in plan.replicas
+        }
+        for label, found in parts.items():
+            if found:
+                shown = ", ".join(f"{k.removesuffix('_s')} {v:.1f}s" for k, v in found.items() if v is not None)
+                self.say(f"start-up of {label}: {shown}")
         # The warm-up is part of the start: on a loaded host its long prompt took over 60 s, so it may take
         # whatever is left of startup_s.
         warm = warm_up(plan, upstream_key, timeout_s=max(60.0, deadline - (time.monotonic() - t0)))
@@ -505,7 +516,12 @@ class SmokeRun:
         self.report["startup"] = {
             "warm_up_s": round(warm, 2),
             "replicas": {
-                r.label: {"port": r.port, "cpus": r.cpuset, "healthy_after_s": stack.startup_s.get(r.label)}
+                r.label: {
+                    "port": r.port,
+                    "cpus": r.cpuset,
+                    "healthy_after_s": stack.startup_s.get(r.label),
+                    "parts": parts[r.label],
+                }
                 for r in plan.replicas
             },
             "router": {"port": plan.router_port, "healthy_after_s": stack.startup_s.get("router")},

@@ -339,6 +339,8 @@ def run_sweep(
                 name: {"replicas": pool.replicas, "cpus": list(pool.cpus)} for name, pool in profile.pools.items()
             },
             "wall_s": round(result.wall_s, 2),
+            # Each replica's time to health and where it went (builders/engines/vllm/startup.py).
+            "startup": run.report.get("startup"),
             "stopped_by": result.stopped_by,
             "classes": class_rows(result),
             "repetition": repetition,

@@ -62,6 +62,15 @@ def test_ci_profile_passes_with_the_slow_client_check_and_leaves_nothing(tmp_pat
     assert set(written["traffic"]) == {"main", "baseline_fast_readers"}
     assert set(written["traffic"]["main"]["classes"]) == {c.value for c in profile.classes}
     assert processes_mentioning(f"forge-smoke-{run.run_id}") == []
+    # Each replica's start, read from its real vLLM log: the model load and the engine's init are found, and
+    # the parts the log's stamps place in sequence fit inside the measured time to health.
+    for label, replica in written["startup"]["replicas"].items():
+        parts = replica["parts"]
+        assert parts["healthy_after_s"] == replica["healthy_after_s"], label
+        assert parts["model_load_s"] is not None and parts["engine_init_s"] is not None, (label, parts)
+        assert parts["before_first_line_s"] is not None, (label, parts)
+        sequence = ("before_first_line_s", "engine_start_s", "model_load_s", "api_ready_s")
+        assert sum(parts[k] or 0 for k in sequence) <= replica["healthy_after_s"] + 1, (label, parts)
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, ClassVar
 from builders.cpusets import format_cpuset, parse_cpuset
 from builders.engines.args import SERVE_ENTRIES, ArgProblem, PoolArgv, check_pools, local_cache_key, probe_serve
 from builders.engines.serving import HelpRunner, ModelFormat, PoolCommand, ServerProbe, ServingEngine
+from builders.engines.vllm.startup import startup_parts
 
 if TYPE_CHECKING:
     from builders.smoke.profile import PoolSettings, StackProfile
@@ -29,6 +30,9 @@ class VLLM(ServingEngine):
     image_option: ClassVar[str] = "IMAGE"
     local_option: ClassVar[str] = "--local-vllm"
     local_hint: ClassVar[str] = "pass the `vllm` script of a virtualenv with vLLM installed, e.g. VENV/bin/vllm"
+
+    def startup_parts(self, log: str, *, healthy_after_s: float | None) -> dict[str, float | None]:
+        return startup_parts(log, healthy_after_s=healthy_after_s)
 
     def command(
         self,
