@@ -572,7 +572,9 @@ def _secret(prefix: str, name: str) -> Object:
         "metadata": _meta(name, _labels(prefix, "keys")),
         "type": "Opaque",
         # Fresh for each render: replace them (or this file) with the cluster's own secret management.
-        "stringData": {"api-key": secrets.token_urlsafe(24), "upstream-api-key": secrets.token_urlsafe(24)},
+        # Hex, not urlsafe base64: a urlsafe key may begin with "-", and `--api-key -abc…` is then read as an
+        # option (CI's kube play failed so: "argument --api-key: expected one argument").
+        "stringData": {"api-key": secrets.token_hex(24), "upstream-api-key": secrets.token_hex(24)},
     }
 
 

@@ -133,8 +133,9 @@ def validate_profile(
         if kill is not None
         else traffic
     )
-    api_key = secrets.token_urlsafe(16)
-    upstream_api_key = secrets.token_urlsafe(16)
+    # Hex: a urlsafe key may begin with "-", which a command line then reads as an option.
+    api_key = secrets.token_hex(16)
+    upstream_api_key = secrets.token_hex(16)
     router = router_config(plan, source, api_key=api_key, upstream_api_key=upstream_api_key)
     return ValidatedProfile(
         plan=plan,

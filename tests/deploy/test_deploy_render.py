@@ -4,6 +4,7 @@ schemas of Kubernetes 1.30 and 1.37 (kubernetes-validate ships both), and what e
 from __future__ import annotations
 
 import json
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,10 @@ def test_router_config_finds_every_pool_by_its_headless_service_and_keys_come_fr
     env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in pod["containers"][0]["env"]}
     secret = by_kind(objects, "Secret")["forge-ci-keys"]
     assert {ref["key"] for ref in env.values()} <= set(secret["stringData"])
+    # Keys a command line can carry as they are: CI's kube play once drew one that began with "-", and
+    # `forge smoke --api-key -…` read it as an option.
+    for key in secret["stringData"].values():
+        assert re.fullmatch(r"[0-9a-f]{48}", key), key
     assert pod["terminationGracePeriodSeconds"] > config.drain_grace_s
     for deployment in by_kind(objects, "Deployment").values():
         assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > config.drain_grace_s
