@@ -20,15 +20,19 @@ from datetime import datetime
 _STAMP = re.compile(r"(?:INFO|WARNING|ERROR|DEBUG) (\d\d-\d\d \d\d:\d\d:\d\d)")
 # Each marker: the line that ends (or begins) a part, worded as vLLM 0.32/0.33 print them.
 _MARKERS = {
+    "engine_core": re.compile(r"Initializing a V1 LLM engine"),
     "load_start": re.compile(r"Starting to load model"),
-    "weights": re.compile(r"Loading weights took ([\d.]+) seconds"),
-    "model_loaded": re.compile(r"Model loading took .*? and ([\d.]+) seconds"),
+    # Real weights print "Loading weights took 1.62 seconds"; `--load-format dummy` (Forge's tiny models) prints
+    # "Initializing model took 0.179622 seconds" instead (vLLM 0.32).
+    "weights": re.compile(r"(?:Loading weights|Initializing model) took ([\d.]+) s"),
+    "model_loaded": re.compile(r"Model loading took .*? and ([\d.]+) s"),
     "compile": re.compile(r"torch\.compile takes ([\d.]+) s in total"),
-    # Worded "init engine (profile, create kv cache, warmup model) took" or, in other releases, "init engine took".
-    "engine_init": re.compile(r"init engine(?: \([^)]*\))? took ([\d.]+) seconds"),
-    # The API server's last stamped line before uvicorn serves: uvicorn's own "Application startup complete"
-    # carries no vLLM stamp.
-    "app_ready": re.compile(r"Starting vLLM API server"),
+    # "init engine (profile, create kv cache, warmup model) took 0.20 s" (0.32), "... took 38.12 seconds" and
+    # "init engine took 22.78 seconds" in other releases.
+    "engine_init": re.compile(r"init engine(?: \([^)]*\))? took ([\d.]+) s"),
+    # The API server's last stamped line before uvicorn serves: "Starting vLLM server on" (0.32) or "Starting
+    # vLLM API server 0 on" (0.33); uvicorn's own "Application startup complete" carries no vLLM stamp.
+    "app_ready": re.compile(r"Starting vLLM (?:API )?server"),
 }
 
 
@@ -76,7 +80,8 @@ def startup_parts(log: str, *, healthy_after_s: float | None) -> dict[str, float
         before_first_line = round(healthy_after_s - span, 1)
     return {
         "before_first_line_s": before_first_line,
-        "engine_start_s": between(first, "load_start"),
+        "api_server_s": between(first, "engine_core"),
+        "engine_core_s": between("engine_core", "load_start"),
         "model_load_s": between("load_start", loaded),
         "weights_s": printed.get("weights"),
         "engine_init_s": printed.get("engine_init"),
