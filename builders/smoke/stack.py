@@ -495,17 +495,7 @@ class SmokeRun:
         )
         stack.startup_s.update(ready)
         self.say(f"replicas healthy: {', '.join(f'{k} {v:.0f}s' for k, v in ready.items())}")
-        # Read now, before the warm-up's requests add to the log: where each replica's start went (issue 41).
-        parts = {
-            r.label: r.serving.startup_parts(
-                stack.replicas[r.label].logs(tail=2000), healthy_after_s=ready.get(r.label)
-            )
-            for r in plan.replicas
-        }
-        for label, found in parts.items():
-            if found:
-                shown = ", ".join(f"{k.removesuffix('_s')} {v:.1f}s" for k, v in found.items() if v is not None)
-                self.say(f"start-up of {label}: {shown}")
+        parts = startup_parts(plan, stack, ready, self.say)
         # The warm-up is part of the start: on a loaded host its long prompt took over 60 s, so it may take
         # whatever is left of startup_s.
         warm = warm_up(plan, upstream_key, timeout_s=max(60.0, deadline - (time.monotonic() - t0)))
@@ -773,3 +763,19 @@ def summary_table(report: dict[str, Any]) -> Table:
             *([", ".join(f"{k} {v}" for k, v in row.get("served_where", {}).items())] if where else []),
         )
     return table
+
+
+def startup_parts(
+    plan: StackPlan, stack: RunningStack, ready: dict[str, float], say: Callable[[str], None]
+) -> dict[str, dict[str, float | None]]:
+    """Where each replica's start went, read from its log right after health, before the warm-up's requests
+    add to it (issue 41); one line each on the console."""
+    parts = {
+        r.label: r.serving.startup_parts(stack.replicas[r.label].logs(tail=2000), healthy_after_s=ready.get(r.label))
+        for r in plan.replicas
+    }
+    for label, found in parts.items():
+        if found:
+            shown = ", ".join(f"{k.removesuffix('_s')} {v:.1f}s" for k, v in found.items() if v is not None)
+            say(f"start-up of {label}: {shown}")
+    return parts
