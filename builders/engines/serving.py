@@ -132,6 +132,11 @@ class ServingEngine(abc.ABC):
         model = self.model_argument(model_dir)
         return [*probe.entry, *([model] if probe.model_is_positional else ["--model", model]), *args]
 
+    def cache_env(self, path: str) -> dict[str, str]:
+        """The environment that points this kind's start-up caches at `path`, a directory every replica of one
+        sweep shares. Empty for an engine that keeps nothing worth sharing between starts."""
+        return {}
+
     def startup_parts(self, log: str, *, healthy_after_s: float | None) -> dict[str, float | None]:
         """Where a replica's start-up went, read from its log (seconds; None where the log does not say).
         Empty for an engine whose log carries no stamps or durations to read."""

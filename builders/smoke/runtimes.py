@@ -29,6 +29,8 @@ from builders.errors import EngineError, UsageError
 from builders.smoke.plan import CONTAINER_MODEL_DIR, RUN_LABEL, ReplicaPlan
 
 ROUTER_CONFIG_DIR = "/forge/router"
+# Where the directory the replicas of one sweep share for their start-up caches is mounted (read-write).
+CONTAINER_CACHE_DIR = "/forge/cache"
 
 
 class Launched(Protocol):
@@ -185,13 +187,22 @@ class ReplicaRuntime(Protocol):
 class ContainerReplicas:
     """Replicas as containers of the image under test, on the host network, bound to loopback."""
 
-    def __init__(self, engine: Engine, image: str, *, model_dir: Path, serving: ServingEngine | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        image: str,
+        *,
+        model_dir: Path,
+        serving: ServingEngine | None = None,
+        cache_dir: Path | None = None,
+    ) -> None:
         if not engine.image_exists(image):
             raise UsageError(f"image {image!r} is not in the engine", hint="build it first (`forge build`) or pull it")
         self.engine = engine
         self.image = image
         self.model_dir = model_dir
         self.serving = serving or serving_engine(DEFAULT_KIND)
+        self.cache_dir = cache_dir
         self.image_id = engine.image_info(image).id
         self.description = f"image {image} ({self.image_id[:19]})"
         self._started: list[LaunchedContainer] = []
@@ -212,14 +223,19 @@ class ContainerReplicas:
 
     def start(self, replica: ReplicaPlan, probe: ServerProbe, *, run_id: str) -> Launched:
         argv = self.serving.argv(probe, CONTAINER_MODEL_DIR, replica.args)
+        cache_env = self.serving.cache_env(CONTAINER_CACHE_DIR) if self.cache_dir else {}
         cid = self.engine.run_detached(
             RunSpec(
                 image=self.image,
                 entrypoint=[argv[0]],
                 command=argv[1:],
                 name=replica.name,
-                env=dict(replica.env),
-                volumes={str(self.model_dir): CONTAINER_MODEL_DIR},
+                env={**replica.env, **cache_env},
+                volumes={
+                    str(self.model_dir): CONTAINER_MODEL_DIR,
+                    # Mounted only for an engine that keeps something there; the replicas write to it.
+                    **({str(self.cache_dir): f"{CONTAINER_CACHE_DIR}:rw"} if cache_env else {}),
+                },
                 network_host=True,
                 shm_size="2g",
                 labels={RUN_LABEL: run_id, f"{RUN_LABEL}.replica": replica.label},
@@ -242,8 +258,17 @@ class LocalReplicas:
     """Replicas as host processes of a server installed on this machine (`--local-vllm PATH_TO_vllm`,
     `--local-llama-server PATH`)."""
 
-    def __init__(self, binary: Path, *, model_dir: Path, log_dir: Path, serving: ServingEngine | None = None) -> None:
+    def __init__(
+        self,
+        binary: Path,
+        *,
+        model_dir: Path,
+        log_dir: Path,
+        serving: ServingEngine | None = None,
+        cache_dir: Path | None = None,
+    ) -> None:
         self.serving = serving or serving_engine(DEFAULT_KIND)
+        self.cache_dir = cache_dir
         given = binary if binary.is_absolute() or "/" in str(binary) else None
         resolved = given or (Path(found) if (found := shutil.which(str(binary))) else None)
         if resolved is None or not resolved.is_file() or not os.access(resolved, os.X_OK):
@@ -283,7 +308,7 @@ class LocalReplicas:
         launched = start_process(
             argv,
             name=replica.name,
-            env=replica.env,
+            env={**replica.env, **(self.serving.cache_env(str(self.cache_dir)) if self.cache_dir else {})},
             log_path=self.log_dir / f"{replica.name}.log",
             cpus=parse_cpuset(replica.cpuset) if replica.cpuset is not None else None,
         )
@@ -386,6 +411,9 @@ class Runtimes:
     engine_choice: EngineChoice = field(default_factory=chosen_engine)
     """The container engine the images run on (--engine, else what the CLI would choose), opened when a
     container is first needed."""
+    replica_cache: Path | None = None
+    """A directory every replica started through these runtimes shares for its start-up caches (a sweep's
+    profiles start the same server on the same model dozens of times); None: each replica starts cold."""
 
     @classmethod
     def choose(
@@ -448,14 +476,18 @@ class Runtimes:
         """The runtime of pools running serving engine `kind` (from `image`, the pool's own, when given)."""
         serving = serving_engine(kind)
         if image is None and kind in self.local:
-            return LocalReplicas(self.local[kind], model_dir=model_dir, log_dir=logs_dir, serving=serving)
+            return LocalReplicas(
+                self.local[kind], model_dir=model_dir, log_dir=logs_dir, serving=serving, cache_dir=self.replica_cache
+            )
         chosen = image or self.images.get(kind)
         if chosen is None:
             raise UsageError(
                 f"the profile has {serving.title} pools, and no image or host binary was given for them",
                 hint=f"give {serving.image_option} IMAGE or {serving.local_option} PATH (or the pool's `image`)",
             )
-        return ContainerReplicas(self.engine, chosen, model_dir=model_dir, serving=serving)
+        return ContainerReplicas(
+            self.engine, chosen, model_dir=model_dir, serving=serving, cache_dir=self.replica_cache
+        )
 
     def router(self, logs_dir: Path) -> RouterRuntime:
         if self.router_image is not None:

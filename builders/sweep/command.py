@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +63,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="N",
         help="run every profile N times, interleaved (each repetition rotates the order by one), each repetition "
         "with its own traffic seed derived from the common one; the table shows medians and min-max spreads",
+    )
+    parser.add_argument(
+        "--cold-replicas",
+        action="store_true",
+        help="start every replica with empty start-up caches; by default the sweep's replicas share one cache "
+        "directory (vLLM's VLLM_CACHE_ROOT) for the whole sweep, so only the first start pays for what is the "
+        "same in every start",
     )
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument(
@@ -122,20 +134,27 @@ def run(args: argparse.Namespace) -> int:
     engines = [e for e in args.engines.split(",") if e] if args.engines else None
     profiles = load_sweep(names, root=root, changes=changes, engines=engines)
     settings = load_sweep_settings(root, changes=changes)
-    report = run_sweep(
-        SweepOptions(
-            profiles=profiles,
-            report_dir=args.report,
-            base_port=args.base_port,
-            plots=not args.no_plots,
-            settings=settings,
-            rate_scale=args.rate_scale,
-            repeat=args.repeat,
-        ),
-        replicas=runtimes.replicas,
-        router=runtimes.router,
-        console=console,
-    )
+    with _replica_cache(cold=args.cold_replicas) as cache:
+        runtimes = replace(runtimes, replica_cache=cache)
+        report = run_sweep(
+            SweepOptions(
+                profiles=profiles,
+                report_dir=args.report,
+                base_port=args.base_port,
+                plots=not args.no_plots,
+                settings=settings,
+                rate_scale=args.rate_scale,
+                repeat=args.repeat,
+                replica_cache=(
+                    "none: every replica starts cold (--cold-replicas)"
+                    if cache is None
+                    else "one start-up cache directory shared by every replica of the sweep, created empty"
+                ),
+            ),
+            replicas=runtimes.replicas,
+            router=runtimes.router,
+            console=console,
+        )
     console.print(render_table(report))
     for name, why in report["failed_profiles"].items():
         console.print(f"[red]profile {name} did not run:[/red] {why}")
@@ -153,6 +172,21 @@ def run(args: argparse.Namespace) -> int:
             hint="run where the model fits (or lower sweep.load_fraction); do not read this table as a ranking",
         )
     return 1 if report["failed_profiles"] else 0
+
+
+@contextlib.contextmanager
+def _replica_cache(*, cold: bool) -> Iterator[Path | None]:
+    """An empty directory for the sweep's replicas to share, removed with everything in it when the sweep ends."""
+    if cold:
+        yield None
+        return
+    folder = Path(tempfile.mkdtemp(prefix="forge-sweep-cache-"))
+    # Replica containers run as the image's own user (uid 1000), not as whoever runs Forge.
+    folder.chmod(0o777)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _model_size(text: str) -> dict[str, int]:

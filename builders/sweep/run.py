@@ -51,6 +51,8 @@ class SweepOptions:
     """A further factor on every rate after calibration (--rate-scale: a forced overload is 10)."""
     repeat: int = 1
     """How many times every profile runs (--repeat), interleaved, each repetition with its own traffic seed."""
+    replica_cache: str = "none: every replica starts cold"
+    """What the replicas share between starts, in words, for the report (forge sweep's --cold-replicas)."""
 
 
 def describe_load(first: SweepProfile, plan: TrafficPlan | None = None) -> str:
@@ -255,6 +257,7 @@ def run_sweep(
         "load": describe_load(options.profiles[0]),
         "cpu_budget": options.profiles[0].cpu_budget,
         "calibration": calibration,
+        "replica_cache": options.replica_cache,
         "profiles": {},
         "failed_profiles": {},
     }

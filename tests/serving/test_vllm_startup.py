@@ -71,6 +71,9 @@ def test_a_real_vllm_0_32_start_is_read_part_by_part() -> None:
     parts = VLLM.startup_parts(REAL, healthy_after_s=75.0)
     # Stamps: first line 08:14:58, engine core 08:15:43, model load 08:16:05, init engine 08:16:07, server 08:16:08.
     assert parts["api_server_s"] == 45.0
+    # "non-default args" at 08:14:58 to "Resolved architecture" at 08:15:23: the config read and the registry's
+    # inspection of the model class, in a subprocess of its own when VLLM_CACHE_ROOT holds no record of it.
+    assert parts["model_inspect_s"] == 25.0
     assert parts["engine_core_s"] == 22.0
     assert parts["model_load_s"] == 0.0  # dummy weights: "Initializing model took 0.179622 seconds"
     assert parts["weights_s"] == 0.179622

@@ -46,9 +46,12 @@ SHORT = {
 def test_a_short_sweep_writes_table_json_and_plots_for_each_profile(tmp_path: Path) -> None:
     binary = local_vllm()
     profiles = load_sweep(["shared", "work-conserving"], root=ROOT, changes=SHORT)
+    # One start-up cache for every replica of the sweep, as `forge sweep` gives them.
+    cache = tmp_path / "replica-cache"
+    cache.mkdir()
 
     def replicas(kind: str, pool_image: str | None, model_dir: Path, logs_dir: Path) -> ReplicaRuntime:
-        return LocalReplicas(binary, model_dir=model_dir, log_dir=logs_dir)
+        return LocalReplicas(binary, model_dir=model_dir, log_dir=logs_dir, cache_dir=cache)
 
     def router(logs_dir: Path) -> RouterRuntime:
         return LocalRouter(log_dir=logs_dir)
@@ -68,6 +71,9 @@ def test_a_short_sweep_writes_table_json_and_plots_for_each_profile(tmp_path: Pa
         console=Console(stderr=True, width=160),
     )
     assert report["failed_profiles"] == {}
+    # vLLM kept what its registry learnt of the model class where every later replica looks for it, instead of
+    # in each replica's own home.
+    assert list((cache / "modelinfos").glob("*.json")), sorted(str(p) for p in cache.rglob("*"))
     written = json.loads((tmp_path / "sweep.json").read_text(encoding="utf-8"))
     assert list(written["profiles"]) == ["shared", "work-conserving"]
     assert written["cpu_budget"] == 2 and written["load"].endswith("2 CPUs per profile")

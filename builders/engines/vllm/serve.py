@@ -100,6 +100,12 @@ class VLLM(ServingEngine):
     def api_key_env(self, key: str) -> dict[str, str]:
         return {"VLLM_API_KEY": key}
 
+    def cache_env(self, path: str) -> dict[str, str]:
+        # vLLM keeps what it learnt of a model class (modelinfos/: the registry inspects it in a subprocess that
+        # imports torch and the model code, about 20 s on one core) and torch.compile's artefacts under its cache
+        # root; a throwaway container's home loses them at every start.
+        return {"VLLM_CACHE_ROOT": path}
+
     def help_entries(self, local: Path | None) -> tuple[tuple[str, ...], ...]:
         if local is None:
             return SERVE_ENTRIES

@@ -20,6 +20,9 @@ from datetime import datetime
 _STAMP = re.compile(r"(?:INFO|WARNING|ERROR|DEBUG) (\d\d-\d\d \d\d:\d\d:\d\d)")
 # Each marker: the line that ends (or begins) a part, worded as vLLM 0.32/0.33 print them.
 _MARKERS = {
+    # The model's config read and its class inspected by the registry (in a subprocess that imports torch and the
+    # model code, unless VLLM_CACHE_ROOT/modelinfos already holds it): the API server's first expensive step.
+    "architecture": re.compile(r"Resolved architecture"),
     "engine_core": re.compile(r"Initializing a V1 LLM engine"),
     "load_start": re.compile(r"Starting to load model"),
     # Real weights print "Loading weights took 1.62 seconds"; `--load-format dummy` (Forge's tiny models) prints
@@ -81,6 +84,7 @@ def startup_parts(log: str, *, healthy_after_s: float | None) -> dict[str, float
     return {
         "before_first_line_s": before_first_line,
         "api_server_s": between(first, "engine_core"),
+        "model_inspect_s": between(first, "architecture"),
         "engine_core_s": between("engine_core", "load_start"),
         "model_load_s": between("load_start", loaded),
         "weights_s": printed.get("weights"),
