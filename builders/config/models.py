@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from builders.config.engines import EngineName
 
@@ -284,6 +284,12 @@ class Recipe(Strict):
         default=False,
         description="ship the distro's C++ compiler and Python headers in the runtime: torch.compile (inductor) "
         "compiles CPU kernels when vLLM starts, and dies without g++",
+    )
+    warm_model_classes: tuple[Annotated[str, StringConstraints(pattern=r"^[A-Z][A-Za-z0-9_]*$")], ...] = Field(
+        default=(),
+        description="vLLM model classes (e.g. LlamaForCausalLM) whose registry record the runtime stage writes into "
+        "the image user's cache: without it every `vllm serve` of such a model inspects the class in a subprocess "
+        "that imports torch and the model code, tens of seconds on one core",
     )
     app_requirements: tuple[str, ...] = Field(default=(), description="pip requirements, for kind=python-app")
     entrypoint: tuple[str, ...] = Field(default=("vllm", "serve"), description="image entrypoint")

@@ -58,6 +58,23 @@ IMPORT_PROBE = (
 )
 
 
+# The registry records the runtime stage wrote (containers/scripts/warm_model_info.py), read back the way `vllm
+# serve` reads them: with the subprocess inspection made to fail, a class whose record is missing or stale (the
+# cache is keyed by the hash of the class's file) says so instead of quietly costing a subprocess at every start.
+WARM_PROBE = (
+    "import vllm.model_executor.models.registry as registry\n"
+    "def _cold(fn):\n"
+    "    raise RuntimeError('no record in the cache: inspected in a subprocess')\n"
+    "registry._run_in_subprocess = _cold\n"
+    "for name in {names!r}:\n"
+    "    try:\n"
+    "        registry.ModelRegistry.models[name].inspect_model_cls()\n"
+    "        print('WARM', name, 'recorded', flush=True)\n"
+    "    except Exception as exc:\n"
+    "        print('WARM', name, 'missing:', exc, flush=True)\n"
+)
+
+
 @dataclass(frozen=True)
 class ImportProbe:
     rc: int
@@ -68,6 +85,8 @@ class ImportProbe:
 def probe_import(engine: Engine, image: str, plan: BuildPlan) -> ImportProbe:
     start = time.monotonic()
     code = IMPORT_PROBE.format(kernels="cpu-kernels" in plan.test_checks)
+    if "model-info-warm" in plan.test_checks:
+        code += WARM_PROBE.format(names=list(plan.recipe.warm_model_classes))
     rc, out = _python(engine, image, code, plan, timeout=EMULATED_IMPORT_S if emulated(plan) else 300)
     return ImportProbe(rc=rc, output=out, seconds=time.monotonic() - start)
 
@@ -92,6 +111,19 @@ def check_cpu_kernels(probe: ImportProbe) -> CheckResult:
     why = next((ln.strip() for ln in probe.output.splitlines() if "Failed to import from vllm._C" in ln), "")
     detail = why or (f"no _C:: operator registered ({line})" if line else probe.output[-800:])
     return CheckResult(name="cpu-kernels", ok=False, detail=detail, seconds=0.0)
+
+
+def check_model_info(probe: ImportProbe, plan: BuildPlan) -> CheckResult:
+    """Every class the recipe warms has its registry record in the runtime user's cache."""
+    said = {
+        parts[1]: parts[2:]
+        for ln in probe.output.splitlines()
+        if ln.startswith("WARM ") and len(parts := ln.split()) >= 3
+    }
+    names = plan.recipe.warm_model_classes
+    missing = [f"{name}: {' '.join(said.get(name, ['not read']))}" for name in names if said.get(name) != ["recorded"]]
+    detail = "; ".join(missing) if missing else f"registry records of {', '.join(names)} in the image user's cache"
+    return CheckResult(name="model-info-warm", ok=not missing, detail=detail, seconds=0.0)
 
 
 def check_version(import_result: CheckResult, plan: BuildPlan) -> CheckResult:
@@ -423,6 +455,8 @@ def run_checks(engine: Engine, image: str, plan: BuildPlan) -> list[CheckResult]
         results += [imported, check_version(imported, plan)]
         if "cpu-kernels" in plan.test_checks:
             results.append(check_cpu_kernels(probe))
+        if "model-info-warm" in plan.test_checks:
+            results.append(check_model_info(probe, plan))
         if not imported.ok:
             return results
     if "tcmalloc-mapped" in plan.test_checks:
