@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sweep_records import streamed
 
 from builders.router.classes import RequestClass
 from builders.sweep import claims
 from builders.sweep.repeat import aggregate, load_average, repetition_seed, schedule
 from builders.sweep.report import class_rows
 from builders.sweep.run import repetitions_validity
-from builders.traffic.metrics import RequestRecord
 from builders.traffic.plan import TrafficPlan
 from builders.traffic.results import TrafficResult
 
@@ -31,30 +31,11 @@ PLAN = TrafficPlan.model_validate(
 FAST = {INTER: 0.1, RAG: 0.2, SLOW: 0.2}
 
 
-def record(request_class: RequestClass, index: int, ttft_s: float | None) -> RequestRecord:
-    r = RequestRecord(
-        request_class=request_class,
-        index=index,
-        endpoint="chat",
-        stream=True,
-        sent_class_header=False,
-        prompt_chars=10,
-        max_tokens=4,
-    )
-    if ttft_s is None:
-        r.error = "HTTP 503"
-        r.e2e_s = 0.01
-    else:
-        r.content_times_s = [ttft_s + 0.01 * i for i in range(4)]
-        r.e2e_s = r.content_times_s[-1]
-    return r
-
-
 def run(**ttfts: float | None) -> dict[str, Any]:
     """One profile run's record: four requests per class, each answered after the class's TTFT (seconds;
     None: every request failed); classes not named answer fast."""
     by_class = {c: ttfts.get(c.value, FAST[c]) for c in (INTER, RAG, SLOW)}
-    records = [record(c, i, t) for c, t in by_class.items() for i in range(4)]
+    records = [streamed(c, i, t) for c, t in by_class.items() for i in range(4)]
     return {"classes": class_rows(TrafficResult.build(PLAN, records, wall_s=10.0, stopped_by="completed"))}
 
 

@@ -12,6 +12,7 @@ from typing import Any, cast
 
 import pytest
 from rich.console import Console
+from sweep_records import streamed
 
 from builders.router.classes import RequestClass
 from builders.smoke.plan import StackPlan
@@ -19,7 +20,6 @@ from builders.smoke.stack import SmokeOptions, traffic_plan
 from builders.sweep import run as sweep_run
 from builders.sweep.definition import SweepSettings, load_sweep
 from builders.sweep.repeat import repetition_seed
-from builders.traffic.metrics import RequestRecord
 from builders.traffic.results import TrafficResult
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,19 +48,7 @@ class StandIn:
             if plan.for_class(request_class).count == 0:
                 continue
             ttft = 2.0 if profile.name == "shared" and request_class is RequestClass.INTERACTIVE else 0.05
-            for i in range(4):
-                r = RequestRecord(
-                    request_class=request_class,
-                    index=i,
-                    endpoint="chat",
-                    stream=True,
-                    sent_class_header=False,
-                    prompt_chars=10,
-                    max_tokens=4,
-                )
-                r.content_times_s = [ttft + 0.01 * k for k in range(4)]
-                r.e2e_s = r.content_times_s[-1]
-                records.append(r)
+            records += [streamed(request_class, i, ttft) for i in range(4)]
         self.results["main"] = TrafficResult.build(plan, records, wall_s=10.0, stopped_by="completed")
         return self.report
 

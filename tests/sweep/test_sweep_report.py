@@ -5,11 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from sweep_records import streamed
+
 from builders.router.classes import RequestClass
 from builders.sweep.claims import judge
 from builders.sweep.repeat import aggregate
 from builders.sweep.report import class_rows, compare_to, render_markdown, write_plots
-from builders.traffic.metrics import RequestRecord
 from builders.traffic.plan import TrafficPlan
 from builders.traffic.results import TrafficResult
 
@@ -23,28 +24,9 @@ PLAN = TrafficPlan.model_validate(
 )
 
 
-def record(request_class: RequestClass, index: int, ttft_s: float | None, *, max_tokens: int) -> RequestRecord:
-    r = RequestRecord(
-        request_class=request_class,
-        index=index,
-        endpoint="chat",
-        stream=True,
-        sent_class_header=False,
-        prompt_chars=10,
-        max_tokens=max_tokens,
-    )
-    if ttft_s is None:
-        r.error = "HTTP 503"
-        r.e2e_s = 0.01
-    else:
-        r.content_times_s = [ttft_s + 0.01 * i for i in range(max_tokens)]
-        r.e2e_s = r.content_times_s[-1]
-    return r
-
-
 def result(interactive_ttfts: list[float | None], long_ttfts: list[float | None]) -> TrafficResult:
-    records = [record(RequestClass.INTERACTIVE, i, t, max_tokens=4) for i, t in enumerate(interactive_ttfts)]
-    records += [record(RequestClass.LONG_PREFILL, i, t, max_tokens=8) for i, t in enumerate(long_ttfts)]
+    records = [streamed(RequestClass.INTERACTIVE, i, t, max_tokens=4) for i, t in enumerate(interactive_ttfts)]
+    records += [streamed(RequestClass.LONG_PREFILL, i, t, max_tokens=8) for i, t in enumerate(long_ttfts)]
     return TrafficResult.build(PLAN, records, wall_s=10.0, stopped_by="completed")
 
 
