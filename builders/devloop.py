@@ -107,7 +107,7 @@ def record_reuse(ctx: Context) -> None:
         log=log,
         compile_env=plan.compile_env,
         toolchain=toolchain,
-        cache_mounted=plan.buildkit,
+        cache_mounted=plan.buildkit and ctx.builder.supports_cache_mounts,
         previous=read_manifest(ctx.reports_dir),
     )
     for layer in ("environment", "extension", "package"):
