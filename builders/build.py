@@ -1,5 +1,6 @@
 """The executor: a list of phases over one Context (PHASES: engine → base → preflight → sources → lock → plan →
-context → build → inspect-toolchain → test → tag → sbom), cheapest first, each `phase(ctx) -> None`.
+context → build → reuse (a source tree only) → inspect-toolchain → test → tag → sbom), cheapest first, each
+`phase(ctx) -> None`.
 
 Only this module (through builders.container) changes engine state. A failed or interrupted build leaves no
 container and no tag: the image is built untagged and tagged only after its test stage passed.
