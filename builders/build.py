@@ -540,7 +540,7 @@ PHASES: tuple[tuple[str, Phase, Callable[[BuildOptions], bool]], ...] = (
     ("plan", _plan, _always),
     ("context", _context, _always),
     ("build", _build, _always),
-    ("reuse", devloop.record_reuse, lambda o: _tree_source(o)),
+    ("reuse", devloop.record_reuse, _tree_source),
     ("inspect-toolchain", _inspect_toolchain, _always),
     ("test", _test, lambda o: not o.skip_tests),
     ("tag", _tag, _always),

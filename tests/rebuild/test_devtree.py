@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from builders.config import Project
 from builders.engines.vllm.devtree import VLLM_LAYOUT
 from builders.errors import SourceUnavailable, UsageError
 from builders.rebuild.devtree import TreeLayout, changed_files, matches, split_tree, stage_parts
@@ -176,3 +177,10 @@ def test_a_layout_of_our_own_is_honoured(tmp_path: Path) -> None:
     split = split_tree(tmp_path, layout)
     assert list(split.requirements) == ["reqs.txt"] and list(split.compiler_inputs) == ["src/a.cpp"]
     assert split.package == {}
+
+
+def test_a_tree_is_not_locked_and_says_so(project: Project, tmp_path: Path) -> None:
+    from builders.repro.resolve import _sdist
+
+    with pytest.raises(SourceUnavailable, match=r"source tree: forge\.lock pins sdists"):
+        _sdist(project, project.recipe_for("cpu"), {"vllm": _tree(tmp_path)})

@@ -106,3 +106,16 @@ def test_a_manifest_that_cannot_be_read_is_no_previous_build(tmp_path: Path) -> 
     assert read_manifest(tmp_path) is None
     (tmp_path / MANIFEST).write_text(json.dumps({"started": "t", "files": {"package": {}}}))
     assert read_manifest(tmp_path) == {"started": "t", "files": {"package": {}}}
+
+
+def test_the_reuse_phase_follows_the_build_for_a_tree_only(tmp_path: Path) -> None:
+    from builders.build import PHASES, BuildOptions
+
+    names = [name for name, _, _ in PHASES]
+    assert names.index("reuse") == names.index("build") + 1
+    runs = dict((name, when) for name, _, when in PHASES)["reuse"]
+    sdist = tmp_path / "vllm-0.33.0.tar.gz"
+    sdist.write_bytes(b"")
+    assert runs(BuildOptions(source_overrides={"vllm": _tree(tmp_path / "tree")}))
+    assert not runs(BuildOptions(source_overrides={"vllm": sdist}))
+    assert not runs(BuildOptions())
