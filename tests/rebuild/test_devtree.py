@@ -37,6 +37,7 @@ def _tree(root: Path) -> Path:
         "docs/index.md": "# docs\n",
         "vllm/__pycache__/core.cpython-311.pyc": "bytecode",
         "build/temp.linux/attn.o": "object",
+        "vllm/_C.abi3.so": "the host's own in-place build",
         ".git/HEAD": "ref: refs/heads/main\n",
     }
     for rel, text in files.items():

@@ -31,6 +31,8 @@ VLLM_LAYOUT = TreeLayout(
         "PKG-INFO",
     ),
     package=("vllm/**",),
-    # CMake's FetchContent folder (setup.py's fc_base_dir) holds another checkout's downloads.
-    ignore=(*DEFAULT_IGNORE, ".deps/**"),
+    # CMake's FetchContent folder (setup.py's fc_base_dir) holds another checkout's downloads, and an in-place
+    # build on the host (`pip install -e .`) leaves the host's compiled modules in vllm/: laid over the image's
+    # own extension they would replace it with a binary built for another Python, torch and ISA.
+    ignore=(*DEFAULT_IGNORE, ".deps/**", "**/*.so"),
 )
