@@ -1,5 +1,6 @@
 """The executor: a list of phases over one Context (PHASES: engine → base → preflight → sources → lock → plan →
-context → build → inspect-toolchain → test → tag → sbom), cheapest first, each `phase(ctx) -> None`.
+context → build → reuse (a source tree only) → inspect-toolchain → test → tag → sbom), cheapest first, each
+`phase(ctx) -> None`.
 
 Only this module (through builders.container) changes engine state. A failed or interrupted build leaves no
 container and no tag: the image is built untagged and tagged only after its test stage passed.
@@ -18,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from builders import interrupt
+from builders import devloop, interrupt
 from builders.bootstrap import BaseResult, ensure_base, ensure_image, registry_of
 from builders.config import Project
 from builders.config.models import Distro, FetchedSource, Recipe
@@ -40,6 +41,7 @@ from builders.platforms import platform_of
 from builders.preflight.host import derive_max_jobs as derive_jobs
 from builders.preflight.runner import gpu_plan, run_preflight
 from builders.preflight.source_facts import read_pins
+from builders.rebuild.devtree import TreeSplit
 from builders.render import render
 from builders.report import BuildReport
 from builders.repro.integration import lock_phase, sbom_phase
@@ -122,6 +124,7 @@ class Context:
     base: BaseResult | None = None
     wheelhouse: Path | None = None
     sources: dict[str, ResolvedSource] = field(default_factory=dict)
+    tree: TreeSplit | None = None  # --source vllm=DIR: the tree split into the parts a rebuild reuses
     torch_pin: str | None = None
     vllm_version: str | None = None
     epoch: int | None = None
@@ -340,6 +343,9 @@ def _sources(ctx: Context) -> None:
     if ctx.compiles:
         vllm = ctx.sources["vllm"] = resolve_sdist(recipe, project.root, ctx.options.source_overrides)
         report.source = {"origin": vllm.origin, "sha256": vllm.sha256, "path": str(vllm.path)}
+        if vllm.path.is_dir():
+            ctx.tree = tree = devloop.split_source(vllm.path)
+            report.source |= {"requirements_hash": tree.requirements_hash, "package_hash": tree.package_hash}
         for fetched in recipe.fetched_sources:
             resolved = _fetched_source(project, distro, fetched, ctx.engine, ctx.options, ctx.log)
             ctx.sources[fetched.name] = resolved
@@ -386,6 +392,7 @@ def _plan(ctx: Context) -> None:
             vllm_version=ctx.vllm_version,
             base_digest=base.image_id,
             source_date_epoch=ctx.epoch,
+            source_tree=ctx.tree is not None,
         ),
     )
     ctx.report.build_args = dict(plan.build_args)
@@ -415,6 +422,8 @@ def _context(ctx: Context) -> None:
         ctx.ca_bundle,
         ctx.builder.supports_secrets,
     )
+    if ctx.tree is not None:
+        devloop.stage_tree(ctx.tree, folder)
 
 
 def _secrets(ctx: Context) -> dict[str, Path]:
@@ -515,6 +524,12 @@ def _always(_options: BuildOptions) -> bool:
     return True
 
 
+def _tree_source(options: BuildOptions) -> bool:
+    """--source vllm=DIR: a tree, built in layers, whose reuse the report records (an sdist has no parts)."""
+    source = options.source_overrides.get("vllm")
+    return source is not None and source.is_dir()
+
+
 # The build, in order: (report/log name, phase, whether the options ask for it).
 PHASES: tuple[tuple[str, Phase, Callable[[BuildOptions], bool]], ...] = (
     ("engine", _engine, _always),
@@ -525,6 +540,7 @@ PHASES: tuple[tuple[str, Phase, Callable[[BuildOptions], bool]], ...] = (
     ("plan", _plan, _always),
     ("context", _context, _always),
     ("build", _build, _always),
+    ("reuse", devloop.record_reuse, _tree_source),
     ("inspect-toolchain", _inspect_toolchain, _always),
     ("test", _test, lambda o: not o.skip_tests),
     ("tag", _tag, _always),

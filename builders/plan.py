@@ -50,7 +50,17 @@ class ContextItem:
     """Something the executor puts into the build context before building."""
 
     name: str  # path inside the context
-    kind: Literal["sdist", "source-dir", "wheelhouse", "package", "script"]
+    kind: Literal[
+        "sdist",
+        "source-dir",
+        "wheelhouse",
+        "package",
+        "script",
+        # a source tree's parts (builders/rebuild/devtree.py), each its own layer's key
+        "tree-requirements",
+        "tree-compiler-inputs",
+        "tree-package",
+    ]
     origin: str  # human-readable: where it comes from
 
 
@@ -70,6 +80,8 @@ class PlanOptions:
     tag: str | None = None
     gpu_mode: GpuMode | None = None  # device=cuda recipes: overrides recipes' cuda.mode
     cuda_arch_list: str | None = None  # device=cuda recipes: overrides recipes' cuda.arch_list
+    # --source vllm=DIR: the tree is staged in three parts (builders/rebuild/devtree.py) and built in layers
+    source_tree: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -76,3 +76,14 @@ def render(plan: BuildPlan, containers_dir: Path) -> str:
             continue
         lines.append(line.rstrip())
     return "\n".join(lines).strip() + "\n"
+
+
+def render_template(containers_dir: Path, template: str, **values: object) -> str:
+    """A template of containers/ rendered with values of the caller's own rather than a BuildPlan, in the same
+    environment (StrictUndefined, the quoting filters): the dev loop's test project builds through the same
+    macros as vLLM's image (containers/devtree-test.Containerfile.j2)."""
+    try:
+        return _environment(containers_dir).get_template(template).render(**values)
+    except jinja2.TemplateError as exc:
+        where = f"{getattr(exc, 'filename', None) or template}:{getattr(exc, 'lineno', '?')}"
+        raise ConfigError(f"containers/{where}: {exc}") from exc

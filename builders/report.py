@@ -45,6 +45,8 @@ class BuildReport:
     lock: dict[str, Any] | None = None  # forge.lock entries this build used, and any drift from them
     sbom: dict[str, Any] | None = None  # the image's CycloneDX SBOM: path, sha256, counts
     platform: dict[str, Any] = field(default_factory=dict)  # built for (linux/arm64), and whether under emulation
+    # a source-tree build: what each layer reused, the parts' hashes, the files changed since the last build, ccache
+    reuse: dict[str, Any] | None = None
     push: dict[str, Any] | None = None  # where `forge push` published the image: ref, registry digest, SBOM, index
 
     @contextmanager
@@ -118,6 +120,8 @@ class BuildReport:
                 f"{(self.diagnosis.get('line') or '')[:100]}"
             )
             lines.append(f"  remedy: {self.diagnosis.get('remedy')}")
+        if self.reuse:
+            lines.extend(reuse_lines(self.reuse))
         if self.lock:
             if self.lock.get("matches"):
                 state = "matches forge.lock"
@@ -164,3 +168,27 @@ def preflight_line(preflight: dict[str, Any]) -> str:
     parts += [f"not evaluated: {', '.join(skipped)}"] if skipped else []
     passed = len(preflight.get("passed", []))
     return f"{verdict.upper() if verdict != 'clear' else verdict} ({'; '.join([*parts, f'{passed} passed'])})"
+
+
+def reuse_lines(reuse: dict[str, Any]) -> list[str]:
+    """A source-tree build's reuse section in the summary: one line per layer, then ccache's counters."""
+    env, ext, pkg = reuse.get("environment", {}), reuse.get("extension", {}), reuse.get("package", {})
+    lines = [
+        f"  environment: {env.get('verdict')} (requirements {str(env.get('requirements_hash'))[:12]})",
+        f"  extension: {ext.get('verdict')} (compiler inputs {str(ext.get('compiler_input_hash'))[:12]})",
+    ]
+    for label, part in (("extension", ext), ("package", pkg)):
+        changed = part.get("changed_files")
+        if changed:
+            more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""
+            lines.append(f"    {label} files changed since the last build: {', '.join(changed[:5])}{more}")
+    ccache = reuse.get("ccache")
+    if isinstance(ccache, dict):
+        rate = ccache.get("hit_rate")
+        lines.append(
+            f"  ccache: {ccache.get('hits')} hits, {ccache.get('misses')} misses, "
+            f"{ccache.get('uncacheable')} uncacheable, hit rate {'n/a' if rate is None else f'{rate:.0%}'}"
+        )
+    elif ccache:
+        lines.append(f"  ccache: {ccache}")
+    return lines

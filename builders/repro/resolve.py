@@ -92,6 +92,12 @@ def _base_lock(distro: Distro, engine: Engine) -> BaseLock:
 def _sdist(project: Project, recipe: Recipe, overrides: dict[str, Path]) -> Path:
     assert recipe.source is not None
     if "vllm" in overrides:
+        if overrides["vllm"].is_dir():
+            # A tree being edited has no one hash to pin: the build goes on unlocked (refused under --locked).
+            raise SourceUnavailable(
+                f"--source vllm={overrides['vllm']} is a source tree: forge.lock pins sdists, not trees",
+                hint="build the tree without --locked, or lock the pinned sdist (no --source)",
+            )
         return overrides["vllm"]
     if recipe.source.pypi is None:
         raise SourceUnavailable("a git source is locked from a checkout", hint="pass --source vllm=PATH")

@@ -18,9 +18,9 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("foundations", {"errors", "interrupt", "log", "output", "cpusets", "emulation", "gpu_archs"}),
     ("config and data", {"config", "distros", "platforms", "target", "registry", "diagnose"}),
     ("container engines", {"container"}),
-    ("planning", {"plan", "options", "render", "serving_dtype", "sources", "trust", "bootstrap"}),
+    ("planning", {"plan", "options", "render", "serving_dtype", "sources", "trust", "bootstrap", "rebuild"}),
     ("serving engines", {"engines", "preflight"}),
-    ("build", {"build", "report", "repro", "publish", "verify"}),
+    ("build", {"build", "devloop", "report", "repro", "publish", "verify"}),
     ("runtime", {"router", "traffic", "kvlab", "smoke", "sweep", "deploy"}),
     ("CLI edge", {"cli", "commands"}),
 ]

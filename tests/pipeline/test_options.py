@@ -19,8 +19,9 @@ from builders.plan import PlanOptions
 from builders.smoke.runtimes import Runtimes
 
 # What the planner learns from the build rather than from the options: the builder's secret support, whether
-# a CA bundle was found, and the versions and digest read from the sources and the base.
-RESOLVED_BY_THE_BUILD = {"buildkit", "trust_ca_bundle", "vllm_version", "base_digest"}
+# a CA bundle was found, the versions and digest read from the sources and the base, and whether the vLLM
+# source is a tree (a folder, split into layers) rather than an sdist.
+RESOLVED_BY_THE_BUILD = {"buildkit", "trust_ca_bundle", "vllm_version", "base_digest", "source_tree"}
 
 
 def _help(command: str) -> str:

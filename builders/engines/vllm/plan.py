@@ -24,6 +24,25 @@ from builders.plan import (
 from builders.platforms import isa_for, platform_of
 from builders.target import Target
 
+# The version a tree that states none (a checkout without PKG-INFO, whose .git is not staged) is built as.
+UNKNOWN_TREE_VERSION = "0.0.0.dev0+forge.tree"
+# Where a source tree's three parts lie in the build context (builders/build.py stages them from the split).
+TREE_DIR = "sources/vllm-tree"
+TREE_PARTS = {"requirements": "requirements", "compiler_inputs": "compiler-inputs", "package": "package"}
+
+
+def tree_context() -> list[ContextItem]:
+    """The context items of a source-tree build: one folder per part, each COPYed by its own layer."""
+    return [
+        ContextItem(
+            name=f"{TREE_DIR}/requirements", kind="tree-requirements", origin="--source vllm=DIR: requirements"
+        ),
+        ContextItem(
+            name=f"{TREE_DIR}/compiler-inputs", kind="tree-compiler-inputs", origin="--source vllm=DIR: compiler inputs"
+        ),
+        ContextItem(name=f"{TREE_DIR}/package", kind="tree-package", origin="--source vllm=DIR: Python package"),
+    ]
+
 
 def make_vllm_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> BuildPlan:
     """make_plan for a recipe that is not kind=native: which of vLLM's three plans it takes."""
@@ -58,7 +77,11 @@ def make_cpu_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> Build
     compile_env: dict[str, str] = {}
     if target.compiles:
         assert recipe.source is not None
-        if recipe.source.pypi:
+        if options.source_tree:
+            context.extend(tree_context())
+            # setuptools-scm reads the version from .git or PKG-INFO; a checkout's .git is never staged.
+            compile_env["SETUPTOOLS_SCM_PRETEND_VERSION"] = vllm_version or UNKNOWN_TREE_VERSION
+        elif recipe.source.pypi:
             sdist = f"{recipe.source.pypi.name}-{recipe.source.pypi.version}.tar.gz"
             context.append(
                 ContextItem(
@@ -122,7 +145,11 @@ def make_cpu_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> Build
         version=vllm_version or "",
         base_name=distro.base.pinned_ref,
         base_digest=options.base_digest or distro.base.digest or "unpinned",
+        # A tree is not the pinned sdist: its sha256 would name a file this image was not built from.
+        with_source=not options.source_tree,
     )
+    if options.source_tree:
+        labels["dev.forge.source"] = "source tree (--source vllm=DIR)"
     labels["dev.forge.platform"] = platform_of(distro).name
     if torch:
         labels["dev.forge.torch"] = f"{torch.requirement} from {torch.index}"

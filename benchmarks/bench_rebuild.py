@@ -1,0 +1,152 @@
+"""The dev loop on a real vLLM tree: how long each kind of edit takes to rebuild, what was rebuilt, what ccache
+did. Five builds of one tree, in order, into one reports folder (so each report names the files changed since
+the one before):
+
+    cold          the tree as given, with --no-cache: every layer built, every translation unit compiled
+    no-change     the same tree again: every layer from the engine's cache
+    python-edit   one line added to vllm/logger.py: only the package overlay
+    cpp-edit      one line added to csrc/cpu/activation.cpp: the extension, one translation unit compiled
+    requirements  one comment line added to requirements/cpu.txt: the environment and everything above it
+
+    python benchmarks/bench_rebuild.py [--source DIR] [--distro debian-13] [--max-jobs N]
+
+--source is a vLLM checkout or unpacked sdist; without it the recipe's pinned sdist is unpacked into a
+scratch folder (fetched first if it is not cached). The tree is copied before editing: the source is never
+changed. Results go to reports/bench-rebuild/results.json and are printed as a table. It takes an hour or more
+(the cold build compiles all of vLLM's CPU kernels), so no test suite runs it: `nox -s bench-rebuild`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from builders.build import BuildOptions, build
+from builders.config import Project
+from builders.sources import resolve_sdist
+
+Edit = Callable[[Path], None]
+
+
+def _append(rel: str, line: str) -> Edit:
+    def edit(tree: Path) -> None:
+        path = tree / rel
+        path.write_text(path.read_text() + line + "\n")
+
+    return edit
+
+
+def _nothing(_tree: Path) -> None:
+    return None
+
+
+# An edit that changes code, not only a comment: a comment leaves the preprocessed text alone, and ccache would
+# answer it from its cache in preprocessed mode without compiling anything.
+STEPS: tuple[tuple[str, Edit, bool], ...] = (
+    ("cold", _nothing, True),
+    ("no-change", _nothing, False),
+    ("python-edit", _append("vllm/logger.py", "_FORGE_BENCH_REBUILD = 1"), False),
+    (
+        "cpp-edit",
+        _append("csrc/cpu/activation.cpp", "[[maybe_unused]] static const int forge_bench_rebuild = 1;"),
+        False,
+    ),
+    ("requirements", _append("requirements/cpu.txt", "# forge bench-rebuild: the environment's key changes"), False),
+)
+
+
+def _tree(project: Project, source: Path | None, scratch: Path) -> Path:
+    tree = scratch / "vllm"
+    if source is not None:
+        shutil.copytree(source, tree, symlinks=True, ignore=shutil.ignore_patterns(".git", "build", "__pycache__"))
+        return tree
+    sdist = resolve_sdist(project.recipe_for("cpu"), project.root, {}).path
+    with tarfile.open(sdist) as archive:
+        archive.extractall(scratch / "unpacked", filter="data")
+    (unpacked,) = (scratch / "unpacked").iterdir()
+    unpacked.rename(tree)
+    return tree
+
+
+def _row(step: str, seconds: float, report: dict[str, Any]) -> dict[str, Any]:
+    reuse = report.get("reuse") or {}
+    ccache = reuse.get("ccache")
+    return {
+        "step": step,
+        "result": report.get("result"),
+        "wall_s": round(seconds, 1),
+        "environment": (reuse.get("environment") or {}).get("verdict"),
+        "extension": (reuse.get("extension") or {}).get("verdict"),
+        "package": (reuse.get("package") or {}).get("verdict"),
+        "changed": sorted(
+            {
+                f
+                for part in ("environment", "extension", "package")
+                for f in (reuse.get(part) or {}).get("changed_files") or []
+            }
+        ),
+        "ccache": ccache,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--source", type=Path, help="a vLLM checkout or unpacked sdist (default: the pinned sdist)")
+    parser.add_argument("--distro", default="debian-13")
+    parser.add_argument("--max-jobs", type=int, default=None)
+    args = parser.parse_args(argv)
+    project = Project.load()
+    distro, recipe = project.distro(args.distro), project.recipe_for("cpu")
+    out = project.root / "reports" / "bench-rebuild"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "tree-manifest.json").unlink(missing_ok=True)  # the cold build names no changes
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="forge-bench-rebuild-") as scratch:
+        tree = _tree(project, args.source, Path(scratch))
+        for step, edit, cold in STEPS:
+            edit(tree)
+            start = time.monotonic()
+            report = build(
+                project,
+                distro,
+                recipe,
+                BuildOptions(
+                    source_overrides={"vllm": tree},
+                    reports_dir=out / step,
+                    no_cache=cold,
+                    skip_tests=True,  # the test stage's minutes are the same for every step: not what is measured
+                    max_jobs=args.max_jobs,
+                ),
+                lambda line: print(line, flush=True),
+            )
+            rows.append(_row(step, time.monotonic() - start, json.loads(report.to_json())))
+            # The next step's build compares with this one's manifest: carry it to the next step's folder.
+            manifest = out / step / "tree-manifest.json"
+            if manifest.exists() and step != STEPS[-1][0]:
+                following = STEPS[[s for s, _, _ in STEPS].index(step) + 1][0]
+                (out / following).mkdir(parents=True, exist_ok=True)
+                shutil.copy2(manifest, out / following / "tree-manifest.json")
+            if report.result != "succeeded":
+                break
+    (out / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
+    print(f"{'step':<14}{'wall s':>8}  {'env':<10}{'extension':<11}{'package':<10}ccache")
+    for row in rows:
+        ccache = row["ccache"]
+        stats = f"{ccache['hits']} hits {ccache['misses']} misses" if isinstance(ccache, dict) else str(ccache)[:40]
+        print(
+            f"{row['step']:<14}{row['wall_s']:>8}  {row['environment']!s:<10}{row['extension']!s:<11}"
+            f"{row['package']!s:<10}{stats}"
+        )
+    return 0 if all(row["result"] == "succeeded" for row in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

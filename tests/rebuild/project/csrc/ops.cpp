@@ -1,0 +1,3 @@
+#include "ops.h"
+
+long demo_scale(long value) { return value * 2; }

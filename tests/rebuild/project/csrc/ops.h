@@ -1,0 +1,2 @@
+#pragma once
+long demo_scale(long value);
