@@ -197,6 +197,13 @@ def bench_router(session: nox.Session) -> None:
     session.run("python", str(ROOT / "benchmarks" / "bench_router.py"), *session.posargs, external=True)
 
 
+@nox.session(python=False, name="bench-rebuild", default=False)
+def bench_rebuild(session: nox.Session) -> None:
+    """The dev loop on a real vLLM tree: cold, no change, a Python line, a csrc/cpu/ line, a requirement edit
+    (an hour or more: the cold build compiles all of vLLM's CPU kernels)."""
+    session.run("python", str(ROOT / "benchmarks" / "bench_rebuild.py"), *session.posargs, external=True)
+
+
 @nox.session(python=False, default=False)
 def kvlab(session: nox.Session) -> None:
     """The Hybrid KV lab: every oracle case and planted bug, then the layouts ranked for profiling (reports/kvlab)."""

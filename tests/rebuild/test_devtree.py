@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,8 @@ from builders.config import Project
 from builders.engines.vllm.devtree import VLLM_LAYOUT
 from builders.errors import SourceUnavailable, UsageError
 from builders.rebuild.devtree import TreeLayout, changed_files, matches, split_tree, stage_parts
+from builders.sources import resolve_sdist
 
-VLLM_SRC = Path("/work/src/vllm-0.33.0")
 ENV = {"MAX_JOBS": "4", "VLLM_TARGET_DEVICE": "cpu"}
 
 
@@ -158,9 +159,14 @@ def test_a_file_or_an_empty_tree_is_a_named_error(tmp_path: Path) -> None:
         split_tree(tmp_path / "empty", VLLM_LAYOUT)
 
 
-@pytest.mark.skipif(not VLLM_SRC.is_dir(), reason="needs the unpacked vLLM 0.33.0 tree")
-def test_the_real_vllm_tree_splits_as_its_setup_py_reads_it() -> None:
-    split = split_tree(VLLM_SRC, VLLM_LAYOUT)
+def test_the_real_vllm_tree_splits_as_its_setup_py_reads_it(project: Project, tmp_path: Path) -> None:
+    # The recipe's pinned sdist (cached, or fetched from PyPI once, as the quick run's preflight tests do),
+    # unpacked: the layout is checked against the tree Forge builds, not a fixture shaped like it.
+    sdist = resolve_sdist(project.recipe_for("cpu"), project.root, {}).path
+    with tarfile.open(sdist) as tar:
+        tar.extractall(tmp_path, filter="data")
+    (src,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    split = split_tree(src, VLLM_LAYOUT)
     inputs = split.compiler_inputs
     for needed in ("setup.py", "vllm/envs.py", "tools/build_rust.py", "CMakeLists.txt", "rust/src/cmd/Cargo.toml"):
         assert needed in inputs, needed
