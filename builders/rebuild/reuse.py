@@ -19,7 +19,7 @@ Reuse = Literal["reused", "rebuilt", "not in log"]
 _BK_STEP = re.compile(r"^#(\d+) \[([\w.-]+) (\d+)/(\d+)\] (\S+)")
 _BK_CACHED = re.compile(r"^#(\d+) CACHED\s*$")
 _BK_RAN = re.compile(r"^#(\d+) (?:DONE|ERROR|\d+\.\d+ )")
-_BUILDAH_STEP = re.compile(r"^(?:\[\d+/\d+\] )?STEP (\d+)/(\d+): (\S+)(.*)$")
+_BUILDAH_STEP = re.compile(r"^(?:\[(\d+)/\d+\] )?STEP (\d+)/(\d+): (\S+)(.*)$")
 _BUILDAH_CACHE = re.compile(r"^--> Using cache [0-9a-f]+")
 _FROM_AS = re.compile(r"\bAS\s+([\w.-]+)\s*$", re.IGNORECASE)
 
@@ -64,27 +64,36 @@ def _buildkit(lines: list[str]) -> dict[str, StageReuse]:
 
 
 def _buildah(lines: list[str]) -> dict[str, StageReuse]:
+    # buildah runs a stage when a later one first needs it, so stages interleave: `[4/4] STEP 6/9: COPY
+    # --from=extension` is printed, then all of stage 3's steps, then stage 4's `--> Using cache` for that COPY.
+    # Steps are therefore attributed by their `[i/n]` index (the stage its FROM named), and each stage keeps its
+    # own step whose outcome is not yet known. A cache line answers the most recently opened of those: a stage
+    # that waits on another resumes only after that one's last step.
     counts: dict[str, list[int]] = {}
-    stage: str | None = None
-    open_step: str | None = None  # the stage of the step whose outcome is not yet known
+    names: dict[str, str] = {}  # buildah's stage index ("3", or "" without `[i/n]`) -> the stage's name
+    pending: list[tuple[str, str]] = []  # (index, stage) of steps opened and not yet answered, oldest first
     anonymous = 0
+
+    def close(index: str) -> None:
+        for held in [p for p in pending if p[0] == index]:
+            pending.remove(held)
+            counts.setdefault(held[1], [0, 0])[1] += 1
+
     for line in lines:
         if m := _BUILDAH_STEP.match(line):
-            if open_step is not None:
-                counts.setdefault(open_step, [0, 0])[1] += 1
-            open_step = None
-            if m.group(3) == "FROM" and m.group(1) == "1":
-                named = _FROM_AS.search(m.group(4))
+            index = m.group(1) or ""
+            close(index)  # the stage's previous step printed no cache line: it ran
+            if m.group(4) == "FROM" and m.group(2) == "1":
+                named = _FROM_AS.search(m.group(5))
                 anonymous += 0 if named else 1
-                stage = named.group(1) if named else f"stage-{anonymous}"
-                counts.setdefault(stage, [0, 0])
-            elif stage is not None:
-                open_step = stage
-        elif _BUILDAH_CACHE.match(line) and open_step is not None:
-            counts.setdefault(open_step, [0, 0])[0] += 1
-            open_step = None
-    if open_step is not None:
-        counts.setdefault(open_step, [0, 0])[1] += 1
+                names[index] = named.group(1) if named else f"stage-{anonymous}"
+                counts.setdefault(names[index], [0, 0])
+            elif index in names:
+                pending.append((index, names[index]))
+        elif _BUILDAH_CACHE.match(line) and pending:
+            counts.setdefault(pending.pop()[1], [0, 0])[0] += 1
+    for _index, stage in pending:
+        counts.setdefault(stage, [0, 0])[1] += 1
     return {name: StageReuse(stage=name, cached=c, ran=r) for name, (c, r) in counts.items()}
 
 

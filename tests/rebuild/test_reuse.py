@@ -54,5 +54,44 @@ def test_a_buildah_stage_whose_steps_all_came_from_the_cache_is_reused() -> None
     assert verdict(log, "env") == "reused" and verdict(log, "extension") == "rebuilt"
 
 
+def test_buildahs_interleaved_stages_are_told_apart_by_their_index() -> None:
+    # A Python-only edit of the dev loop's small project on Podman: the venv stage's COPY --from=extension is
+    # printed, then the whole extension stage (all from the cache), then the COPY's own cache line, then the
+    # package layer, which ran. Read by the last FROM alone, that layer made the extension look rebuilt.
+    log = (FIXTURES / "podman-devtree-python-edit-interleaved.log").read_text()
+    stages = stage_reuse(log)
+    assert {name: s.verdict for name, s in stages.items()} == {
+        "toolchain": "reused",
+        "env": "reused",
+        "extension": "reused",
+        "venv": "rebuilt",
+    }
+    assert (stages["extension"].cached, stages["extension"].ran) == (6, 0)
+    # venv: SHELL, ARG, the requirements, the venv, the wheels and their install from the cache; the package
+    # COPY and its compile ran.
+    assert (stages["venv"].cached, stages["venv"].ran) == (6, 2)
+
+
+def test_a_buildah_step_whose_stage_moved_on_without_a_cache_line_ran() -> None:
+    log = "\n".join(
+        [
+            "[1/2] STEP 1/3: FROM base AS a",
+            "[1/2] STEP 2/3: RUN make",
+            "compiling",
+            "--> 1111111111a",
+            "[2/2] STEP 1/2: FROM base AS b",
+            "[2/2] STEP 2/2: COPY --from=a /out /out",
+            "[1/2] STEP 3/3: RUN make install",
+            "--> Using cache 2222222222222222222222222222222222222222222222222222222222222222",
+            "--> 2222222222b",
+            "--> 3333333333c",
+        ]
+    )
+    stages = stage_reuse(log)
+    assert (stages["a"].cached, stages["a"].ran) == (1, 1)
+    # b's COPY got no cache line of its own (the one printed answered a's later step): it ran.
+    assert (stages["b"].cached, stages["b"].ran) == (0, 1)
+
+
 def test_a_log_of_neither_format_names_no_stage() -> None:
     assert stage_reuse("Step 1/3 : FROM debian\n ---> Using cache\n") == {}
