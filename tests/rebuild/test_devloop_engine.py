@@ -4,10 +4,9 @@ engine's cache and nothing compiles. A one-line edit of one .cpp file: the exten
 compiles that file alone (one miss) and takes the other from its cache (one hit).
 
 Each run edits with a value of its own and mounts a ccache of its own, so no earlier run's layers or cache
-entries can answer for this one's. Run it alone with:
-
-    FORGE_ENGINE=docker pytest -m engine tests/rebuild/test_devloop_engine.py
-    FORGE_ENGINE=podman pytest -m engine tests/rebuild/test_devloop_engine.py
+entries can answer for this one's. It runs on Docker (BuildKit's cache mount) and on Podman (buildah's), each
+as .ci/engines sets it up: the two print their stages differently, and buildah interleaves them. Run it alone
+with `pytest -m engine tests/rebuild/test_devloop_engine.py` (`-k podman` for one engine).
 """
 
 from __future__ import annotations
@@ -22,10 +21,19 @@ from devtree_project import PROJECT, render, stage_context
 from builders.bootstrap import ensure_base
 from builders.config import Project
 from builders.container import BuildRequest, Engine, RunSpec, choose_builder
+from builders.errors import EngineError
 from builders.rebuild.ccache_stats import CcacheStats, stats_from_log
 from builders.rebuild.reuse import verdict
 
 pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(params=["docker", "podman"])
+def loop_engine(request: pytest.FixtureRequest) -> Engine:
+    try:
+        return Engine.connect(request.param)
+    except EngineError as exc:
+        pytest.fail(f"{request.param} does not answer: {exc.message} (run .ci/engines as root)")
 
 
 def _build(engine: Engine, project: Project, tree: Path, work: Path, name: str, cache_id: str) -> tuple[str, str]:
@@ -63,8 +71,9 @@ def _stats(log: str) -> CcacheStats:
 
 
 def test_a_python_edit_compiles_nothing_and_a_cpp_edit_compiles_one_file(
-    project: Project, engine: Engine, tmp_path: Path
+    project: Project, loop_engine: Engine, tmp_path: Path
 ) -> None:
+    engine = loop_engine
     token = secrets.token_hex(4)
     factor = 3 + int(token, 16) % 1000  # this run's own edit: no earlier run built this .cpp
     tree = tmp_path / "tree"
