@@ -137,6 +137,12 @@ class ServingEngine(abc.ABC):
         sweep shares. Empty for an engine that keeps nothing worth sharing between starts."""
         return {}
 
+    def cache_seed(self, path: str) -> list[str] | None:
+        """A command run once in the image, before its first replica, that copies what the image already holds
+        of these caches into `path`: pointed at an empty shared directory, replicas would not see what the
+        image's build warmed. None where there is nothing to copy."""
+        return None
+
     def startup_parts(self, log: str, *, healthy_after_s: float | None) -> dict[str, float | None]:
         """Where a replica's start-up went, read from its log (seconds; None where the log does not say).
         Empty for an engine whose log carries no stamps or durations to read."""

@@ -207,6 +207,30 @@ class ContainerReplicas:
         self.description = f"image {image} ({self.image_id[:19]})"
         self._started: list[LaunchedContainer] = []
 
+    def _seed_cache(self) -> None:
+        """Copy the image's own warmed caches into the shared directory, once, while it is still empty."""
+        seed = self.serving.cache_seed(CONTAINER_CACHE_DIR)
+        if self.cache_dir is None or seed is None:
+            return
+        if self.cache_dir.exists() and any(self.cache_dir.iterdir()):
+            return  # an earlier profile of the sweep seeded it, and its replicas added to it
+        rc, out = self.engine.run_once(
+            RunSpec(
+                image=self.image,
+                entrypoint=[seed[0]],
+                command=seed[1:],
+                volumes={str(self.cache_dir): f"{CONTAINER_CACHE_DIR}:rw"},
+            ),
+            timeout=120,
+        )
+        if rc != 0:
+            # Only a slower first start: the replicas fill the cache themselves.
+            print(
+                f"forge: could not copy {self.image}'s own caches into the shared cache (exit {rc}); the first "
+                f"replica fills it instead: {out.strip()[-300:]}",
+                file=sys.stderr,
+            )
+
     def probe(self, *, timeout_s: float) -> ServerProbe:
         def run(argv: list[str]) -> tuple[int, str]:
             return self.engine.run_once(
@@ -224,6 +248,8 @@ class ContainerReplicas:
     def start(self, replica: ReplicaPlan, probe: ServerProbe, *, run_id: str) -> Launched:
         argv = self.serving.argv(probe, CONTAINER_MODEL_DIR, replica.args)
         cache_env = self.serving.cache_env(CONTAINER_CACHE_DIR) if self.cache_dir else {}
+        if cache_env:
+            self._seed_cache()
         cid = self.engine.run_detached(
             RunSpec(
                 image=self.image,

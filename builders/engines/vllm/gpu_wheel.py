@@ -95,6 +95,7 @@ def make_gpu_wheel_plan(distro: Distro, recipe: Recipe, options: PlanOptions) ->
         test_checks=(
             "import-vllm",
             "vllm-version",
+            "bytecode",
             "tcmalloc-mapped",
             "cuda-libs-load",
             "cuda-archs",

@@ -158,7 +158,7 @@ def make_cpu_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> Build
 
     checks: tuple[str, ...] = ()
     if target.runs_vllm:
-        checks = ("import-vllm", "vllm-version", "cpu-kernels", "tcmalloc-mapped")
+        checks = ("import-vllm", "vllm-version", "cpu-kernels", "bytecode", "tcmalloc-mapped")
         checks += ("model-info-warm",) if recipe.warm_model_classes else ()
         checks += ("serve-models",) if recipe.serve_test else ()
     elif recipe.target == "router":
