@@ -8,7 +8,7 @@ the one before):
     cpp-edit      one line added to csrc/cpu/activation.cpp: the extension, one translation unit compiled
     requirements  one comment line added to requirements/cpu.txt: the environment and everything above it
 
-    python benchmarks/bench_rebuild.py [--source DIR] [--distro debian-13] [--max-jobs N]
+    python benchmarks/bench_rebuild.py [--source DIR] [--distro debian-13] [--max-jobs N] [--torch-index pypi]
 
 --source is a vLLM checkout or unpacked sdist; without it the recipe's pinned sdist is unpacked into a
 scratch folder (fetched first if it is not cached). The tree is copied before editing: the source is never
@@ -27,10 +27,11 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from builders.build import BuildOptions, build
 from builders.config import Project
+from builders.config.models import TorchIndex
 from builders.sources import resolve_sdist
 
 Edit = Callable[[Path], None]
@@ -102,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--source", type=Path, help="a vLLM checkout or unpacked sdist (default: the pinned sdist)")
     parser.add_argument("--distro", default="debian-13")
     parser.add_argument("--max-jobs", type=int, default=None)
+    # The recipe's torch comes from PyTorch's CPU index; where that is unreachable, PyPI's torch (`forge build
+    # --torch-index pypi`) is the one a build can get.
+    parser.add_argument("--torch-index", choices=get_args(TorchIndex), default=None)
     args = parser.parse_args(argv)
     project = Project.load()
     distro, recipe = project.distro(args.distro), project.recipe_for("cpu")
@@ -124,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                     no_cache=cold,
                     skip_tests=True,  # the test stage's minutes are the same for every step: not what is measured
                     max_jobs=args.max_jobs,
+                    torch_index=args.torch_index,
                 ),
                 lambda line: print(line, flush=True),
             )
