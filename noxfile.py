@@ -6,6 +6,7 @@ so `nox -s build-fedora-cpu` and `forge build fedora-44 cpu` are the same thing.
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -147,10 +148,28 @@ def docs(session: nox.Session) -> None:
 @nox.session(python=False, default=False)
 def suite(session: nox.Session) -> None:
     """The full suite, what CI runs: the engines (.ci/engines, as root), lint, render + hadolint, the docs, every
-    test. One session, so a failed step stops the ones after it."""
-    for step in (engines, lint, render, docs, tests):
-        session.log(f"suite: {step.name or step.func.__name__}")
-        step(session)
+    test. One session, so a failed step stops the ones after it.
+
+    The host-process replicas' vLLM venv is filled in the background from the start (tests/smoke/
+    prepare_host_vllm.py says why); the tests that need it wait for it under a lock."""
+    log = ROOT / ".nox" / "prepare-host-vllm.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w", encoding="utf-8") as out:
+        prepare = subprocess.Popen(
+            [sys.executable, str(ROOT / "tests" / "smoke" / "prepare_host_vllm.py")],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            for step in (engines, lint, render, docs, tests):
+                session.log(f"suite: {step.name or step.func.__name__}")
+                step(session)
+        finally:
+            # A failed step leaves nothing running; after the tests it has long finished.
+            if prepare.poll() is None:
+                prepare.terminate()
+            prepare.wait()
+    session.log(f"suite: {log.read_text(encoding='utf-8').strip().splitlines()[-1:] or ['(no output)']}")
 
 
 @nox.session(python=False, name="pull-smoke", default=False)

