@@ -148,28 +148,45 @@ def docs(session: nox.Session) -> None:
 @nox.session(python=False, default=False)
 def suite(session: nox.Session) -> None:
     """The full suite, what CI runs: the engines (.ci/engines, as root), lint, render + hadolint, the docs, every
-    test. One session, so a failed step stops the ones after it.
+    test. One session, so a failed step stops the ones after it: no test starts before the engines are up and the
+    linters, the renders and the docs have passed.
 
-    The host-process replicas' vLLM venv is filled in the background from the start (tests/smoke/
-    prepare_host_vllm.py says why); the tests that need it wait for it under a lock."""
-    log = ROOT / ".nox" / "prepare-host-vllm.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("w", encoding="utf-8") as out:
-        prepare = subprocess.Popen(
-            [sys.executable, str(ROOT / "tests" / "smoke" / "prepare_host_vllm.py")],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    Two things run in the background, because they wait on the network and on one core while the steps beside
+    them need the other: the engines' setup (apt-get and daemons on a fresh machine) beside lint, render and docs,
+    which need no engine; and the host-process replicas' vLLM venv (tests/smoke/prepare_host_vllm.py says why),
+    from the start until the tests that need it, which wait for it under a lock."""
+    logs = ROOT / ".nox"
+    logs.mkdir(parents=True, exist_ok=True)
+    prepare = _background(
+        [sys.executable, str(ROOT / "tests" / "smoke" / "prepare_host_vllm.py")], logs / "prepare-host-vllm.log"
+    )
+    try:
+        session.log("suite: engines (in the background, beside lint, render and docs)")
+        setup = _background(["bash", str(ROOT / ".ci" / "engines")], logs / "engines.log")
         try:
-            for step in (engines, lint, render, docs, tests):
+            for step in (lint, render, docs):
                 session.log(f"suite: {step.name or step.func.__name__}")
                 step(session)
         finally:
-            # A failed step leaves nothing running; after the tests it has long finished.
-            if prepare.poll() is None:
-                prepare.terminate()
-            prepare.wait()
-    session.log(f"suite: {log.read_text(encoding='utf-8').strip().splitlines()[-1:] or ['(no output)']}")
+            # Never cut apt-get off half-way: a failed linter still waits for the engines' setup to end.
+            code = setup.wait()
+            session.log("suite: engines\n" + (logs / "engines.log").read_text(encoding="utf-8", errors="replace"))
+        if code != 0:
+            session.error(f".ci/engines exited {code} (its output is above)")
+        session.log("suite: tests")
+        tests(session)
+    finally:
+        # A failed step leaves nothing running; after the tests it has long finished.
+        if prepare.poll() is None:
+            prepare.terminate()
+        prepare.wait()
+        session.log("suite: " + " ".join((logs / "prepare-host-vllm.log").read_text(encoding="utf-8").split()[-8:]))
+
+
+def _background(command: list[str], log: Path) -> subprocess.Popen[bytes]:
+    """Start `command` with its output to `log` (printed by the caller when it ends, so no log interleaves)."""
+    with log.open("wb") as out:
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
 
 
 @nox.session(python=False, name="pull-smoke", default=False)
