@@ -9,6 +9,11 @@ the one before):
     requirements  one comment line added to requirements/cpu.txt: the environment and everything above it
 
     python benchmarks/bench_rebuild.py [--source DIR] [--distro debian-13] [--max-jobs N] [--torch-index pypi]
+                                       [--resume STEP]
+
+--resume STEP applies the edits of the steps before STEP without building them, and takes their rows from
+their reports in the same folder (wall time: the sum of the report's phases, which is what the build call
+spends): a run stopped at one step (the host's disk, say) goes on from there instead of compiling cold again.
 
 --source is a vLLM checkout or unpacked sdist; without it the recipe's pinned sdist is unpacked into a
 scratch folder (fetched first if it is not cached). The tree is copied before editing: the source is never
@@ -32,6 +37,7 @@ from typing import Any, get_args
 from builders.build import BuildOptions, build
 from builders.config import Project
 from builders.config.models import TorchIndex
+from builders.errors import ForgeError
 from builders.sources import resolve_sdist
 
 Edit = Callable[[Path], None]
@@ -106,7 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     # The recipe's torch comes from PyTorch's CPU index; where that is unreachable, PyPI's torch (`forge build
     # --torch-index pypi`) is the one a build can get.
     parser.add_argument("--torch-index", choices=get_args(TorchIndex), default=None)
+    parser.add_argument("--resume", choices=[step for step, _, _ in STEPS[1:]], default=None)
     args = parser.parse_args(argv)
+    names = [step for step, _, _ in STEPS]
+    first = names.index(args.resume) if args.resume else 0
     project = Project.load()
     distro, recipe = project.distro(args.distro), project.recipe_for("cpu")
     out = project.root / "reports" / "bench-rebuild"
@@ -115,23 +124,40 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="forge-bench-rebuild-") as scratch:
         tree = _tree(project, args.source, Path(scratch))
-        for step, edit, cold in STEPS:
+        for index, (step, edit, cold) in enumerate(STEPS):
             edit(tree)
+            if index < first:
+                earlier = json.loads((out / step / "report.json").read_text())
+                rows.append(_row(step, sum(earlier["phases"].values()), earlier) | {"from_report": True})
+                continue
             start = time.monotonic()
-            report = build(
-                project,
-                distro,
-                recipe,
-                BuildOptions(
-                    source_overrides={"vllm": tree},
-                    reports_dir=out / step,
-                    no_cache=cold,
-                    skip_tests=True,  # the test stage's minutes are the same for every step: not what is measured
-                    max_jobs=args.max_jobs,
-                    torch_index=args.torch_index,
-                ),
-                lambda line: print(line, flush=True),
-            )
+            try:
+                report = build(
+                    project,
+                    distro,
+                    recipe,
+                    BuildOptions(
+                        source_overrides={"vllm": tree},
+                        reports_dir=out / step,
+                        no_cache=cold,
+                        skip_tests=True,  # the test stage's minutes are the same for every step: not what is measured
+                        max_jobs=args.max_jobs,
+                        torch_index=args.torch_index,
+                    ),
+                    lambda line: print(line, flush=True),
+                )
+            except ForgeError as exc:
+                # A step that stops before its build (preflight's disk gate, say) is a row that says so, and
+                # the table of the steps before it is still written.
+                rows.append(
+                    {
+                        "step": step,
+                        "result": "blocked",
+                        "wall_s": round(time.monotonic() - start, 1),
+                        "error": exc.message,
+                    }
+                )
+                break
             rows.append(_row(step, time.monotonic() - start, json.loads(report.to_json())))
             # The next step's build compares with this one's manifest: carry it to the next step's folder.
             manifest = out / step / "tree-manifest.json"
@@ -144,11 +170,11 @@ def main(argv: list[str] | None = None) -> int:
     (out / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
     print(f"{'step':<14}{'wall s':>8}  {'env':<10}{'extension':<11}{'package':<10}ccache")
     for row in rows:
-        ccache = row["ccache"]
+        ccache = row.get("ccache", row.get("error"))
         stats = f"{ccache['hits']} hits {ccache['misses']} misses" if isinstance(ccache, dict) else str(ccache)[:40]
         print(
-            f"{row['step']:<14}{row['wall_s']:>8}  {row['environment']!s:<10}{row['extension']!s:<11}"
-            f"{row['package']!s:<10}{stats}"
+            f"{row['step']:<14}{row['wall_s']:>8}  {row.get('environment')!s:<10}{row.get('extension')!s:<11}"
+            f"{row.get('package')!s:<10}{stats}"
         )
     return 0 if all(row["result"] == "succeeded" for row in rows) else 1
 
