@@ -180,7 +180,8 @@ def suite(session: nox.Session) -> None:
         if prepare.poll() is None:
             prepare.terminate()
         prepare.wait()
-        session.log("suite: " + " ".join((logs / "prepare-host-vllm.log").read_text(encoding="utf-8").split()[-8:]))
+        said = (logs / "prepare-host-vllm.log").read_text(encoding="utf-8", errors="replace").strip().splitlines()
+        session.log(f"suite: {said[-1] if said else 'prepare-host-vllm said nothing'}")
 
 
 def _background(command: list[str], log: Path) -> subprocess.Popen[bytes]:

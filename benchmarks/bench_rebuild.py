@@ -161,8 +161,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(_row(step, time.monotonic() - start, json.loads(report.to_json())))
             # The next step's build compares with this one's manifest: carry it to the next step's folder.
             manifest = out / step / "tree-manifest.json"
-            if manifest.exists() and step != STEPS[-1][0]:
-                following = STEPS[[s for s, _, _ in STEPS].index(step) + 1][0]
+            if manifest.exists() and index + 1 < len(names):
+                following = names[index + 1]
                 (out / following).mkdir(parents=True, exist_ok=True)
                 shutil.copy2(manifest, out / following / "tree-manifest.json")
             if report.result != "succeeded":

@@ -5,7 +5,7 @@ The venv is a 3.5 GB pip install from an 0.9 GB wheelhouse download, mostly one 
 made by the first server-backed test that needs it, it cost that test two of its three and a half minutes, with
 the second core idle. Started here, it overlaps the engine setup, the linters and the first builds, which wait
 on apt, the registry and single-threaded layer commits. It changes no test: the tests get the same venv (the one
-function, under a lock, smoke_helpers._wheelhouse_venv), and if this fails they make it themselves and fail
+function, under a lock, smoke_helpers.local_vllm), and if this fails they make it themselves and fail
 with its error.
 
 A host with little disk keeps the old order (skip below MIN_FREE_GB): the venv made early sits on disk through
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from smoke_helpers import ROOT, _wheelhouse_venv, host_venv_path, host_venv_ready
+from smoke_helpers import ROOT, host_venv_path, host_venv_ready, local_vllm
 
 MIN_FREE_GB = 30
 
@@ -37,7 +37,7 @@ def main() -> int:
         print(f"prepare-host-vllm: {free_gb:.0f} GB free (< {MIN_FREE_GB}); the first test that needs it makes it")
         return 0
     start = time.monotonic()
-    made = _wheelhouse_venv()
+    made = local_vllm()
     print(f"prepare-host-vllm: {made} ready after {time.monotonic() - start:.0f} s")
     return 0
 

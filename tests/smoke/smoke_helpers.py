@@ -39,7 +39,7 @@ def local_vllm() -> Path:
 def _wheelhouse_venv() -> Path:
     from builders.config import Project
     from builders.locks import exclusive
-    from builders.sources import cache_dir, fetch_wheelhouse
+    from builders.sources import fetch_wheelhouse
 
     project = Project.load(ROOT)
     distro, recipe = project.distro("debian-12"), project.recipe_for("cpu-wheel")
@@ -50,7 +50,7 @@ def _wheelhouse_venv() -> Path:
     venv = host_venv_path()
     # The suite fills this venv in the background from its start (prepare_host_vllm.py): a test that gets here
     # first waits for that install instead of starting a second one into the same folder.
-    with exclusive(cache_dir(ROOT).parent / f"{venv.name}.lock"):
+    with exclusive(venv.with_name(f"{venv.name}.lock")):
         if host_venv_ready(venv):
             return venv
         wheelhouse = fetch_wheelhouse(recipe, distro, ROOT)
