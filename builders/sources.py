@@ -343,4 +343,30 @@ def _fetch_wheelhouse(recipe: Recipe, distro: Distro, dest: Path, say: Callable[
             + "\n    ".join(proc.stderr.strip().splitlines()[-5:]),
             hint="make PyPI (and your torch index) reachable, or pass --wheelhouse DIR with the wheels",
         )
+    drop_superseded(dest, proc.stdout)
     return dest
+
+
+# What pip says of each wheel it resolved: downloaded now, or found in the folder from an earlier fetch.
+_PIP_NAMED = re.compile(r"^\s*(?:Saved|File was already downloaded) (\S+\.whl)\s*$", re.MULTILINE)
+
+
+def _project(wheel_name: str) -> str:
+    return wheel_name.split("-", 1)[0].lower().replace("_", "-").replace(".", "-")
+
+
+def drop_superseded(dest: Path, pip_output: str) -> list[str]:
+    """Remove the wheels an earlier fetch left that this one resolved past, and return their names.
+
+    The cache folder outlives a fetch: when PyPI has published a newer release since (sentry-sdk 2.75.0, then
+    2.76.0), both wheels sit side by side and the image's install of the folder fails on the pair. Only a wheel
+    whose project pip named at another version goes: a project pip did not mention is left, since pip's wording
+    is not a contract and a wheel wrongly removed would fail the image's install instead of the fetch."""
+    named = {Path(m).name for m in _PIP_NAMED.findall(pip_output)}
+    projects = {_project(n) for n in named}
+    dropped = []
+    for wheel in sorted(dest.glob("*.whl")):
+        if wheel.name not in named and _project(wheel.name) in projects:
+            wheel.unlink()
+            dropped.append(wheel.name)
+    return dropped

@@ -116,3 +116,42 @@ def test_an_index_without_the_pin_leaves_the_wheelhouse_to_pypi_and_says_so(tmp_
     assert recipe.wheelhouse is not None
     no_index = recipe.model_copy(update={"wheelhouse": recipe.wheelhouse.model_copy(update={"torch_index": None})})
     assert _torch_first(no_index, pip_download_command(distro, no_index, dest), dest) == ""
+
+
+def test_a_refetch_drops_the_release_it_resolved_past(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wheelhouse fetched last week holds sentry-sdk 2.75.0; PyPI has 2.76.0 now. The image installs the whole
+    folder, so both side by side failed the build ('Cannot install sentry-sdk 2.75.0 and sentry-sdk 2.76.0'). Real
+    pip, against an index on disk that has only the newer release."""
+    from builders.sources import _fetch_wheelhouse
+
+    project = Project.load(ROOT)
+    distro = project.distro("debian-12")
+    tag = "py3-none-any"
+    published = tmp_path / "published"
+    published.mkdir()
+    newer = _wheel(published, "sentry_sdk", "2.76.0", tag)
+    index = tmp_path / "simple" / "sentry-sdk"
+    index.mkdir(parents=True)
+    (index / "index.html").write_text(
+        f'<html><body><a href="{newer.resolve().as_uri()}">{newer.name}</a></body></html>'
+    )
+    monkeypatch.setenv("PIP_INDEX_URL", (tmp_path / "simple").as_uri())
+    dest = tmp_path / "wheelhouse"
+    dest.mkdir()
+    stale = _wheel(dest, "sentry_sdk", "2.75.0", tag)
+    unrelated = _wheel(dest, "leftover", "1.0", tag)  # pip says nothing of it: not Forge's to judge, so it stays
+    recipe = project.recipe_for("cpu-wheel")
+    assert recipe.wheelhouse is not None
+    recipe = recipe.model_copy(
+        update={
+            "wheelhouse": recipe.wheelhouse.model_copy(
+                update={"requirements": ["sentry-sdk"], "torch_index": None, "find_links": []}
+            )
+        }
+    )
+    assert _fetch_wheelhouse(recipe, distro, dest, None) == dest
+    assert sorted(w.name for w in dest.iterdir()) == sorted([newer.name, unrelated.name])
+    assert not stale.exists()
+    # A second fetch finds the wheel already there, names it so, and keeps it.
+    _fetch_wheelhouse(recipe, distro, dest, None)
+    assert sorted(w.name for w in dest.iterdir()) == sorted([newer.name, unrelated.name])
