@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from builders.bootstrap import bootstrap
+from builders.bootstrap import ensure_base
 from builders.build import BuildOptions, build
 from builders.config import Project
+from builders.config.models import Distro
 from builders.container import Engine
 from builders.errors import BuildFailed
 from builders.preflight import run_preflight
@@ -19,12 +20,26 @@ from builders.sources import fetch_wheelhouse
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 
+def _copy_base(distro: Distro, source: Engine, target: Engine) -> None:
+    """The base the main engine has (bootstrapping it there if missing), loaded into the small one: the bootstrap
+    path has its own test (test_engine_build.py), and a second mmdebstrap here cost CI a minute for the same tree."""
+    ensure_base(distro, source)
+    stream = source.save_stream(distro.base.local_tag)
+    try:
+        (image_id,) = target.load(stream)
+    finally:
+        stream.close()
+    target.tag(image_id, distro.base.local_tag)
+
+
 def test_small_engine_root_is_blocked_then_fails_with_enospc(
-    project: Project, small_engine: Engine, tmp_path: Path
+    project: Project, engine: Engine, small_engine: Engine, tmp_path: Path
 ) -> None:
+    """`engine` comes first: it connects to the main dockerd before small_engine points DOCKER_HOST elsewhere."""
     distro, recipe = project.distro("debian-12"), project.recipe_for("cpu-wheel")
+    assert engine.root_dir != small_engine.root_dir, "both fixtures answer from the same engine"
     wheelhouse = fetch_wheelhouse(recipe, distro, project.root)
-    bootstrap(distro, small_engine)
+    _copy_base(distro, engine, small_engine)
 
     pre = run_preflight(
         project,
