@@ -317,11 +317,34 @@ def fetch_wheelhouse(recipe: Recipe, distro: Distro, root: Path, *, say: Callabl
     assert recipe.wheelhouse is not None
     dest = wheelhouse_dir(root, distro, recipe)
     dest.mkdir(parents=True, exist_ok=True)
+    named = _RESOLVED.get(_resolution_key(recipe, distro, dest))
+    if named is not None and all((dest / name).exists() for name in named):
+        if say:
+            say(f"wheelhouse: {dest} (resolved earlier in this process; its {len(named)} wheels are all there)")
+        return dest
     # Two pip downloads into one folder can each see the other's half-written wheel (CI fills the host's vLLM
     # venv beside a build that fetches the same wheelhouse; two `forge build`s on one host do the same): one at a
     # time, and the second finds every file already there.
     with exclusive(dest.parent / f"{dest.name}.lock"):
         return _fetch_wheelhouse(recipe, distro, dest, say)
+
+
+# The wheel sets this process has resolved, by what was asked. A resolution against PyPI costs about a minute
+# even when every wheel is already in the folder (pip still reads each project's index page), and one run asks
+# for the same set several times (a build per platform, CI's tests): once per process is enough. Another
+# process resolves again, so a new run still sees what PyPI has published since.
+_RESOLVED: dict[tuple[str, ...], frozenset[str]] = {}
+
+
+def _resolution_key(recipe: Recipe, distro: Distro, dest: Path) -> tuple[str, ...]:
+    assert recipe.wheelhouse is not None
+    wheelhouse = recipe.wheelhouse
+    return (
+        *pip_download_command(distro, recipe, dest),
+        *wheelhouse.requirements,
+        f"torch_index={wheelhouse.torch_index}",
+        f"exclude={','.join(wheelhouse.exclude)}",
+    )
 
 
 def _fetch_wheelhouse(recipe: Recipe, distro: Distro, dest: Path, say: Callable[[str], None] | None) -> Path:
@@ -343,7 +366,9 @@ def _fetch_wheelhouse(recipe: Recipe, distro: Distro, dest: Path, say: Callable[
             + "\n    ".join(proc.stderr.strip().splitlines()[-5:]),
             hint="make PyPI (and your torch index) reachable, or pass --wheelhouse DIR with the wheels",
         )
-    drop_superseded(dest, proc.stdout)
+    named = pip_named(proc.stdout)
+    drop_superseded(dest, named)
+    _RESOLVED[_resolution_key(recipe, distro, dest)] = frozenset(named)
     return dest
 
 
@@ -355,14 +380,18 @@ def _project(wheel_name: str) -> str:
     return wheel_name.split("-", 1)[0].lower().replace("_", "-").replace(".", "-")
 
 
-def drop_superseded(dest: Path, pip_output: str) -> list[str]:
+def pip_named(pip_output: str) -> set[str]:
+    """The wheel files a `pip download` resolved to, by name."""
+    return {Path(m).name for m in _PIP_NAMED.findall(pip_output)}
+
+
+def drop_superseded(dest: Path, named: set[str]) -> list[str]:
     """Remove the wheels an earlier fetch left that this one resolved past, and return their names.
 
     The cache folder outlives a fetch: when PyPI has published a newer release since (sentry-sdk 2.75.0, then
     2.76.0), both wheels sit side by side and the image's install of the folder fails on the pair. Only a wheel
     whose project pip named at another version goes: a project pip did not mention is left, since pip's wording
     is not a contract and a wheel wrongly removed would fail the image's install instead of the fetch."""
-    named = {Path(m).name for m in _PIP_NAMED.findall(pip_output)}
     projects = {_project(n) for n in named}
     dropped = []
     for wheel in sorted(dest.glob("*.whl")):

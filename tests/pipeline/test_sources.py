@@ -155,3 +155,51 @@ def test_a_refetch_drops_the_release_it_resolved_past(tmp_path: Path, monkeypatc
     # A second fetch finds the wheel already there, names it so, and keeps it.
     _fetch_wheelhouse(recipe, distro, dest, None)
     assert sorted(w.name for w in dest.iterdir()) == sorted([newer.name, unrelated.name])
+
+
+def test_a_set_resolved_once_is_not_resolved_again_in_the_same_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CI's engine tests asked for the cpu-wheel set three times, a minute of pip reading PyPI each time with every
+    wheel already there. The second ask must not reach the index (gone here), unless a wheel it named is missing."""
+    from builders import sources
+
+    monkeypatch.setattr(sources, "_RESOLVED", {})
+    monkeypatch.setenv("FORGE_CACHE", str(tmp_path / "cache"))
+    project = Project.load(ROOT)
+    distro = project.distro("debian-12")
+    published = tmp_path / "published"
+    published.mkdir()
+    wheel = _wheel(published, "sentry_sdk", "2.76.0", "py3-none-any")
+    index = tmp_path / "simple" / "sentry-sdk"
+    index.mkdir(parents=True)
+    (index / "index.html").write_text(
+        f'<html><body><a href="{wheel.resolve().as_uri()}">{wheel.name}</a></body></html>'
+    )
+    monkeypatch.setenv("PIP_INDEX_URL", (tmp_path / "simple").as_uri())
+    recipe = project.recipe_for("cpu-wheel")
+    assert recipe.wheelhouse is not None
+    recipe = recipe.model_copy(
+        update={
+            "wheelhouse": recipe.wheelhouse.model_copy(
+                update={"requirements": ["sentry-sdk"], "torch_index": None, "find_links": []}
+            )
+        }
+    )
+    assert recipe.wheelhouse is not None
+    dest = sources.fetch_wheelhouse(recipe, distro, ROOT)
+    assert [w.name for w in dest.glob("*.whl")] == [wheel.name]
+    index.joinpath("index.html").unlink()  # the index has nothing now: only a memory of the set can answer
+    said: list[str] = []
+    assert sources.fetch_wheelhouse(recipe, distro, ROOT, say=said.append) == dest
+    assert said and "resolved earlier in this process" in said[0]
+    # Another set is its own resolution: nothing, in the index or the folder, satisfies this one.
+    other = recipe.model_copy(
+        update={"wheelhouse": recipe.wheelhouse.model_copy(update={"requirements": ["sentry-sdk>=2.77"]})}
+    )
+    with pytest.raises(SourceUnavailable):
+        sources.fetch_wheelhouse(other, distro, ROOT)
+    # A wheel of the set gone from the folder: resolved again, which the empty index now refuses.
+    (dest / wheel.name).unlink()
+    with pytest.raises(SourceUnavailable):
+        sources.fetch_wheelhouse(recipe, distro, ROOT)
