@@ -103,8 +103,22 @@ def small_engine(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
             proc.kill()
             proc.wait()
         log.close()
-        subprocess.run(["umount", "-l", str(data)], check=False)
+        # Not only the tmpfs: dockerd leaves its default network namespace bind-mounted under the exec root
+        # (exec/netns/default), and a folder with a mount in it is not removed: every run left one behind.
+        for mount in _mounts_under(root):
+            subprocess.run(["umount", "-l", mount], check=False)
         shutil.rmtree(root, ignore_errors=True)
+        left = _mounts_under(root)
+        if left or root.exists():
+            pytest.fail(f"the small dockerd left {root} behind (mounts: {left or 'none'})")
+
+
+def _mounts_under(root: Path) -> list[str]:
+    """Mount points at or below root, deepest first (the order they can be unmounted in)."""
+    mounts = Path("/proc/self/mounts").read_text().splitlines()
+    points = {line.split()[1] for line in mounts if len(line.split()) > 1}
+    inside = [p for p in points if p == str(root) or p.startswith(f"{root}/")]
+    return sorted(inside, key=lambda p: p.count("/"), reverse=True)
 
 
 @pytest.fixture(params=["native", "python"])
