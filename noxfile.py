@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import nox
@@ -157,31 +158,38 @@ def suite(session: nox.Session) -> None:
     from the start until the tests that need it, which wait for it under a lock."""
     logs = ROOT / ".nox"
     logs.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+
+    def log(what: str) -> None:
+        # Seconds since the suite began on every step's line: a CI log then says where its minutes went.
+        session.log(f"suite [{time.monotonic() - start:.0f} s]: {what}")
+
     prepare = _background(
         [sys.executable, str(ROOT / "tests" / "smoke" / "prepare_host_vllm.py")], logs / "prepare-host-vllm.log"
     )
     try:
-        session.log("suite: engines (in the background, beside lint, render and docs)")
+        log("engines (in the background, beside lint, render and docs)")
         setup = _background(["bash", str(ROOT / ".ci" / "engines")], logs / "engines.log")
         try:
             for step in (lint, render, docs):
-                session.log(f"suite: {step.name or step.func.__name__}")
+                log(str(step.name or step.func.__name__))
                 step(session)
         finally:
             # Never cut apt-get off half-way: a failed linter still waits for the engines' setup to end.
             code = setup.wait()
-            session.log("suite: engines\n" + (logs / "engines.log").read_text(encoding="utf-8", errors="replace"))
+            log("engines: setup ended\n" + (logs / "engines.log").read_text(encoding="utf-8", errors="replace"))
         if code != 0:
             session.error(f".ci/engines exited {code} (its output is above)")
-        session.log("suite: tests")
+        log("tests")
         tests(session)
+        log("tests passed")
     finally:
         # A failed step leaves nothing running; after the tests it has long finished.
         if prepare.poll() is None:
             prepare.terminate()
         prepare.wait()
         said = (logs / "prepare-host-vllm.log").read_text(encoding="utf-8", errors="replace").strip().splitlines()
-        session.log(f"suite: {said[-1] if said else 'prepare-host-vllm said nothing'}")
+        log(said[-1] if said else "prepare-host-vllm said nothing")
 
 
 def _background(command: list[str], log: Path) -> subprocess.Popen[bytes]:
