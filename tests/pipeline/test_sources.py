@@ -8,7 +8,7 @@ import pytest
 
 from builders.build import BuildOptions, _fetched_source
 from builders.config import Project
-from builders.config.models import FetchedSource
+from builders.config.models import FetchedSource, Recipe
 from builders.container import Engine
 from builders.errors import SourceUnavailable
 from builders.sources import manylinux_platforms, resolve_fetched
@@ -118,6 +118,29 @@ def test_an_index_without_the_pin_leaves_the_wheelhouse_to_pypi_and_says_so(tmp_
     assert _torch_first(no_index, pip_download_command(distro, no_index, dest), dest) == ""
 
 
+def _sentry_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """pip's index (PIP_INDEX_URL) on disk, publishing sentry-sdk 2.76.0 alone: (the wheel, its index page)."""
+    published = tmp_path / "published"
+    published.mkdir()
+    wheel = _wheel(published, "sentry_sdk", "2.76.0", "py3-none-any")
+    index = tmp_path / "simple" / "sentry-sdk"
+    index.mkdir(parents=True)
+    page = index / "index.html"
+    page.write_text(f'<html><body><a href="{wheel.resolve().as_uri()}">{wheel.name}</a></body></html>')
+    monkeypatch.setenv("PIP_INDEX_URL", (tmp_path / "simple").as_uri())
+    return wheel, page
+
+
+def _asking(project: Project, *requirements: str) -> Recipe:
+    """The cpu-wheel recipe asking for `requirements` alone, from pip's index only."""
+    recipe = project.recipe_for("cpu-wheel")
+    assert recipe.wheelhouse is not None
+    wheelhouse = recipe.wheelhouse.model_copy(
+        update={"requirements": list(requirements), "torch_index": None, "find_links": []}
+    )
+    return recipe.model_copy(update={"wheelhouse": wheelhouse})
+
+
 def test_a_refetch_drops_the_release_it_resolved_past(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A wheelhouse fetched last week holds sentry-sdk 2.75.0; PyPI has 2.76.0 now. The image installs the whole
     folder, so both side by side failed the build ('Cannot install sentry-sdk 2.75.0 and sentry-sdk 2.76.0'). Real
@@ -126,29 +149,12 @@ def test_a_refetch_drops_the_release_it_resolved_past(tmp_path: Path, monkeypatc
 
     project = Project.load(ROOT)
     distro = project.distro("debian-12")
-    tag = "py3-none-any"
-    published = tmp_path / "published"
-    published.mkdir()
-    newer = _wheel(published, "sentry_sdk", "2.76.0", tag)
-    index = tmp_path / "simple" / "sentry-sdk"
-    index.mkdir(parents=True)
-    (index / "index.html").write_text(
-        f'<html><body><a href="{newer.resolve().as_uri()}">{newer.name}</a></body></html>'
-    )
-    monkeypatch.setenv("PIP_INDEX_URL", (tmp_path / "simple").as_uri())
+    newer, _page = _sentry_index(tmp_path, monkeypatch)
     dest = tmp_path / "wheelhouse"
     dest.mkdir()
-    stale = _wheel(dest, "sentry_sdk", "2.75.0", tag)
-    unrelated = _wheel(dest, "leftover", "1.0", tag)  # pip says nothing of it: not Forge's to judge, so it stays
-    recipe = project.recipe_for("cpu-wheel")
-    assert recipe.wheelhouse is not None
-    recipe = recipe.model_copy(
-        update={
-            "wheelhouse": recipe.wheelhouse.model_copy(
-                update={"requirements": ["sentry-sdk"], "torch_index": None, "find_links": []}
-            )
-        }
-    )
+    stale = _wheel(dest, "sentry_sdk", "2.75.0", "py3-none-any")
+    unrelated = _wheel(dest, "leftover", "1.0", "py3-none-any")  # pip says nothing of it: not Forge's to judge
+    recipe = _asking(project, "sentry-sdk")
     assert _fetch_wheelhouse(recipe, distro, dest, None) == dest
     assert sorted(w.name for w in dest.iterdir()) == sorted([newer.name, unrelated.name])
     assert not stale.exists()
@@ -168,37 +174,17 @@ def test_a_set_resolved_once_is_not_resolved_again_in_the_same_process(
     monkeypatch.setenv("FORGE_CACHE", str(tmp_path / "cache"))
     project = Project.load(ROOT)
     distro = project.distro("debian-12")
-    published = tmp_path / "published"
-    published.mkdir()
-    wheel = _wheel(published, "sentry_sdk", "2.76.0", "py3-none-any")
-    index = tmp_path / "simple" / "sentry-sdk"
-    index.mkdir(parents=True)
-    (index / "index.html").write_text(
-        f'<html><body><a href="{wheel.resolve().as_uri()}">{wheel.name}</a></body></html>'
-    )
-    monkeypatch.setenv("PIP_INDEX_URL", (tmp_path / "simple").as_uri())
-    recipe = project.recipe_for("cpu-wheel")
-    assert recipe.wheelhouse is not None
-    recipe = recipe.model_copy(
-        update={
-            "wheelhouse": recipe.wheelhouse.model_copy(
-                update={"requirements": ["sentry-sdk"], "torch_index": None, "find_links": []}
-            )
-        }
-    )
-    assert recipe.wheelhouse is not None
+    wheel, page = _sentry_index(tmp_path, monkeypatch)
+    recipe = _asking(project, "sentry-sdk")
     dest = sources.fetch_wheelhouse(recipe, distro, ROOT)
     assert [w.name for w in dest.glob("*.whl")] == [wheel.name]
-    index.joinpath("index.html").unlink()  # the index has nothing now: only a memory of the set can answer
+    page.unlink()  # the index has nothing now: only a memory of the set can answer
     said: list[str] = []
     assert sources.fetch_wheelhouse(recipe, distro, ROOT, say=said.append) == dest
     assert said and "resolved earlier in this process" in said[0]
     # Another set is its own resolution: nothing, in the index or the folder, satisfies this one.
-    other = recipe.model_copy(
-        update={"wheelhouse": recipe.wheelhouse.model_copy(update={"requirements": ["sentry-sdk>=2.77"]})}
-    )
     with pytest.raises(SourceUnavailable):
-        sources.fetch_wheelhouse(other, distro, ROOT)
+        sources.fetch_wheelhouse(_asking(project, "sentry-sdk>=2.77"), distro, ROOT)
     # A wheel of the set gone from the folder: resolved again, which the empty index now refuses.
     (dest / wheel.name).unlink()
     with pytest.raises(SourceUnavailable):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import tempfile
 from pathlib import Path
 
@@ -17,6 +18,9 @@ from builders.errors import BuildFailed
 from builders.preflight import run_preflight
 from builders.sources import fetch_wheelhouse
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "smoke"))
+from smoke_helpers import carry_image
+
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 
@@ -24,12 +28,7 @@ def _copy_base(distro: Distro, source: Engine, target: Engine) -> None:
     """The base the main engine has (bootstrapping it there if missing), loaded into the small one: the bootstrap
     path has its own test (test_engine_build.py), and a second mmdebstrap here cost CI a minute for the same tree."""
     ensure_base(distro, source)
-    stream = source.save_stream(distro.base.local_tag)
-    try:
-        (image_id,) = target.load(stream)
-    finally:
-        stream.close()
-    target.tag(image_id, distro.base.local_tag)
+    carry_image(source, target, distro.base.local_tag, distro.base.local_tag)
 
 
 def test_small_engine_root_is_blocked_then_fails_with_enospc(

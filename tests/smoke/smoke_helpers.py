@@ -17,8 +17,12 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:  # the helpers import Forge where they need it: a test that never calls them stays light
+    from builders.container import Engine
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -177,14 +181,21 @@ def podman_base() -> str:
     if not podman.image_exists(distro.base.local_tag):
         docker = Engine.connect("docker")
         ensure_base(distro, docker)
-        stream = docker.save_stream(distro.base.local_tag)
-        try:
-            (image_id,) = podman.load(stream)
-        finally:
-            stream.close()
-        # save_stream writes the image by id, without its names: the tag is given here.
-        podman.tag(image_id, distro.base.local_tag)
+        carry_image(docker, podman, distro.base.local_tag, distro.base.local_tag)
     return distro.base.local_tag
+
+
+def carry_image(source: Engine, target: Engine, ref: str, tag: str) -> str:
+    """Copy one image from one engine to another by save and load, tagged `tag` there; its id there.
+
+    save_stream writes the image by id, without its names: the tag is given here."""
+    stream = source.save_stream(ref)
+    try:
+        (image_id,) = target.load(stream)
+    finally:
+        stream.close()
+    target.tag(image_id, tag)
+    return image_id
 
 
 @functools.cache
@@ -223,12 +234,7 @@ def _podman_copy(target: str) -> str:
     source = _forge_image(target)
     tag = f"forge/debian-12-{target}:podman-test"
     docker, podman = Engine.connect("docker"), Engine.connect("podman")
-    stream = docker.save_stream(source)
-    try:
-        (image_id,) = podman.load(stream)
-    finally:
-        stream.close()
-    podman.tag(image_id, tag)
+    carry_image(docker, podman, source, tag)
     # The same image, not a rebuild: Podman's id is the config digest Docker gave it.
     assert podman.image_info(tag).id.removeprefix("sha256:") == docker.image_info(source).id.removeprefix("sha256:")
     return tag
