@@ -6,6 +6,8 @@ so `nox -s build-fedora-cpu` and `forge build fedora-44 cpu` are the same thing.
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -186,7 +188,9 @@ def suite(session: nox.Session) -> None:
     finally:
         # A failed step leaves nothing running; after the tests it has long finished.
         if prepare.poll() is None:
-            prepare.terminate()
+            # The whole group: the script's own pip (download or install) outlived a terminate of the script
+            # alone, and went on writing into the wheelhouse folder after its lock was released.
+            os.killpg(prepare.pid, signal.SIGTERM)
         prepare.wait()
         said = (logs / "prepare-host-vllm.log").read_text(encoding="utf-8", errors="replace").strip().splitlines()
         log(said[-1] if said else "prepare-host-vllm said nothing")
@@ -195,7 +199,8 @@ def suite(session: nox.Session) -> None:
 def _background(command: list[str], log: Path) -> subprocess.Popen[bytes]:
     """Start `command` with its output to `log` (printed by the caller when it ends, so no log interleaves)."""
     with log.open("wb") as out:
-        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        # Its own process group, so that stopping it stops what it started too (os.killpg on its pid).
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 @nox.session(python=False, name="pull-smoke", default=False)
