@@ -18,6 +18,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import requests
+from packaging.utils import canonicalize_name
 
 from builders.config.models import Distro, FetchedSource, Recipe
 from builders.container import Engine, RunSpec
@@ -238,11 +239,11 @@ def _download_around_local_pin(
         "platform_system": "Linux",
         "extra": "",
     }
-    given = {Requirement(r).name.lower().replace("_", "-") for r in recipe.wheelhouse.requirements}
-    skip = given | {e.lower() for e in recipe.wheelhouse.exclude} | {pinned.lower()}
+    given = {canonicalize_name(Requirement(r).name) for r in recipe.wheelhouse.requirements}
+    skip = given | {canonicalize_name(e) for e in recipe.wheelhouse.exclude} | {canonicalize_name(pinned)}
     deps: list[str] = []
     for wheel in sorted(dest.glob("*.whl")):
-        if wheel.name.split("-", 1)[0].lower().replace("_", "-") not in given:
+        if _project(wheel.name) not in given:
             continue
         with zipfile.ZipFile(wheel) as zf:
             meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
@@ -251,7 +252,7 @@ def _download_around_local_pin(
             if not line.startswith("Requires-Dist:"):
                 continue
             req = Requirement(line.split(":", 1)[1].strip())
-            if req.name.lower().replace("_", "-") in skip or (req.marker and not req.marker.evaluate(env)):
+            if canonicalize_name(req.name) in skip or (req.marker and not req.marker.evaluate(env)):
                 continue
             deps.append(str(req).split(";", 1)[0].strip())
     ours = [r for r in recipe.wheelhouse.requirements if Requirement(r).name.lower() == pinned.lower()]
@@ -367,7 +368,9 @@ def _fetch_wheelhouse(recipe: Recipe, distro: Distro, dest: Path, say: Callable[
             hint="make PyPI (and your torch index) reachable, or pass --wheelhouse DIR with the wheels",
         )
     named = pip_named(proc.stdout)
-    drop_superseded(dest, named)
+    dropped = drop_superseded(dest, named)
+    if say and dropped:
+        say(f"wheelhouse: removed {', '.join(dropped)}, superseded by this resolution")
     _RESOLVED[_resolution_key(recipe, distro, dest)] = frozenset(named)
     return dest
 
@@ -377,7 +380,8 @@ _PIP_NAMED = re.compile(r"^\s*(?:Saved|File was already downloaded) (\S+\.whl)\s
 
 
 def _project(wheel_name: str) -> str:
-    return wheel_name.split("-", 1)[0].lower().replace("_", "-").replace(".", "-")
+    """A wheel file's project, normalised as pip compares projects (sentry_sdk-2.76.0-... is sentry-sdk)."""
+    return canonicalize_name(wheel_name.split("-", 1)[0])
 
 
 def pip_named(pip_output: str) -> set[str]:
