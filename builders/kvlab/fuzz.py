@@ -136,9 +136,9 @@ def run_ops(ops: Sequence[Op], *, cow: bool, window: int | None, bug: str | None
             assert len(hits) == want, (
                 f"prefix hit of {len(hits)} blocks for a prompt whose first {want} blocks are resident"
             )
-            for i, block in enumerate(hits):
-                assert chain.get(block.block_id) == tuple(probe[: (i + 1) * block_size]), (
-                    f"the hit's block {i} (id {block.block_id}) holds other tokens"
+            for i, hit in enumerate(hits):
+                assert chain.get(hit.block_id) == tuple(probe[: (i + 1) * block_size]), (
+                    f"the hit's block {i} (id {hit.block_id}) holds other tokens"
                 )
 
 

@@ -67,6 +67,7 @@ REQUIRED_FEATURES: dict[str, str] = {
     "split-k": "a request's keys split over several programs, merged by LSE",
     "logits-200": "logits of ±200 (a softmax or merge without its maximum overflows)",
     "head-size": "head sizes 64, 96 and 128",
+    "request-id-reuse": "a finished request's id and block reused in a later step",
 }
 
 
@@ -260,6 +261,22 @@ def _logits_200(ctx: KernelCtx) -> None:
     shared = lab.prompt(24)
     requests = [lab.admit("a", shared + lab.prompt(13)), lab.admit("b", shared + lab.prompt(6))]
     ctx.check(lab, requests)
+
+
+@kernel_case("request-id-reused", ["request-id-reuse", "block-size-8", "partial-final-block", "gqa"])
+def _request_id_reused(ctx: KernelCtx) -> None:
+    # The virtual layout keeps a range per request id: a new x that gets the old x's first block back, with
+    # other tokens in it, must not be served the old copy.
+    lab = ctx.lab(_spec(8, 2, 64), block_size=8, num_blocks=4)
+    first = lab.admit("x", lab.prompt(12))
+    ctx.check(lab, [first], label="first x")
+    old = first.block_ids
+    lab.pool.free(first)
+    other = lab.admit("d", lab.prompt(9))
+    again = lab.admit("x", lab.prompt(8))
+    if again.block_ids[0] != old[0]:
+        raise CaseFailed(f"x's first block {old[0]} was not handed back ({again.block_ids})")
+    ctx.check(lab, [again, other], label="x again")
 
 
 def kernel_coverage() -> dict[str, list[str]]:

@@ -44,8 +44,8 @@ _MODE: dict[str, bool] = {}
 
 def load_kernels(*, interpret: bool) -> ModuleType:
     """The kernels module, built as GPU kernels or as interpreter functions. `triton.jit` reads
-    TRITON_INTERPRET when each kernel is decorated, so the choice is made here, before the import, and holds for
-    the process."""
+    TRITON_INTERPRET when each function is decorated, triton.language's own at `import triton`, so the choice is
+    made here, before either import, and holds for the process."""
     name = "builders.kvlab.triton_kernels"
     if name in sys.modules:
         if _MODE.get("interpret", os.environ.get("TRITON_INTERPRET") == "1") != interpret:
@@ -54,14 +54,34 @@ def load_kernels(*, interpret: bool) -> ModuleType:
             )
         return sys.modules[name]
     if interpret:
+        _check_interpreter()
+    if interpret and os.environ.get("TRITON_INTERPRET") != "1":
+        if "triton" in sys.modules:
+            # triton.language's own helpers (tl.cdiv, …) were built at `import triton` for the GPU then.
+            raise RuntimeError("triton was imported before TRITON_INTERPRET=1 was set: set it before importing triton")
         os.environ["TRITON_INTERPRET"] = "1"
-    elif os.environ.get("TRITON_INTERPRET") == "1":
+    elif not interpret and os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("TRITON_INTERPRET=1 is set: unset it to build the kernels for the GPU")
     _MODE["interpret"] = interpret
     return importlib.import_module(name)
 
 
-def _torch() -> ModuleType:
+def _check_interpreter() -> None:
+    """Triton before 3.8 reads a loop bound as int(array of one element), which NumPy 2.4 refuses."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        found = version("triton")
+    except PackageNotFoundError:
+        raise RuntimeError("triton is not installed: pip install -e '.[kernels]'") from None
+    major_minor = tuple(int(p) for p in found.split(".")[:2] if p.isdigit())
+    if major_minor < (3, 8) and tuple(int(p) for p in np.__version__.split(".")[:2]) >= (2, 4):
+        raise RuntimeError(
+            f"Triton {found}'s interpreter fails on NumPy {np.__version__}: use triton 3.8 (pip install -e '.[kernels]')"
+        )
+
+
+def _torch() -> Any:
     import torch
 
     return torch
@@ -571,8 +591,12 @@ class TritonCascade(TritonPaged):
         q, firsts, counts = queries
         groups = [(m, p) for m, p in HybridPrefixShared(page, spec)._groups(entries) if p > 0]
         kv_start = [0] * len(entries)
-        tile_group, tile_first, tile_count, group_queries = [], [], [], []
-        prefix_lens, prefix_tables = [], []
+        tile_group: list[int] = []
+        tile_first: list[int] = []
+        tile_count: list[int] = []
+        group_queries: list[int] = []
+        prefix_lens: list[int] = []
+        prefix_tables: list[tuple[int, ...]] = []
         tile_q = max(1, self.prefix_rows // spec.group)
         prefix_keys = 0
         for g, (members, prefix) in enumerate(groups):
