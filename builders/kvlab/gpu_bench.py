@@ -74,12 +74,13 @@ class GpuScenario:
 
 
 SCENARIOS = (
+    # The two the issue's bars are judged on first, so a run cut short by its budget still has them.
+    GpuScenario("b64-8k", 64, 8192, 0.0),
+    GpuScenario("b64-8k-90", 64, 8192, 0.9),
+    GpuScenario("b64-8k-50", 64, 8192, 0.5),
     GpuScenario("b1-16k", 1, 16384, 0.0),
     GpuScenario("b8-16k", 8, 16384, 0.0),
     GpuScenario("b64-2k", 64, 2048, 0.0),
-    GpuScenario("b64-8k", 64, 8192, 0.0),
-    GpuScenario("b64-8k-50", 64, 8192, 0.5),
-    GpuScenario("b64-8k-90", 64, 8192, 0.9),
 )
 HEADLINE = "b64-8k"
 """The issue's bar: the best layout reads KV at >= 60 % of peak here."""
