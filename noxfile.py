@@ -256,7 +256,8 @@ def bench_rebuild(session: nox.Session) -> None:
 
 @nox.session(python=False, default=False)
 def kvlab(session: nox.Session) -> None:
-    """The Hybrid KV lab: every oracle case and planted bug, then the layouts ranked for profiling (reports/kvlab)."""
+    """The Hybrid KV lab: every oracle case and planted bug, then the layouts' bytes and indirections ranked (a CPU
+    count, not a speed: kvlab-gpu times the kernels) into reports/kvlab."""
     session.run("forge", "kvlab", "check", "--mutants", external=True)
     session.run("forge", "kvlab", "rank", "--report", str(ROOT / "reports" / "kvlab"), *session.posargs, external=True)
 

@@ -27,6 +27,18 @@ def test_device_cuda_says_why_it_cannot_run_here(capsys: pytest.CaptureFixture[s
     assert "--device cuda: " in err and expected in err
 
 
+def test_kvlab_kernels_says_what_it_lacks(capsys: pytest.CaptureFixture[str]) -> None:
+    # Without torch and triton the interpreter cannot run; with them (a CPU build), CUDA is what is missing.
+    argv = ["kvlab", "kernels", "--device", "cuda"] if HAS_KERNELS else ["kvlab", "kernels"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert (
+        ("--device cuda: PyTorch" in err and "sees no CUDA device" in err)
+        if HAS_KERNELS
+        else ("the Triton kernels need torch and triton" in err or "the Triton kernels need triton" in err)
+    )
+
+
 @pytest.mark.parametrize(
     ("name", "tbps"),
     [
