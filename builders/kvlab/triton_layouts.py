@@ -231,8 +231,9 @@ class TritonLayout:
             return 1
         torch = _torch()
         sms = torch.cuda.get_device_properties(torch.device(self.device)).multi_processor_count
-        # Enough programs to fill every multiprocessor twice, each split at least 256 keys long.
-        wanted = _pow2(_cdiv(2 * sms, max(1, programs)))
+        # Four programs per multiprocessor, each split at least 256 keys long: a decode step is bound by memory,
+        # and more loads in flight is what hides its latency.
+        wanted = _pow2(_cdiv(4 * sms, max(1, programs)))
         return max(1, min(wanted, _pow2(max(1, longest // 256)), 64))
 
     def _queries(self, entries: Sequence[Entry], cache: Cache, strided: bool) -> tuple[Tensor, list[int], list[int]]:
@@ -320,7 +321,9 @@ class TritonLayout:
 
     def run(self, plan: Plan) -> Tensor:
         for launch in plan.launches:
-            extra = {} if self.device == "cpu" else {"num_warps": self.num_warps, "num_stages": self.num_stages}
+            # A cascade tile of 64 query rows holds a 64 × head fp32 accumulator: twice the warps to hold it.
+            warps = self.num_warps * (2 if launch.constants.get("BLOCK_M", 0) >= 64 else 1)
+            extra = {} if self.device == "cpu" else {"num_warps": warps, "num_stages": self.num_stages}
             launch.kernel[launch.grid](*launch.args, **launch.constants, **extra)
         return plan.out
 
