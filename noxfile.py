@@ -256,9 +256,26 @@ def bench_rebuild(session: nox.Session) -> None:
 
 @nox.session(python=False, default=False)
 def kvlab(session: nox.Session) -> None:
-    """The Hybrid KV lab: every oracle case and planted bug, then the layouts ranked for profiling (reports/kvlab)."""
+    """The Hybrid KV lab: every oracle case and planted bug, then the layouts' bytes and indirections ranked (a CPU
+    count, not a speed: kvlab-gpu times the kernels) into reports/kvlab."""
     session.run("forge", "kvlab", "check", "--mutants", external=True)
     session.run("forge", "kvlab", "rank", "--report", str(ROOT / "reports" / "kvlab"), *session.posargs, external=True)
+
+
+@nox.session(python=False, name="kvlab-kernels", default=False)
+def kvlab_kernels(session: nox.Session) -> None:
+    """The Triton kernel of every KV layout on the kernel cases, each planted kernel bug too (Triton's interpreter on
+    a CPU; `-- --device cuda` compiles them on a GPU). Needs `pip install -e '.[kernels]'`."""
+    session.run("forge", "kvlab", "kernels", "--mutants", *session.posargs, external=True)
+
+
+@nox.session(python=False, name="kvlab-gpu", default=False)
+def kvlab_gpu(session: nox.Session) -> None:
+    """The KV lab's one prepared GPU run (about 5 minutes, installs nothing): the Triton kernels timed against the
+    GPU's memory bandwidth beside SDPA and FlashInfer, the kernel cases and planted bugs compiled; results in
+    reports/kvlab-gpu (results.json, results.md). Posargs: --dry-run (interpreter, CPU), --budget S, --out DIR."""
+    out = ROOT / "reports" / "kvlab-gpu"
+    session.run("python", "-m", "builders.kvlab.gpu_check", "--out", str(out), *session.posargs, external=True)
 
 
 @nox.session(python=False, name="kvlab-mutation", default=False)
