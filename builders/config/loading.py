@@ -58,7 +58,9 @@ def validation_error_to_config_error(exc: ValidationError, model: type[BaseModel
             lines.append(f"{source}: unknown key {_dotted(loc)!r}{suggestion}")
             hint = f"valid keys there: {', '.join(valid)}" if valid else hint
         else:
-            lines.append(f"{source}: {_dotted(loc)}: {err['msg']}")
+            # A type of builders/config/types.py says what is wrong in its own words; pydantic's "Value error, "
+            # before them says nothing more.
+            lines.append(f"{source}: {_dotted(loc)}: {err['msg'].removeprefix('Value error, ')}")
     return ConfigError("\n  ".join(lines), hint=hint)
 
 
