@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from builders.redact import mask_urls
+
 
 class ForgeError(Exception):
     """Base of every error Forge reports to a user; never a traceback."""
@@ -18,7 +20,8 @@ class ForgeError(Exception):
         text = f"forge: {self.kind}: {self.message}"
         if self.hint:
             text += f"\n  what to do: {self.hint}"
-        return text
+        # A message may quote a URL the user gave (a mirror, an --endpoint): its password is never printed.
+        return mask_urls(text)
 
 
 class ConfigError(ForgeError):
