@@ -97,9 +97,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         innermost_parser(parser, argv).error(f"unrecognized arguments: {' '.join(extras)}")
     handler: Handler = args.func
     try:
-        if hasattr(args, "engine"):
-            # Decided here, once: the flag, else FORGE_ENGINE, else auto. Written back to FORGE_ENGINE only so
-            # that processes the command starts (a test stage, a nox session) make the same choice.
+        if getattr(args, "engine", None):
+            # The flag is written to FORGE_ENGINE so that processes the command starts (a test stage, a nox
+            # session) make the same choice. Without the flag FORGE_ENGINE is read only where an engine is
+            # connected (Engine.connect): `forge diagnose` or `forge kvlab` do not care what it says.
             args.engine = chosen_engine(args.engine)
             os.environ["FORGE_ENGINE"] = args.engine
         # SIGTERM and SIGHUP unwind as Ctrl-C does, in every command (builders/interrupt.py).
@@ -123,6 +124,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ForgeError.exit_code
     except UnicodeDecodeError as exc:
         print(ForgeError(f"a file is not UTF-8 text: {exc}").render(), file=sys.stderr)
+        return ForgeError.exit_code
+    except Exception as exc:
+        # A failure no command turned into a typed error is a bug in Forge, but a traceback would show the user
+        # nothing they can act on, and its frames may hold a URL with a password: one line, masked, exit 1.
+        # FORGE_DEBUG=1 shows the traceback to whoever fixes it.
+        if os.environ.get("FORGE_DEBUG"):
+            raise
+        error = ForgeError(
+            f"internal error: {type(exc).__name__}: {exc}",
+            hint="this is a bug in Forge: report it with the command line; FORGE_DEBUG=1 prints the traceback",
+        )
+        print(error.render(), file=sys.stderr)
         return ForgeError.exit_code
 
 

@@ -20,7 +20,6 @@ from packaging.version import InvalidVersion, Version
 
 from builders.config.models import GpuMode, TorchIndex
 from builders.container.base import BuilderChoice, EngineChoice
-from builders.container.select import chosen as chosen_engine
 from builders.errors import UsageError
 from builders.plan import PlanOptions
 from builders.target import Target
@@ -189,9 +188,9 @@ class BuildOptions:
     keep_context: bool = False
     lock_file: Path | None = None  # default: forge.lock at the project root
     sbom: bool = True  # write a CycloneDX SBOM of the tagged image beside the report
-    # The container engine: every command's --engine, which builders/cli.py resolves once. A caller that builds
-    # without the CLI (a test, a benchmark) gets what the CLI would have chosen: FORGE_ENGINE, else auto.
-    engine: EngineChoice = field(default_factory=chosen_engine)
+    # The container engine: every command's --engine. None: FORGE_ENGINE, else auto, read by Engine.connect when
+    # the build connects one, so rendering or planning never reads FORGE_ENGINE.
+    engine: EngineChoice | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> BuildOptions:
