@@ -70,3 +70,20 @@ def read_bounded(path: Path, *, limit: int, what: str, hint: str) -> Read:
         data = handle.read(limit)
     size = max(info.st_size, len(data))
     return Read(data=data, size=size, cut=max(0, size - len(data)))
+
+
+def read_small_text(path: Path, *, limit: int, what: str, hint: str) -> str:
+    """A small text file (a CSV, a JSON report, a YAML file) whole, as UTF-8: special files, files larger than
+    `limit` and undecodable bytes are refused naming the path. Cutting such a file would change what it says."""
+    got = read_bounded(path, limit=limit, what=what, hint=hint)
+    if got.cut:
+        raise UsageError(
+            f"{what} {path} is {_mib(got.size)}; one is at most {_mib(limit)}, so this is not the file meant",
+            hint=hint,
+        )
+    try:
+        return got.data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(
+            f"{what} {path} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})", hint=hint
+        ) from None
