@@ -8,12 +8,13 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from importlib import metadata
-from typing import Any
+from typing import Any, NoReturn
 
 from builders import interrupt
 from builders.container.select import CHOICES as ENGINE_CHOICES
 from builders.container.select import chosen as chosen_engine
 from builders.errors import ForgeError
+from builders.redact import mask_urls
 
 # Each module exposes `register(subparsers)`, adding its subcommands with a `func`
 # default that takes the parsed namespace and returns an exit code.
@@ -40,6 +41,10 @@ class ForgeParser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        # argparse quotes the value it refused: a URL's password must not reach the terminal this way either.
+        super().error(mask_urls(message))
 
 
 def forge_version() -> str:

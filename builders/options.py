@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_typ
 from packaging.version import InvalidVersion, Version
 
 from builders.config.models import GpuMode, TorchIndex
+from builders.config.types import INT32_MAX
 from builders.container.base import BuilderChoice, EngineChoice
 from builders.errors import UsageError
 from builders.plan import PlanOptions
@@ -41,13 +42,16 @@ def cuda_arch_list(value: str) -> str:
 
 
 def positive_int(value: str) -> int:
-    """argparse type: a whole number ≥ 1 (0 or -3 parallel jobs mean nothing a compiler can do)."""
+    """argparse type: a whole number ≥ 1 (0 or -3 parallel jobs mean nothing a compiler can do), and within 32 bits
+    (what ninja, make and Kubernetes keep a count in)."""
     try:
         number = int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r}: not a whole number") from None
     if number < 1:
         raise argparse.ArgumentTypeError(f"{value!r}: must be 1 or more")
+    if number > INT32_MAX:
+        raise argparse.ArgumentTypeError(f"{value!r}: must be at most {INT32_MAX:,}")
     return number
 
 

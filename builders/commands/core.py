@@ -119,7 +119,12 @@ def cmd_render(args: argparse.Namespace) -> int:
     project = _project(args)
     out = output_dir(Path(args.output))
     texts = {}
-    for distro, recipe in _selection(project, args.distro, args.target):
+    pairs = _selection(project, args.distro, args.target)
+    targets = [Target.resolve(distro, recipe) for distro, recipe in pairs]
+    if not any(target.cuda for target in targets):
+        # --gpu-mode / --cuda-arch-list shape GPU pairs only: with none selected they would change nothing.
+        gpu_args_apply(targets[0], args)
+    for distro, recipe in pairs:
         options = _plan_options(args)
         pin = _torch_pin(project, Target.resolve(distro, recipe), args)
         if pin:

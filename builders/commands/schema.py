@@ -16,8 +16,8 @@ from pydantic import BaseModel
 
 from builders.config import Project
 from builders.config.models import Distro, Recipe
-from builders.repro.errors import StaleRender
 from builders.output import output_dir, write_output
+from builders.repro.errors import StaleRender
 from builders.smoke.profile import StackProfile
 
 SCHEMA_DIR = "schemas"

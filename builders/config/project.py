@@ -74,7 +74,23 @@ class Project:
 
     @classmethod
     def load(cls, root: str | Path | None = None) -> Project:
-        return cls(Path(root).resolve() if root else find_root())
+        if not root:
+            return cls(find_root())
+        path = Path(root).resolve()
+        # Said of --root itself: "no *.yaml files in /nonexistent/distros" hid that the folder was not there.
+        if not path.exists():
+            raise UsageError(
+                f"--root {root}: no such folder", hint="name a Forge checkout (it holds distros/, recipes/)"
+            )
+        if not path.is_dir():
+            raise UsageError(f"--root {root}: not a folder", hint="name a Forge checkout (it holds distros/, recipes/)")
+        missing = [name for name in ("distros", "recipes") if not (path / name).is_dir()]
+        if missing:
+            raise UsageError(
+                f"--root {root}: no {' and no '.join(f'{m}/' for m in missing)} folder in it",
+                hint="name a Forge checkout, or a copy of its distros/, recipes/ and containers/",
+            )
+        return cls(path)
 
     @property
     def containers_dir(self) -> Path:

@@ -53,6 +53,7 @@ from builders.diagnose.loglines import LogLine, failing_step, split_log, split_w
 from builders.diagnose.rules import UNKNOWN, LineKinds, Rule, RuleBook, load_rules, strip_names
 from builders.diagnose.window import FULL_BYTES, FULL_LINES, LOG_LIMIT_BYTES, Window, open_log, select
 from builders.errors import UsageError
+from builders.redact import mask_urls
 
 CONFIDENCE_THRESHOLD = 0.5
 END_HALF_LIFE_LINES = 200.0
@@ -164,6 +165,8 @@ class Diagnosis(BaseModel):
         if others:
             listed = ", ".join(f"{alt.category} (line {alt.line_number}, {alt.confidence:.2f})" for alt in others)
             lines.append(f"  also matched: {listed}")
+        if self.read is not None:
+            lines.append(textwrap.fill(self.read, width=width, initial_indent="  read:   ", subsequent_indent=" " * 10))
         return "\n".join(lines)
 
 
@@ -550,7 +553,7 @@ def _diagnose(
     return Diagnosis(
         category=best.rule.id,
         line_number=reported.number,
-        line=reported.raw.strip(),
+        line=mask_urls(reported.raw.strip()),  # pip prints an index URL with its credentials
         cause=cause,
         remedy=remedy,
         subject=subject,
@@ -585,7 +588,7 @@ def _unknown(view: _LogView | None, line: LogLine | None, alternatives: tuple[Al
     return Diagnosis(
         category=UNKNOWN,
         line_number=line.number if line is not None else None,
-        line=line.raw.strip() if line is not None else None,
+        line=mask_urls(line.raw.strip()) if line is not None else None,
         cause="No known cause in builders/diagnose/rules.yaml explains this log with enough confidence.",
         remedy=f"Start reading at {where}. If the cause is one Forge should recognise, add a rule with "
         "examples to builders/diagnose/rules.yaml and the log to tests/logs/.",

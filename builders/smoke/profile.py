@@ -23,6 +23,7 @@ from builders.config.types import EnvName, ImageRef, OneLine
 from builders.cpusets import format_cpuset, parse_cpuset
 from builders.engines import DEFAULT_KIND, SERVING_ENGINES, LlamaCppSettings, ServerKind, ServingEngine
 from builders.errors import ConfigError, UsageError
+from builders.input_files import refuse_special
 from builders.router.classes import ALL_CLASSES, RequestClass
 
 _POOL_NAME = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
@@ -447,6 +448,9 @@ def load_profile(name_or_path: str, *, root: Path) -> tuple[StackProfile, Path]:
         path = candidate
     else:
         path = profiles_dir(root) / f"{name_or_path}.yaml"
+    if path.exists() and not path.is_file():
+        # /dev/zero is there, but no profile: say what it is rather than that it is missing.
+        refuse_special(path, what="profile", hint="pass a profile name or the path of a YAML file")
     if not path.is_file():
         known = available_profiles(root)
         raise UsageError(
