@@ -11,9 +11,10 @@ from importlib import metadata
 from typing import Any, NoReturn
 
 from builders import interrupt
+from builders.config.types import unseen_character
 from builders.container.select import CHOICES as ENGINE_CHOICES
 from builders.container.select import chosen as chosen_engine
-from builders.errors import ForgeError
+from builders.errors import ForgeError, UsageError
 from builders.redact import mask_urls
 
 # Each module exposes `register(subparsers)`, adding its subcommands with a `func`
@@ -94,9 +95,33 @@ def innermost_parser(parser: argparse.ArgumentParser, argv: Sequence[str]) -> ar
     return current
 
 
+def unseen_argument(argv: Sequence[str]) -> UsageError | None:
+    """A command-line value holding a line break, a control or an invisible format character (a right-to-left
+    override) becomes a tag, a path, a session name or a line of a file: refused here, once, for every command."""
+    for index, token in enumerate(argv):
+        found = unseen_character(token)
+        if found is None:
+            continue
+        flag = argv[index - 1] if index and argv[index - 1].startswith("-") else None
+        # A key is never printed, not even a broken one.
+        shown = "the value" if flag in SECRET_FLAGS else mask_urls(repr(token))
+        return UsageError(
+            f"argument {index + 1}, {shown}{f' after {flag}' if flag else ''}, holds {found}",
+            hint="a command-line value is one line of visible text; retype it without the character",
+        )
+    return None
+
+
+SECRET_FLAGS = frozenset({"--api-key"})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    unseen = unseen_argument(argv)
+    if unseen is not None:
+        print(unseen.render(), file=sys.stderr)
+        return unseen.exit_code
     args, extras = parser.parse_known_args(argv)
     if extras:
         innermost_parser(parser, argv).error(f"unrecognized arguments: {' '.join(extras)}")

@@ -12,16 +12,18 @@ class ForgeError(Exception):
     kind = "error"
 
     def __init__(self, message: str, *, hint: str | None = None) -> None:
+        # A message may quote a URL the user gave (a mirror, an index, an --endpoint), and it travels further than
+        # the terminal (preflight findings, reports, JSON): its password is masked here, once.
+        message = mask_urls(message)
         super().__init__(message)
         self.message = message
-        self.hint = hint
+        self.hint = mask_urls(hint) if hint is not None else None
 
     def render(self) -> str:
         text = f"forge: {self.kind}: {self.message}"
         if self.hint:
             text += f"\n  what to do: {self.hint}"
-        # A message may quote a URL the user gave (a mirror, an --endpoint): its password is never printed.
-        return mask_urls(text)
+        return text
 
 
 class ConfigError(ForgeError):

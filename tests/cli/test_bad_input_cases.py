@@ -22,6 +22,8 @@ import pytest
 import yaml
 
 from builders.cli import main
+from builders.deploy.manifests import check_image
+from builders.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[2]
 LOGS = ROOT / "tests" / "logs"
@@ -281,8 +283,11 @@ def test_m20_an_image_reference_with_a_trailing_newline_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, out = forge(capsys, "deploy", "render", "--image", "forge/x:1\n", "-o", str(tmp_path / "out"))
-    refused(code, out, "--image", "not an image reference")
+    refused(code, out, "after --image", "a line break")
     assert not (tmp_path / "out").exists()
+    # Past the command line too (a caller of the manifests' own check): `$` matched before the newline.
+    with pytest.raises(UsageError, match="not an image reference"):
+        check_image("--image", "forge/x:1\n")
 
 
 def test_m21_router_replicas_beyond_int32_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
