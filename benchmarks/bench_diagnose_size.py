@@ -5,7 +5,9 @@ cycled from tests/logs until the file reaches the size. In a BuildKit log the pa
 prefix (`#N 12.3 `): the step that failed is then the long one, the case a window on the log's end alone would
 miss. Each padded log is diagnosed by the `forge diagnose` command (a new process, start-up and rule loading
 included) and must give the unpadded log's answer: the same category and decisive line, its number moved by the
-padding. Printed: seconds, MB/s, and each size's time as a ratio of the 5 MB time (10x the size; linear is 10).
+padding. Printed: wall seconds, CPU seconds of the process (user + system, which other work on the machine does
+not inflate), MB/s, and each size's CPU time as a ratio of the first size's (10x the size each step; a diagnosis
+linear in the size would show 10 and 100).
 
 Run: `nox -s bench-diagnose-size` (or `python benchmarks/bench_diagnose_size.py [--sizes 5,50,500] [--logs A,B]`).
 The padded files are written to a temporary folder one at a time and removed after their run.
@@ -18,6 +20,7 @@ import itertools
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -96,8 +99,10 @@ def padded(log: str, size: int, pad: list[str], folder: Path) -> tuple[Path, int
     return path, added, original
 
 
-def diagnose_cli(path: Path) -> tuple[float, Answer]:
+def diagnose_cli(path: Path) -> tuple[float, float, Answer]:
+    """Wall seconds, CPU seconds (user + system: what the machine's load does not inflate) and the answer."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-m", "builders.cli", "diagnose", str(path), "--json"],
@@ -107,9 +112,11 @@ def diagnose_cli(path: Path) -> tuple[float, Answer]:
         check=False,
     )
     seconds = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if proc.returncode != 0:
         raise SystemExit(f"forge diagnose {path} exited {proc.returncode}:\n{proc.stderr}")
-    return seconds, answer_of(json.loads(proc.stdout))
+    return seconds, cpu, answer_of(json.loads(proc.stdout))
 
 
 def main(argv: list[str]) -> int:
@@ -119,10 +126,11 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s]
     pad = padding_lines()
-    with open("/proc/loadavg", encoding="ascii") as fh:
-        load = " ".join(fh.read().split()[:3])
+    load = " ".join(Path("/proc/loadavg").read_text(encoding="ascii").split()[:3])
     print(f"bench-diagnose-size: {os.cpu_count()} CPUs, load average at start {load}")
-    print(f"{'log':48s} {'MB':>5s} {'lines':>10s} {'seconds':>8s} {'MB/s':>7s} {'x 5MB':>6s}  same answer")
+    print(
+        f"{'log':48s} {'MB':>5s} {'lines':>10s} {'seconds':>8s} {'CPU s':>6s} {'MB/s':>7s} {'x first':>8s}  same answer"
+    )
     wrong = 0
     for log in [name for name in args.logs.split(",") if name]:
         first: float | None = None
@@ -132,7 +140,7 @@ def main(argv: list[str]) -> int:
                 real = path.stat().st_size
                 with path.open("rb") as fh:
                     lines = sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 24), b""))
-                seconds, got = diagnose_cli(path)
+                seconds, cpu, got = diagnose_cli(path)
             expected = Answer(
                 category=original.category,
                 line_number=None if original.line_number is None else original.line_number + added,
@@ -140,13 +148,13 @@ def main(argv: list[str]) -> int:
             )
             same = got == expected
             wrong += not same
-            first = first if first is not None else seconds
+            first = first if first is not None else cpu
             print(
-                f"{log[:48]:48s} {real / 2**20:5.0f} {lines:10,d} {seconds:8.2f} {real / 2**20 / seconds:7.1f} "
-                f"{seconds / first:6.1f}  {'yes' if same else f'NO: {got} (expected {expected})'}"
+                f"{log[:48]:48s} {real / 2**20:5.0f} {lines:10,d} {seconds:8.2f} {cpu:6.2f} "
+                f"{real / 2**20 / seconds:7.1f} {cpu / first:8.1f}  "
+                f"{'yes' if same else f'NO: {got} (expected {expected})'}"
             )
-    with open("/proc/loadavg", encoding="ascii") as fh:
-        print(f"load average at end {' '.join(fh.read().split()[:3])}")
+    print(f"load average at end {' '.join(Path('/proc/loadavg').read_text(encoding='ascii').split()[:3])}")
     return 1 if wrong else 0
 
 
