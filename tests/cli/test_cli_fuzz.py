@@ -209,7 +209,7 @@ def test_any_input_gets_a_documented_exit_code_and_no_traceback_or_secret(
     project_before = _files(root / "distros") | _files(root / "recipes") | _files(root / "containers")
     asked: set[str] = set()  # what each -o named, relative to the sandbox when not absolute
     seen: dict[int, int] = {}
-    slowest = [0.0, []]  # seconds, argv
+    slowest: list[tuple[float, list[str]]] = [(0.0, [])]
 
     @settings(
         max_examples=200,
@@ -239,8 +239,7 @@ def test_any_input_gets_a_documented_exit_code_and_no_traceback_or_secret(
         seconds = time.monotonic() - start
         out, err = capsys.readouterr()
         seen[code] = seen.get(code, 0) + 1
-        if seconds > slowest[0]:
-            slowest[:] = [seconds, argv]
+        slowest[0] = max(slowest[0], (seconds, argv))
         assert code in CODES, (argv, code, err)
         assert "Traceback" not in err + out and "internal error" not in err, (argv, err)
         assert SECRET not in out + err, (argv, out, err)
@@ -267,4 +266,4 @@ def test_any_input_gets_a_documented_exit_code_and_no_traceback_or_secret(
     assert changed <= {str(distro_path)}
     allowed = ("out", "rendered", "root", "log", "taken", "cache", "reports")
     assert {p.name for p in sandbox.iterdir()} <= set(allowed) | asked, list(sandbox.iterdir())
-    print(f"exit codes seen: {dict(sorted(seen.items()))}; slowest run {slowest[0]:.1f} s: {slowest[1]}")
+    print(f"exit codes seen: {dict(sorted(seen.items()))}; slowest run {slowest[0][0]:.1f} s: {slowest[0][1]}")
