@@ -171,7 +171,8 @@ def open_log(path: Path | str) -> LogSource:
         return LogSource(handle, name)
     # Too large to read in a time anyone waits: its end decides, so read that, from the first whole line in it.
     handle.seek(info.st_size - LOG_LIMIT_BYTES)
-    handle.readline()
+    while (part := handle.readline(LINE_CAP_BYTES)) and not part.endswith(b"\n"):
+        pass  # the rest of the line the cut fell in, read a bounded piece at a time
     start = handle.tell()
     cut = (
         f"{log_path} is {info.st_size / 2**20:,.0f} MiB: its first {start / 2**20:,.0f} MiB were not read, and line "
