@@ -3,6 +3,7 @@ whole log where the decisive lines are near the end, bounded memory, and a note 
 
 from __future__ import annotations
 
+import functools
 import io
 import sys
 from pathlib import Path
@@ -29,7 +30,8 @@ def test_the_window_keeps_the_step_structure_of_the_whole_log() -> None:
         text = path.read_bytes().decode("utf-8", errors="replace")
         lines = split_log(text)
         whole = failing_step(lines)
-        chosen = select(lambda text=text: enumerate(text.split("\n"), start=1))
+        raw = text.split("\n")
+        chosen = select(functools.partial(enumerate, raw, 1))
         assert chosen.last == (lines[-1].number if lines else 0), path.name
         in_window = {n for n, _ in chosen.lines}
         assert chosen.step == (None if whole is None else frozenset(whole & in_window)), path.name
