@@ -235,6 +235,12 @@ def bench_diagnose(session: nox.Session) -> None:
     session.run("python", str(ROOT / "benchmarks" / "bench_diagnose.py"), *session.posargs, external=True)
 
 
+@nox.session(python=False, name="bench-diagnose-size", default=False)
+def bench_diagnose_size(session: nox.Session) -> None:
+    """forge diagnose on real logs padded to 5, 50 and 500 MB: seconds, MB/s and the time ratio between sizes."""
+    session.run("python", str(ROOT / "benchmarks" / "bench_diagnose_size.py"), *session.posargs, external=True)
+
+
 @nox.session(python=False, name="bench-preflight", default=False)
 def bench_preflight(session: nox.Session) -> None:
     """Seconds until preflight blocks Debian 12 vs until a plain build reaches vLLM's gate, as a ratio."""

@@ -19,8 +19,8 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_typ
 from packaging.version import InvalidVersion, Version
 
 from builders.config.models import GpuMode, TorchIndex
+from builders.config.types import INT32_MAX
 from builders.container.base import BuilderChoice, EngineChoice
-from builders.container.select import chosen as chosen_engine
 from builders.errors import UsageError
 from builders.plan import PlanOptions
 from builders.target import Target
@@ -42,13 +42,16 @@ def cuda_arch_list(value: str) -> str:
 
 
 def positive_int(value: str) -> int:
-    """argparse type: a whole number ≥ 1 (0 or -3 parallel jobs mean nothing a compiler can do)."""
+    """argparse type: a whole number ≥ 1 (0 or -3 parallel jobs mean nothing a compiler can do), and within 32 bits
+    (what ninja, make and Kubernetes keep a count in)."""
     try:
         number = int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r}: not a whole number") from None
     if number < 1:
         raise argparse.ArgumentTypeError(f"{value!r}: must be 1 or more")
+    if number > INT32_MAX:
+        raise argparse.ArgumentTypeError(f"{value!r}: must be at most {INT32_MAX:,}")
     return number
 
 
@@ -189,9 +192,9 @@ class BuildOptions:
     keep_context: bool = False
     lock_file: Path | None = None  # default: forge.lock at the project root
     sbom: bool = True  # write a CycloneDX SBOM of the tagged image beside the report
-    # The container engine: every command's --engine, which builders/cli.py resolves once. A caller that builds
-    # without the CLI (a test, a benchmark) gets what the CLI would have chosen: FORGE_ENGINE, else auto.
-    engine: EngineChoice = field(default_factory=chosen_engine)
+    # The container engine: every command's --engine. None: FORGE_ENGINE, else auto, read by Engine.connect when
+    # the build connects one, so rendering or planning never reads FORGE_ENGINE.
+    engine: EngineChoice | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> BuildOptions:

@@ -16,8 +16,8 @@ from pydantic import BaseModel
 
 from builders.config import Project
 from builders.config.models import Distro, Recipe
-from builders.errors import UsageError
 from builders.output import output_dir, write_output
+from builders.repro.errors import StaleRender
 from builders.smoke.profile import StackProfile
 
 SCHEMA_DIR = "schemas"
@@ -65,7 +65,9 @@ def cmd_schema(args: argparse.Namespace) -> int:
         write_output(path, text)
         print(path)
     if stale:
-        raise UsageError(
+        # Exit 12, as docs/commands.md gives a stale rendered file: `forge ci --check` answers a stale workflow
+        # the same way, and a CI step tells either from a usage error (2).
+        raise StaleRender(
             f"stale schema(s): {', '.join(stale)}", hint="run `forge schema` and commit the files it writes"
         )
     return 0
@@ -77,5 +79,5 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="write the JSON Schemas of distros/, recipes/ and profiles/ files (for editors and CI)",
     )
     p.add_argument("-o", "--output", default=None, help="folder (default: schemas/ at the project root)")
-    p.add_argument("--check", action="store_true", help="compare with the written files instead; exit 2 if stale")
+    p.add_argument("--check", action="store_true", help="compare with the written files instead; exit 12 if stale")
     p.set_defaults(func=cmd_schema)

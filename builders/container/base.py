@@ -99,10 +99,10 @@ class Builder(Protocol):
 
 # select.py registers how `Engine.connect(choice)` opens an engine: the implementations import this module, so this
 # module cannot import them.
-_CONNECT: list[Callable[[EngineChoice], Engine]] = []
+_CONNECT: list[Callable[[EngineChoice | None], Engine]] = []
 
 
-def register_connector(connect: Callable[[EngineChoice], Engine]) -> None:
+def register_connector(connect: Callable[[EngineChoice | None], Engine]) -> None:
     _CONNECT[:] = [connect]
 
 
@@ -188,8 +188,9 @@ class Engine(ABC):
     facts: EngineFacts
 
     @classmethod
-    def connect(cls, choice: EngineChoice) -> Engine:
-        """The engine `choice` names: docker, podman, or auto (whatever answers here; select.py)."""
+    def connect(cls, choice: EngineChoice | None) -> Engine:
+        """The engine `choice` names: docker, podman, or auto (whatever answers here; select.py); None: FORGE_ENGINE,
+        else auto, read now (a command that connects no engine never reads FORGE_ENGINE)."""
         # Importing any module of builders.container runs the package's __init__ first, which imports select.py.
         assert _CONNECT, "builders/container/select.py registers the connector when builders.container is imported"
         return _CONNECT[0](choice)

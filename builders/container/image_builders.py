@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol, get_args
 from builders import interrupt
 from builders.container.base import Builder, BuilderChoice, BuildRequest, BuildResult, LineSink
 from builders.errors import EngineError
+from builders.redact import mask_urls
 
 if TYPE_CHECKING:
     from builders.container.base import Engine
@@ -136,7 +137,7 @@ def _stream(cmd: list[str], env: dict[str, str], log_path: Path | None, sink: Li
             try:
                 for line in proc.stdout:
                     if log:
-                        log.write(line)
+                        log.write(mask_urls(line))
                     sink(line.rstrip("\n"))
                     match = _STEP_DONE.match(line)
                     if match and match.group("stage"):
@@ -198,7 +199,7 @@ class LegacySdkBuilder:
                     image_id = str(chunk["aux"]["ID"])
                 for line in text.splitlines():
                     if log:
-                        log.write(line + "\n")
+                        log.write(mask_urls(line) + "\n")
                     sink(line)
         except KeyboardInterrupt:
             # Ctrl-C or SIGTERM: the engine cancels a legacy build when its connection closes; drop it now rather
@@ -207,7 +208,7 @@ class LegacySdkBuilder:
             raise
         except Exception as exc:  # the SDK raises several unrelated types for one failed build
             if log:
-                log.write(f"ERROR: {exc}\n")
+                log.write(mask_urls(f"ERROR: {exc}\n"))
             sink(f"ERROR: {exc}")
             rc = 1
         finally:

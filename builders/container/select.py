@@ -42,7 +42,7 @@ def docker_cli_is_podman() -> bool:
     return out.lower().startswith("podman")
 
 
-def connect(choice: EngineChoice) -> Engine:
+def connect(choice: EngineChoice | None) -> Engine:
     # Checked again: a caller outside the CLI (a test, a benchmark) may hand in any text.
     value = chosen(choice)
     if value == "podman":

@@ -18,7 +18,12 @@ from pathlib import Path
 
 from builders.errors import ConfigError, GpuUnsupported, UsageError
 from builders.gpu_archs import Capability, LibraryArchs, core, declared_library
+from builders.input_files import read_small_text
 from builders.preflight.findings import Finding, PreflightReport, blocker, passed
+
+CSV_LIMIT_BYTES = 2**20
+"""nvidia-smi's CSV is a line per GPU: a file larger than this is not one."""
+REPORT_LIMIT_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,9 +140,11 @@ def image_libraries(spec: str, *, where: str = "--image-archs") -> tuple[list[Li
             f"--image-archs {spec}: neither a file nor an arch list",
             hint="pass the build's reports/DISTRO-TARGET/report.json, or an arch list such as '8.0 9.0'",
         )
+    hint = "pass the build's reports/DISTRO-TARGET/report.json, or an arch list such as '8.0 9.0'"
+    text = read_small_text(path, limit=REPORT_LIMIT_BYTES, what="--image-archs", hint=hint)
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+        data = json.loads(text)
+    except ValueError as exc:
         raise UsageError(f"--image-archs {path}: not a readable JSON report ({exc})") from exc
     archs = data.get("cuda_archs") if isinstance(data, dict) else None
     if archs is None and isinstance(data, dict):
@@ -224,10 +231,8 @@ def gpus_of(args: argparse.Namespace) -> list[Gpu] | None:
         raise UsageError("--gpu-query and --gpu-product both given", hint="name the run host's GPUs one way")
     if getattr(args, "gpu_query", None):
         path = Path(args.gpu_query)
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            raise UsageError(f"--gpu-query {path}: cannot read it ({exc.strerror})") from exc
+        hint = "save `nvidia-smi --query-gpu=name,compute_cap --format=csv` from the run host"
+        text = read_small_text(path, limit=CSV_LIMIT_BYTES, what="--gpu-query", hint=hint)
         return parse_nvidia_smi(text, source=str(path))
     if getattr(args, "gpu_product", None):
         return [gpu_from_product(args.gpu_product)]

@@ -18,9 +18,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from builders.config.loading import load_yaml
+from builders.config.project import file_name
+from builders.config.types import EnvName, ImageRef, OneLine
 from builders.cpusets import format_cpuset, parse_cpuset
 from builders.engines import DEFAULT_KIND, SERVING_ENGINES, LlamaCppSettings, ServerKind, ServingEngine
 from builders.errors import ConfigError, UsageError
+from builders.input_files import refuse_special
 from builders.router.classes import ALL_CLASSES, RequestClass
 
 _POOL_NAME = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
@@ -57,7 +60,7 @@ class ModelSettings(_Strict):
         pattern=r"^\d+(\.\d+)?[kKmMgG]?$",
         description="KV cache size per replica (vLLM's --kv-cache-memory-bytes, human-readable: 128M = 128 MiB).",
     )
-    served_model_name: str = Field(default="forge-tiny", min_length=1, description="Model name clients send.")
+    served_model_name: OneLine = Field(default="forge-tiny", min_length=1, description="Model name clients send.")
     hidden_size: int = Field(
         default=128,
         ge=64,
@@ -80,7 +83,7 @@ class PoolSettings(_Strict):
         description="The server its replicas run: vllm (`vllm serve`) or llama-cpp (llama.cpp's llama-server). "
         "Each has its own knobs; setting the other's is an error.",
     )
-    image: str | None = Field(
+    image: ImageRef | None = Field(
         default=None,
         description="Image the replicas run from; default the image given on the command line for this engine "
         "(IMAGE for vllm, --llama-image for llama-cpp).",
@@ -103,12 +106,12 @@ class PoolSettings(_Strict):
     max_model_len: int | None = Field(
         default=None, ge=64, description="Context length of this pool; default from model."
     )
-    extra_args: tuple[str, ...] = Field(
+    extra_args: tuple[OneLine, ...] = Field(
         default=(),
         description="Further server arguments (`vllm serve` or `llama-server`), checked against the server's own "
         "help in the image before start.",
     )
-    env: dict[str, str] = Field(default_factory=dict, description="Extra environment of each replica.")
+    env: dict[EnvName, OneLine] = Field(default_factory=dict, description="Extra environment of each replica.")
     cpus: tuple[str, ...] = Field(
         default=(),
         description="CPU set of each replica in Linux cpuset syntax ('1', '0-3', '0,2'): one entry per replica, "
@@ -228,8 +231,8 @@ class Timeouts(_Strict):
 class StackProfile(_Strict):
     """A whole smoke-test stack: model, pools, class map, router settings, traffic plan, checks."""
 
-    name: str = Field(description="Profile name; the file's stem.")
-    description: str = Field(default="", description="What this profile is for.")
+    name: OneLine = Field(description="Profile name; the file's stem.")
+    description: OneLine = Field(default="", description="What this profile is for.")
     model: ModelSettings = Field(default_factory=lambda: ModelSettings(), description="Model settings.")
     ports: PortSettings = Field(default_factory=lambda: PortSettings(), description="Loopback ports.")
     cpu_bind: Literal["round_robin", "auto", "nobind"] = Field(
@@ -445,11 +448,15 @@ def load_profile(name_or_path: str, *, root: Path) -> tuple[StackProfile, Path]:
         path = candidate
     else:
         path = profiles_dir(root) / f"{name_or_path}.yaml"
+    if path.exists() and not path.is_file():
+        # /dev/zero is there, but no profile: say what it is rather than that it is missing.
+        refuse_special(path, what="profile", hint="pass a profile name or the path of a YAML file")
     if not path.is_file():
         known = available_profiles(root)
         raise UsageError(
             f"no profile {name_or_path!r} (looked for {path}){_suggest(name_or_path, known)}",
             hint=f"known profiles: {', '.join(known) or 'none'}; or pass a path to a YAML file",
         )
-    profile = profile_from_mapping(load_yaml(path), source=str(path), name=path.stem)
+    # The stem names the containers, reports and Kubernetes objects of a run: held to the names distros get.
+    profile = profile_from_mapping(load_yaml(path), source=str(path), name=file_name(path))
     return profile, path

@@ -94,6 +94,16 @@ def traffic_plan(
         ) from None
 
 
+def check_traffic(profile: StackProfile, source: str) -> tuple[TrafficPlan, TrafficPlan]:
+    """The traffic plans of a run and of its kill-replica check: `forge deploy render` checks them too, so that a
+    profile smoke refuses is never rendered."""
+    traffic = traffic_plan(profile, source)
+    kill = profile.checks.kill_replica
+    if kill is None:
+        return traffic, traffic
+    return traffic, traffic_plan(profile, source, changes=kill.traffic, where="checks.kill_replica.traffic")
+
+
 def router_config(plan: StackPlan, source: str, *, api_key: str, upstream_api_key: str) -> RouterConfig:
     try:
         return config_from_mapping(
@@ -126,13 +136,7 @@ def validate_profile(
     check_cpus_available(profile, source=source, available=available)
     dtype = choose_dtype(profile.model.dtype, this_host())
     plan = plan_stack(profile, run_id=run_id, base_port=base_port, cpus=len(available), dtype=dtype)
-    traffic = traffic_plan(profile, source)
-    kill = profile.checks.kill_replica
-    kill_traffic = (
-        traffic_plan(profile, source, changes=kill.traffic, where="checks.kill_replica.traffic")
-        if kill is not None
-        else traffic
-    )
+    traffic, kill_traffic = check_traffic(profile, source)
     # Hex: a urlsafe key may begin with "-", which a command line then reads as an option.
     api_key = secrets.token_hex(16)
     upstream_api_key = secrets.token_hex(16)

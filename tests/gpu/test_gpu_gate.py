@@ -138,7 +138,7 @@ def test_args_errors_name_the_flag(tmp_path: Path) -> None:
     (tmp_path / "r.json").write_text("{}")
     with pytest.raises(UsageError, match=r"--image-archs .*r.json: no cuda_archs in it"):
         gate_from_args(parse("--gpu-product", "NVIDIA-L4", "--image-archs", str(tmp_path / "r.json")))
-    with pytest.raises(UsageError, match=r"--gpu-query .*nope.csv: cannot read it"):
+    with pytest.raises(UsageError, match=r"--gpu-query .*nope.csv does not exist"):
         gate_from_args(parse("--gpu-query", str(tmp_path / "nope.csv"), "--image-archs", ARCH_LIST))
     # nothing given and no arch list: no gate (a CPU image)
     assert gate_from_args(parse()) is None
