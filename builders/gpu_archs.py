@@ -89,6 +89,10 @@ class Arch:
     def sm(self) -> str:
         return f"sm_{self.major}{self.minor}{self.suffix}"
 
+    def compute(self) -> str:
+        """The name of PTX for this arch: compute_100, as nvcc's -gencode arch= and the driver name it."""
+        return f"compute_{self.major}{self.minor}{self.suffix}"
+
     def __str__(self) -> str:
         return self.sm()
 
@@ -134,11 +138,12 @@ class LibraryArchs:
             return f"{sass[0]} SASS"
         ptx = sorted((a for a in self.ptx if a.ptx_jits_on(gpu)), reverse=True)
         if ptx:
-            return f"compute_{ptx[0].major}{ptx[0].minor}{ptx[0].suffix} PTX (JIT)"
+            return f"{ptx[0].compute()} PTX (JIT)"
         return None
 
     def to_json(self) -> dict[str, list[str]]:
-        return {"sass": [a.sm() for a in sorted(self.sass)], "ptx": [a.sm() for a in sorted(self.ptx)]}
+        # PTX as compute_XY: what it is called everywhere else (cuobjdump lists it under the sm_ name of its file).
+        return {"sass": [a.sm() for a in sorted(self.sass)], "ptx": [a.compute() for a in sorted(self.ptx)]}
 
     @classmethod
     def from_json(cls, library: str, data: object, *, where: str) -> LibraryArchs:
@@ -247,7 +252,7 @@ def coverage_gaps(libraries: Iterable[LibraryArchs], arch_list: str, *, where: s
                         library=lib.library,
                         capability=cap,
                         sass=tuple(a.sm() for a in sorted(lib.sass)),
-                        ptx=tuple(a.sm() for a in sorted(lib.ptx)),
+                        ptx=tuple(a.compute() for a in sorted(lib.ptx)),
                     )
                 )
     return gaps

@@ -13,8 +13,9 @@ from gpu_data import ARCH_LIST, VLLM
 from builders.config import Project
 from builders.engines.vllm.gpu_wheel import judge_archs, judge_libs
 from builders.errors import UsageError
+from builders.gpu_image import image_libraries
 from builders.plan import BuildPlan, PlanOptions, make_plan
-from builders.preflight.gpu_gate import gpu_from_product, image_libraries, judge
+from builders.preflight.gpu_gate import gpu_from_product, judge
 from builders.render import render
 from builders.target import Target
 
@@ -100,7 +101,7 @@ def test_archs_cover_the_recipe_list_and_land_in_the_report(tmp_path: Path) -> N
     r = judge_archs(0, archs_out(), ARCH_LIST, 30.0)
     assert r.status == "passed", r.detail
     assert (
-        "_C_stable_libtorch: SASS sm_75 sm_80 sm_86 sm_89 sm_90 sm_90a sm_100 sm_120; PTX sm_80 sm_89 sm_90" in r.detail
+        "_C_stable_libtorch: SASS sm_75 sm_80 sm_86 sm_89 sm_90 sm_90a sm_100 sm_120; PTX compute_80 compute_89 compute_90" in r.detail
     )
     report = tmp_path / "report.json"
     report.write_text(json.dumps({"tests": [r.as_report()]}))
