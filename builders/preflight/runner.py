@@ -38,7 +38,7 @@ from builders.preflight.probe import (
 )
 from builders.preflight.source_facts import SourceFacts, read_source_facts, read_source_files
 from builders.preflight.torch_index import IndexListing, fetch_listing, local_listing, project_url
-from builders.sources import cache_dir, fetch_sdist, resolve_fetched
+from builders.sources import cache_dir, fetch_sdist, resolve_fetched, wheelhouse_dir
 from builders.target import Target
 
 Progress = Callable[[str], None]
@@ -222,6 +222,17 @@ def _torch_findings(
             folders += [Path(f) for f in recipe.wheelhouse.find_links]
         if spec.index_url and not spec.index_url.startswith(("http://", "https://")):
             folders.append(Path(spec.index_url))
+        if not any(f.is_dir() for f in folders):
+            where = ", ".join(str(f) for f in folders) or "no folder given"
+            return [
+                unchecked(
+                    "torch-wheel",
+                    f"wheelhouse not fetched: {where} does not exist",
+                    spec.requirement,
+                    pin_source,
+                    f"run `forge fetch {distro.name} {recipe.target} wheelhouse`, or pass --wheelhouse DIR",
+                )
+            ]
         listing = local_listing(folders)
     elif spec.index_url:
         listing = fetch_listing(project_url(spec.index_url))
@@ -595,6 +606,9 @@ def run_preflight(
         )
         findings += [f for f in python if compiles or f.gate not in COMPILE_GATES]
     if target.installs_torch:
+        # The build's folder when none is given: the one `forge fetch DISTRO TARGET wheelhouse` fills.
+        if not wheelhouse and recipe.wheelhouse is not None:
+            wheelhouse = [wheelhouse_dir(project.root, distro, recipe)]
         findings += _torch_findings(facts, target, toolchain.python.value, wheelhouse, torch_index, torch_version)
     if target.runs_vllm:
         findings += _file_findings(distro, compiles, probe_result)
