@@ -30,6 +30,7 @@ COMMAND_MODULES = (
     "builders.commands.schema",
     "builders.sweep.command",
     "builders.kvlab.command",
+    "builders.gpu_probe",
 )
 
 Handler = Callable[[argparse.Namespace], int]
