@@ -1,0 +1,408 @@
+"""`nox -s gpu-smoke`: Forge's router stack on GPU replicas, where the GPU hosts within reach allow it.
+
+Those hosts have a GPU, nvcc, CMake and Python with torch, but no container engine, no network and none of
+pydantic, httptools, docker or gguf, so a GPU image cannot run there. This brings the stack another way, in one
+command of at most 10 minutes that carries at most 64 MiB:
+
+1. `prepare` (here, with PyPI): the llama.cpp tree vendored in the llama-cpp recipe's pinned sdist, less what a
+   server build never reads (docs, models, tests, other GPU backends), and the wheels Forge needs that those hosts
+   lack, into a bundle folder (default .gpu-smoke/, ignored by git; the device tool carries it by name).
+2. `run` (on the GPU host): the wheels into a private folder; llama-server built with CUDA for the local GPU's
+   arch, with the recipe's CMake options (builders/engines/llama_cpp/image.py) plus GGML_CUDA; then `forge smoke`
+   of the ci-llama profile with its two pools on the GPU (every layer offloaded) through Forge's router: the six
+   request classes and their gates. Results: OUT/results.json, results.md, log.txt, the smoke report and logs.
+
+Without a GPU, `run` says so and exits 9 (nothing evaluated). `run --dry-run` takes the same path on a CPU with the
+CPU build of the same tree and no offload, to test the plumbing; it reuses its build folder between runs.
+Exit codes: 0 the smoke passed; 7 the build failed; 8 the smoke failed; 9 no GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+ROOT = Path(__file__).resolve().parents[1]
+BUNDLE = ROOT / ".gpu-smoke"
+LIMIT_BYTES = 64 * 2**20
+"""What one device command may carry, the working tree included."""
+VENDORED = "vendor/llama.cpp/"
+# What a llama-server build never reads: left out of the bundle to keep it small.
+_SKIP_TOP = {
+    "docs", "models", "benches", "tests", "examples", "pocs", "gguf-py", "media", ".github", ".devops", "ci",
+    "conversion", "skills", "requirements", "app", "grammars",
+}  # fmt: skip
+_SKIP_PARTS = ("tools/ui/src/", "tools/ui/tests/", "tools/ui/package-lock.json")
+_GGML_BACKENDS_KEPT = {"ggml-cpu", "ggml-cuda", "ggml-blas"}
+# Forge's dependencies the GPU hosts lack (their Python has the rest: numpy, requests, rich, PyYAML, tokenizers...).
+CARRIED = ("pydantic", "pydantic_core", "annotated_types", "typing_inspection", "httptools", "gguf", "docker")
+EXIT_BUILD, EXIT_SMOKE, EXIT_NO_GPU = 7, 8, 9
+
+
+class Log:
+    """Each line to stdout and to log.txt as it comes: a run stopped by its time limit keeps what it said."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.file: TextIO = path.open("w", encoding="utf-8")
+        self.start = time.monotonic()
+        self.lock = threading.Lock()
+
+    def __call__(self, line: str) -> None:
+        text = f"[{time.monotonic() - self.start:6.1f} s] {line}"
+        with self.lock:
+            print(text, flush=True)
+            self.file.write(text + "\n")
+            self.file.flush()
+
+
+def run_logged(cmd: Sequence[str], say: Log, *, timeout: float, **kwargs: Any) -> tuple[int, list[str]]:
+    """The command's output line by line into the log; its exit code (124 when it ran past `timeout`).
+
+    The process itself is waited on, never a reader of its pipe: a process that hands its pipe to a child which
+    outlives it would otherwise hold the wait forever (the `wait` after `exec > >(tee ...)` trap, in Python)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs)
+    lines: list[str] = []
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line.rstrip())
+            say("  " + line.rstrip())
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        code = proc.wait(timeout=max(1.0, timeout))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        code = 124
+    reader.join(timeout=2)
+    return code, lines
+
+
+# --- prepare ------------------------------------------------------------------------------------------------
+
+
+def _keep(relative: str) -> bool:
+    top = relative.split("/", 1)[0]
+    if top in _SKIP_TOP or top.startswith("."):
+        return False
+    if any(relative.startswith(p) for p in _SKIP_PARTS):
+        return False
+    m = re.match(r"ggml/src/(ggml-[a-z0-9]+)/", relative)
+    return not (m and m[1] not in _GGML_BACKENDS_KEPT)
+
+
+def pack_tree(sdist: Path, dest: Path) -> int:
+    """The vendored llama.cpp tree of the sdist, pruned, as dest (a .tar.gz); returns the files kept."""
+    kept = 0
+    with tarfile.open(sdist) as src, tarfile.open(dest, "w:gz", compresslevel=9) as out:
+        for member in src:
+            _, _, inside = member.name.partition("/")
+            if not inside.startswith(VENDORED) or not (member.isfile() or member.isdir()):
+                continue
+            relative = inside[len(VENDORED) :]
+            if not relative or not _keep(relative):
+                continue
+            member.name = f"llama.cpp/{relative}"
+            data = src.extractfile(member) if member.isfile() else None
+            out.addfile(member, data)
+            kept += member.isfile()
+    return kept
+
+
+def llama_sdist() -> Path:
+    """The llama-cpp recipe's pinned sdist, from the Forge cache or PyPI, its sha256 checked (builders/sources)."""
+    from builders.config import Project
+    from builders.sources import fetch_sdist
+
+    return fetch_sdist(Project.load(ROOT).recipe_for("llama-cpp"), ROOT).path
+
+
+def download_wheels(dest: Path) -> list[str]:
+    """The CARRIED packages at the versions this Forge runs with, as wheels for the GPU hosts' CPython 3.12."""
+    from importlib.metadata import version
+
+    pins = [f"{name}=={version(name)}" for name in CARRIED]
+    platforms = [f"--platform={p}" for p in ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")]
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version=3.12",
+           "--implementation=cp", *platforms, "-d", str(dest), *pins]  # fmt: skip
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return pins
+
+
+def prepare(bundle: Path) -> dict[str, Any]:
+    if bundle.exists():
+        shutil.rmtree(bundle)
+    (bundle / "wheels").mkdir(parents=True)
+    sdist = llama_sdist()
+    files = pack_tree(sdist, bundle / "llama.cpp.tar.gz")
+    pins = download_wheels(bundle / "wheels")
+    size = sum(p.stat().st_size for p in bundle.rglob("*") if p.is_file())
+    manifest = {
+        "sdist": sdist.name,
+        "sdist_sha256": hashlib.sha256(sdist.read_bytes()).hexdigest(),
+        "tree_files": files,
+        "wheels": pins,
+        "bytes": size,
+    }
+    (bundle / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    if size > LIMIT_BYTES // 2:
+        raise SystemExit(f"the bundle is {size / 2**20:.1f} MiB: more than half of what a device command may carry")
+    return manifest
+
+
+# --- run ----------------------------------------------------------------------------------------------------
+
+
+def local_gpus() -> list[dict[str, str]]:
+    """nvidia-smi's GPUs (name, capability, driver, memory), or none."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return []
+    query = "--query-gpu=name,compute_cap,driver_version,memory.total"
+    proc = subprocess.run([smi, query, "--format=csv,noheader"], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        return []
+    gpus = []
+    for line in proc.stdout.strip().splitlines():
+        name, cap, driver, memory = (p.strip() for p in line.rsplit(",", 3))
+        gpus.append({"name": name, "capability": cap, "driver": driver, "memory": memory})
+    return gpus
+
+
+def install_wheels(bundle: Path, site: Path, say: Log) -> list[str]:
+    """The bundle's wheels into `site`, for those packages this Python cannot import already."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    wanted = []
+    for wheel in sorted((bundle / "wheels").glob("*.whl")):
+        name = wheel.name.split("-", 1)[0]
+        try:
+            version(name)
+        except PackageNotFoundError:
+            wanted.append(wheel)
+    if wanted:
+        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+               "--target", str(site), *map(str, wanted)]  # fmt: skip
+        subprocess.run(cmd, check=True)
+    say(f"wheels installed into {site}: {', '.join(w.name.split('-', 1)[0] for w in wanted) or 'none needed'}")
+    return [w.name for w in wanted]
+
+
+def forge_env(site: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), str(ROOT), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def cmake_options(env: dict[str, str]) -> dict[str, str]:
+    """The llama-cpp recipe's CMake options and ISA, as Forge's image build passes them."""
+    code = (
+        "import json, yaml; from builders.engines.llama_cpp.image import CMAKE_DEFINES;"
+        "isa = yaml.safe_load(open('recipes/llama-cpp.yaml'))['isa'];"
+        "print(json.dumps({**CMAKE_DEFINES, **isa}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, check=True)
+    return dict(json.loads(out.stdout))
+
+
+def build_server(
+    bundle: Path, work: Path, *, arch: str | None, jobs: int, timeout: float, env: dict[str, str], say: Log
+) -> tuple[Path | None, float]:
+    """llama-server from the bundle's tree: with CUDA for `arch` (90 for 9.0), or the CPU build when arch is None.
+    The build folder is kept: a second run only relinks."""
+    src = work / "src"
+    if not (src / "llama.cpp" / "CMakeLists.txt").is_file():
+        src.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(bundle / "llama.cpp.tar.gz") as tar:
+            tar.extractall(src, filter="data")
+    build = work / ("build-cuda" if arch else "build-cpu")
+    options = cmake_options(env)
+    if arch:
+        # One real arch: the local GPU's, the least nvcc work. FlashAttention's many template kernels and NCCL
+        # (not on these hosts) are left out; llama.cpp falls back to its plain attention path.
+        options |= {"GGML_CUDA": "ON", "CMAKE_CUDA_ARCHITECTURES": f"{arch}-real", "GGML_CUDA_FA": "OFF",
+                    "GGML_CUDA_NCCL": "OFF"}  # fmt: skip
+    cmd = ["cmake", "-S", str(src / "llama.cpp"), "-B", str(build), *(f"-D{k}={v}" for k, v in options.items())]
+    if shutil.which("ninja"):
+        cmd[1:1] = ["-G", "Ninja"]
+    started = time.monotonic()
+    say("configure: " + " ".join(cmd))
+    code, _ = run_logged(cmd, say, timeout=timeout)
+    if code == 0:
+        left = timeout - (time.monotonic() - started)
+        code, _ = run_logged(
+            ["cmake", "--build", str(build), "--target", "llama-server", "-j", str(jobs)], say, timeout=left
+        )
+    seconds = time.monotonic() - started
+    binary = build / "bin" / "llama-server"
+    return (binary if code == 0 and binary.is_file() else None), seconds
+
+
+def write_profile(work: Path, *, gpus: int) -> Path:
+    """ci-llama with its two pools on the GPU(s): every layer offloaded, one GPU per pool where there are two."""
+    import yaml
+
+    data = yaml.safe_load((ROOT / "profiles" / "ci-llama.yaml").read_text(encoding="utf-8"))
+    data["description"] = "ci-llama's two pools with every layer on the GPU (nox -s gpu-smoke)"
+    for index, pool in enumerate(data["pools"].values()):
+        pool.pop("cpus", None)
+        pool["extra_args"] = ["--n-gpu-layers", "999"] if gpus else []
+        if gpus:
+            pool["env"] = {"CUDA_VISIBLE_DEVICES": str(index % gpus)}
+    work.mkdir(parents=True, exist_ok=True)
+    path = work / "gpu-llama.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def offload_evidence(report_dir: Path) -> dict[str, list[str]]:
+    """Per replica log, the lines where llama.cpp says what went to the GPU."""
+    found: dict[str, list[str]] = {}
+    pattern = re.compile(r"offloaded \d+/\d+ layers to GPU|CUDA\d+ (?:model|KV|compute) buffer size|using device CUDA")
+    for log in sorted(report_dir.rglob("*.log")):
+        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if pattern.search(ln)]
+        found[log.name] = lines[:6]
+    return found
+
+
+def run(args: argparse.Namespace) -> int:
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    say = Log(out / "log.txt")
+    started = time.monotonic()
+    result: dict[str, Any] = {
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version()},
+        "dry_run": args.dry_run,
+        "verdict": "not evaluated",
+    }
+
+    def finish(code: int) -> int:
+        result["seconds"] = round(time.monotonic() - started, 1)
+        (out / "results.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        (out / "results.md").write_text(results_md(result), encoding="utf-8")
+        say(f"{result['verdict']} in {result['seconds']} s: {out / 'results.json'}")
+        return code
+
+    gpus = [] if args.dry_run else local_gpus()
+    result["gpus"] = gpus
+    if not gpus and not args.dry_run:
+        result["why_not_evaluated"] = "no GPU: nvidia-smi is missing or lists none"
+        say("forge: cannot evaluate without a GPU: nvidia-smi is missing or lists no GPU (--dry-run runs on a CPU)")
+        return finish(EXIT_NO_GPU)
+    for gpu in gpus:
+        say(f"GPU: {gpu['name']}, compute capability {gpu['capability']}, driver {gpu['driver']}, {gpu['memory']}")
+    bundle: Path = args.bundle
+    if not (bundle / "llama.cpp.tar.gz").is_file():
+        result["verdict"] = "no bundle"
+        say(f"forge: {bundle} holds no bundle: run `python3 -m builders.gpu_smoke prepare` where PyPI is reachable")
+        return finish(2)
+    result["bundle"] = json.loads((bundle / "manifest.json").read_text())
+    work: Path = args.work
+    work.mkdir(parents=True, exist_ok=True)
+    site = work / "site"
+    result["wheels_installed"] = install_wheels(bundle, site, say)
+    env = forge_env(site)
+    # The router's C relay for this Python where a compiler and its headers are there; else the Python relay.
+    relay = subprocess.run(
+        [sys.executable, "setup.py", "build_ext", "--inplace", "-q"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    result["router_relay"] = "C (built here)" if relay.returncode == 0 else "Python (the C relay did not build)"
+    say(f"router relay: {result['router_relay']}")
+    arch = None if args.dry_run else gpus[0]["capability"].replace(".", "")
+    build_budget = args.budget - (time.monotonic() - started) - args.smoke_reserve
+    binary, build_s = build_server(bundle, work, arch=arch, jobs=args.jobs, timeout=build_budget, env=env, say=say)
+    result["build"] = {"seconds": round(build_s, 1), "cuda_arch": arch, "binary": str(binary) if binary else None}
+    if binary is None:
+        result["verdict"] = "build failed"
+        return finish(EXIT_BUILD)
+    profile = write_profile(work, gpus=len(gpus))
+    report = out / "smoke"
+    cmd = [sys.executable, "-m", "builders.cli", "smoke", "--profile", str(profile), "--local-llama-server",
+           str(binary), "--report", str(report)]  # fmt: skip
+    left = args.budget - (time.monotonic() - started) - 10
+    say("smoke: " + " ".join(cmd))
+    code, lines = run_logged(cmd, say, timeout=left, env=env, cwd=ROOT)
+    result["smoke"] = {"exit": code, "tail": lines[-40:]}
+    reports = sorted(report.glob("*.json"))
+    if reports:
+        data = json.loads(reports[-1].read_text())
+        result["smoke"]["classes"] = {
+            name: {k: c.get(k) for k in ("passed", "ttft_p99_ms", "itl_p99_ms", "error_rate", "requests")}
+            for name, c in (data.get("classes") or {}).items()
+            if isinstance(c, dict)
+        }
+        result["smoke"]["report"] = str(reports[-1])
+    result["offload"] = offload_evidence(report)
+    result["verdict"] = "passed" if code == 0 else "smoke failed"
+    return finish(0 if code == 0 else EXIT_SMOKE)
+
+
+def results_md(result: dict[str, Any]) -> str:
+    gpus = result.get("gpus") or []
+    lines = [
+        f"# gpu-smoke, {result['when']}",
+        "",
+        f"- verdict: **{result['verdict']}**" + (" (dry run on a CPU)" if result.get("dry_run") else ""),
+        "- GPUs: " + ("; ".join(f"{g['name']} ({g['capability']}, driver {g['driver']})" for g in gpus) or "none"),
+        f"- host: {result['host']['cpus']} CPUs, Python {result['host']['python']}",
+    ]
+    if "build" in result:
+        lines.append(f"- llama-server build: {result['build']['seconds']} s, CUDA arch {result['build']['cuda_arch']}")
+    smoke = result.get("smoke") or {}
+    if smoke.get("classes"):
+        lines += ["", "| class | passed | TTFT p99 ms | ITL p99 ms |", "| --- | --- | ---: | ---: |"]
+        for name, c in smoke["classes"].items():
+            lines.append(f"| {name} | {c.get('passed')} | {c.get('ttft_p99_ms')} | {c.get('itl_p99_ms')} |")
+    offload = result.get("offload") or {}
+    if offload:
+        lines += ["", "Offload, from the replicas' logs:"]
+        lines += [f"- {log}: {'; '.join(found) or 'no offload line found'}" for log, found in offload.items()]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m builders.gpu_smoke", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="action", required=True)
+    prep = sub.add_parser("prepare", help="pack the llama.cpp tree and the wheels a GPU host lacks (needs PyPI)")
+    prep.add_argument("--bundle", type=Path, default=BUNDLE)
+    go = sub.add_parser("run", help="build llama-server with CUDA and smoke the router stack on the GPU")
+    go.add_argument("--bundle", type=Path, default=BUNDLE)
+    go.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or ROOT / "reports" / "gpu-smoke"))
+    go.add_argument("--work", type=Path, default=Path(os.environ.get("FORGE_CACHE") or "/tmp") / "gpu-smoke-work")
+    go.add_argument("--budget", type=float, default=570.0, help="seconds for the whole run (default 570)")
+    go.add_argument("--smoke-reserve", type=float, default=150.0, help="seconds kept from the build for the smoke")
+    go.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    go.add_argument("--dry-run", action="store_true", help="on a CPU: the CPU build of the same tree, no offload")
+    args = parser.parse_args(argv)
+    if args.action == "prepare":
+        manifest = prepare(args.bundle)
+        print(f"forge: {args.bundle}: {manifest['bytes'] / 2**20:.1f} MiB ({manifest['tree_files']} files, wheels "
+              f"{', '.join(manifest['wheels'])})")  # fmt: skip
+        return 0
+    if args.budget <= args.smoke_reserve or args.jobs < 1:
+        parser.error("--budget must exceed --smoke-reserve, and --jobs be 1 or more")
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
