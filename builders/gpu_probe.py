@@ -24,6 +24,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -311,14 +312,17 @@ class Options:
     cuobjdump: str | None
     out: Path
     jobs: int
+    work: Path
 
 
 def run_probe(options: Options, say: Any = print) -> dict[str, Any]:
     """Compile, read, and where there is a GPU, run; the result as the JSON written to options.out."""
     started = time.monotonic()
     archs, archs_from = image_archs(options.image_archs)
-    work = options.out / "variants"
+    # The fatbins go apart from the result: a device command brings back few files.
+    work = options.work
     work.mkdir(parents=True, exist_ok=True)
+    options.out.mkdir(parents=True, exist_ok=True)
     cache = wheel_cache(ROOT)
     nvcc = find_tool("nvcc", options.nvcc)
     nvcc_source = str(nvcc) if nvcc else "PyPI nvidia-cuda-nvcc 13.0.88"
@@ -451,7 +455,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=Path,
         default=Path(os.environ.get("OUT") or "reports/gpu-probe"),
         metavar="DIR",
-        help="where the fatbins and probe.json go (default: $OUT, else reports/gpu-probe)",
+        help="where probe.json goes (default: $OUT, else reports/gpu-probe)",
+    )
+    p.add_argument(
+        "--work",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "forge-gpu-probe",
+        metavar="DIR",
+        help="where the kernel source and its fatbins go (default: the temporary folder's forge-gpu-probe)",
     )
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="nvcc compiles at once (default: CPUs)")
 
@@ -460,7 +471,12 @@ def command(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         raise UsageError(f"--jobs {args.jobs}: give 1 or more")
     options = Options(
-        image_archs=args.image_archs, nvcc=args.nvcc, cuobjdump=args.cuobjdump, out=args.out, jobs=args.jobs
+        image_archs=args.image_archs,
+        nvcc=args.nvcc,
+        cuobjdump=args.cuobjdump,
+        out=args.out,
+        jobs=args.jobs,
+        work=args.work,
     )
     try:
         result = run_probe(options)

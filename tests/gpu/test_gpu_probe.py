@@ -65,10 +65,13 @@ def test_pypi_nvcc_compiles_cuobjdump_reads_and_no_gpu_is_exit_9(
 ) -> None:
     nvcc = nvcc_from_pypi(wheel_cache(ROOT))
     out = tmp_path / "probe"
-    code = main(["gpu", "probe", "--image-archs", "8.0 9.0a 10.0f", "--nvcc", str(nvcc), "--out", str(out)])
+    argv = ["gpu", "probe", "--image-archs", "8.0 9.0a 10.0f", "--nvcc", str(nvcc), "--out", str(out)]
+    code = main([*argv, "--work", str(tmp_path / "work")])
     err = capsys.readouterr().err
     assert code == 9, err
     assert "cannot evaluate without a GPU" in err and "libcuda.so.1" in err
+    assert [p.name for p in out.iterdir()] == ["probe.json"]
+    assert len(list((tmp_path / "work").glob("*.fatbin"))) == 6
     result = json.loads((out / "probe.json").read_text())
     assert result["verdict"] == "not evaluated" and result["nvcc"]["release"] == "13.0"
     read = {v["variant"]: (v["error"], v["read"]) for v in result["variants"]}
