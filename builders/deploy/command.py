@@ -15,7 +15,7 @@ from builders.config.project import find_root
 from builders.config.types import INT32_MAX
 from builders.deploy.manifests import DeployOptions, GpuPlacement, Object, check_image, kustomization, render
 from builders.errors import UsageError
-from builders.gpu_image import LabelsRead, image_facts, image_facts_from_labels, read_image_labels
+from builders.gpu_image import ImageFacts, LabelsRead, image_facts, image_facts_from_labels, read_image_labels
 from builders.output import output_dir, write_output
 from builders.preflight.gpu_gate import add_gpu_gate_args, gate_from_args
 from builders.smoke.profile import load_profile
@@ -161,6 +161,7 @@ def _labels_of(args: argparse.Namespace) -> Callable[[str], Mapping[str, str]]:
 def gpu_placement(args: argparse.Namespace, image: LabelsRead | None) -> GpuPlacement | None:
     """A GPU image's placement, from --image-archs, else its labels; --gpus alone marks it a GPU image of unknown
     archs (GPUs requested, no compute affinity)."""
+    facts: ImageFacts | None
     if args.image_archs:
         facts = image_facts(args.image_archs)
     elif image is not None and image.labels is not None:

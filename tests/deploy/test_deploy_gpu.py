@@ -5,6 +5,7 @@ and a CPU image's objects are what they were, GPU fields apart."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from builders.deploy.manifests import (
     NCCL_SHM_MIB_PER_GPU,
     DeployOptions,
     GpuPlacement,
+    Network,
     gpu_node_terms,
     render,
 )
@@ -126,14 +128,14 @@ def _strip_gpu(objects: list[dict[str, Any]], gpus: dict[str, int]) -> list[dict
 
 
 @pytest.mark.parametrize("network", ["cluster", "host"])
-def test_a_cpu_render_is_the_gpu_render_without_its_gpu_fields(network: str) -> None:
+def test_a_cpu_render_is_the_gpu_render_without_its_gpu_fields(network: Network) -> None:
     profile, path = load_profile("split", root=ROOT)
-    base = {"image": DIGEST, "router_image": ROUTER, "network": network}
-    if network == "host":
-        base["router_replicas"] = 1
-    cpu = render(profile, str(path), DeployOptions(**base))  # type: ignore[arg-type]
+    base = DeployOptions(
+        image=DIGEST, router_image=ROUTER, network=network, router_replicas=1 if network == "host" else 2
+    )
+    cpu = render(profile, str(path), base)
     placement = GpuPlacement(libraries=tuple(wheel_libraries()), cuda=CudaVersion(13, 0))
-    gpu = render(profile, str(path), DeployOptions(**base, gpu=placement))  # type: ignore[arg-type]
+    gpu = render(profile, str(path), dataclasses.replace(base, gpu=placement))
     stripped = _strip_gpu(gpu.objects(), {name: 1 for name in profile.pools})
     plain = copy.deepcopy(cpu.objects())
     for obj in plain:

@@ -37,7 +37,7 @@ def test_arch_lists_keep_their_suffixes() -> None:
 
 def built(kind: str, arch: Arch) -> Built:
     variant = Variant(arch=arch, kind=kind)  # type: ignore[arg-type]
-    read = LibraryArchs(library=variant.name, **{kind: frozenset({arch})})  # type: ignore[arg-type]
+    read = LibraryArchs(library=variant.name, **{kind: frozenset({arch})})
     return Built(variant=variant, read=read)
 
 
