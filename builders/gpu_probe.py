@@ -260,7 +260,9 @@ class DriverApi:
             if rc != 0:
                 return False, f"cuLaunchKernel: {self.error(rc)}"
             host = (ctypes.c_uint32 * THREADS)()
-            self.check(lib.cuMemcpyDtoH_v2(host, buffer, ctypes.c_size_t(size)), "cuMemcpyDtoH")
+            self.check(
+                lib.cuMemcpyDtoH_v2(ctypes.cast(host, ctypes.c_void_p), buffer, ctypes.c_size_t(size)), "cuMemcpyDtoH"
+            )
             wrong = [i for i in range(THREADS) if host[i] != MAGIC + i]
             if wrong:
                 return False, f"ran, but {len(wrong)} of {THREADS} threads wrote the wrong value"

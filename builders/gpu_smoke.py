@@ -226,7 +226,7 @@ def cmake_options(env: dict[str, str]) -> dict[str, str]:
 
 def build_server(
     bundle: Path, work: Path, *, arch: str | None, jobs: int, timeout: float, env: dict[str, str], say: Log
-) -> tuple[Path | None, float]:
+) -> tuple[Path | None, float, int]:
     """llama-server from the bundle's tree: with CUDA for `arch` (90 for 9.0), or the CPU build when arch is None.
     The build folder is kept: a second run only relinks."""
     src = work / "src"
@@ -254,7 +254,7 @@ def build_server(
         )
     seconds = time.monotonic() - started
     binary = build / "bin" / "llama-server"
-    return (binary if code == 0 and binary.is_file() else None), seconds
+    return (binary if code == 0 and binary.is_file() else None), seconds, code
 
 
 def write_profile(work: Path, *, gpus: int) -> Path:
@@ -272,6 +272,51 @@ def write_profile(work: Path, *, gpus: int) -> Path:
     path = work / "gpu-llama.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return path
+
+
+def class_rows(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each class of the smoke report's main traffic run: requests, errors, p99s, its gate."""
+    classes = ((report.get("traffic") or {}).get("main") or {}).get("classes") or {}
+    return {
+        name: {
+            "pool": c.get("pool"),
+            "requests": c.get("requests"),
+            "errors": c.get("errors"),
+            "ttft_p99_ms": (c.get("ttft_ms") or {}).get("p99"),
+            "itl_p99_ms": (c.get("itl_ms") or {}).get("p99"),
+            "passed": c.get("gate_passed"),
+        }
+        for name, c in classes.items()
+        if isinstance(c, dict)
+    }
+
+
+class GpuProcesses:
+    """nvidia-smi's compute processes, sampled each second until stopped: the largest GPU memory each held."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, int] = {}
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+        self.thread.start()
+
+    def _poll(self) -> None:
+        query = ["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader,nounits"]
+        while not self.done.wait(1.0):
+            try:
+                out = subprocess.run(query, capture_output=True, text=True, timeout=10, check=False).stdout
+            except (OSError, subprocess.SubprocessError):
+                continue
+            for line in out.strip().splitlines():
+                parts = [p.strip() for p in line.split(",")]
+                if len(parts) == 3 and parts[2].isdigit():
+                    key = f"{parts[0]} {Path(parts[1]).name}"
+                    self.seen[key] = max(self.seen.get(key, 0), int(parts[2]))
+
+    def stop(self) -> dict[str, int]:
+        self.done.set()
+        self.thread.join(timeout=15)
+        return {key: mib for key, mib in sorted(self.seen.items())}
 
 
 def offload_evidence(report_dir: Path) -> dict[str, list[str]]:
@@ -330,10 +375,16 @@ def run(args: argparse.Namespace) -> int:
     say(f"router relay: {result['router_relay']}")
     arch = None if args.dry_run else gpus[0]["capability"].replace(".", "")
     build_budget = args.budget - (time.monotonic() - started) - args.smoke_reserve
-    binary, build_s = build_server(bundle, work, arch=arch, jobs=args.jobs, timeout=build_budget, env=env, say=say)
+    binary, build_s, build_code = build_server(
+        bundle, work, arch=arch, jobs=args.jobs, timeout=build_budget, env=env, say=say
+    )
     result["build"] = {"seconds": round(build_s, 1), "cuda_arch": arch, "binary": str(binary) if binary else None}
     if binary is None:
-        result["verdict"] = "build failed"
+        # Past its share of the budget the build stops; its folder stays, and a run started again at once (while
+        # the machine is still the same) goes on from where it stopped.
+        timed_out = build_code == 124
+        result["build"]["timed_out"] = timed_out
+        result["verdict"] = "build ran out of time: run again to go on" if timed_out else "build failed"
         return finish(EXIT_BUILD)
     profile = write_profile(work, gpus=len(gpus))
     report = out / "smoke"
@@ -341,18 +392,17 @@ def run(args: argparse.Namespace) -> int:
            str(binary), "--report", str(report)]  # fmt: skip
     left = args.budget - (time.monotonic() - started) - 10
     say("smoke: " + " ".join(cmd))
+    # What the driver says runs on the GPUs meanwhile: the replicas' own evidence that they were offloaded.
+    sampler = GpuProcesses() if gpus else None
     code, lines = run_logged(cmd, say, timeout=left, env=env, cwd=ROOT)
     result["smoke"] = {"exit": code, "tail": lines[-40:]}
     reports = sorted(report.glob("*.json"))
     if reports:
-        data = json.loads(reports[-1].read_text())
-        result["smoke"]["classes"] = {
-            name: {k: c.get(k) for k in ("passed", "ttft_p99_ms", "itl_p99_ms", "error_rate", "requests")}
-            for name, c in (data.get("classes") or {}).items()
-            if isinstance(c, dict)
-        }
         result["smoke"]["report"] = str(reports[-1])
+        result["smoke"]["classes"] = class_rows(json.loads(reports[-1].read_text()))
     result["offload"] = offload_evidence(report)
+    if sampler is not None:
+        result["gpu_processes"] = sampler.stop()
     result["verdict"] = "passed" if code == 0 else "smoke failed"
     return finish(0 if code == 0 else EXIT_SMOKE)
 
@@ -370,9 +420,21 @@ def results_md(result: dict[str, Any]) -> str:
         lines.append(f"- llama-server build: {result['build']['seconds']} s, CUDA arch {result['build']['cuda_arch']}")
     smoke = result.get("smoke") or {}
     if smoke.get("classes"):
-        lines += ["", "| class | passed | TTFT p99 ms | ITL p99 ms |", "| --- | --- | ---: | ---: |"]
+        lines += [
+            "",
+            "| class | pool | requests | errors | TTFT p99 ms | ITL p99 ms | gate |",
+            "| --- | --- | ---: | ---: | ---: | ---: | --- |",
+        ]
         for name, c in smoke["classes"].items():
-            lines.append(f"| {name} | {c.get('passed')} | {c.get('ttft_p99_ms')} | {c.get('itl_p99_ms')} |")
+            gate = "pass" if c.get("passed") else "FAIL"
+            lines.append(
+                f"| {name} | {c.get('pool')} | {c.get('requests')} | {c.get('errors')} | {c.get('ttft_p99_ms')} "
+                f"| {c.get('itl_p99_ms')} | {gate} |"
+            )
+    processes = result.get("gpu_processes")
+    if processes is not None:
+        shown = "; ".join(f"{k}: {v} MiB" for k, v in processes.items()) or "none seen"
+        lines += ["", f"Processes on the GPU during the smoke (nvidia-smi, peak memory): {shown}"]
     offload = result.get("offload") or {}
     if offload:
         lines += ["", "Offload, from the replicas' logs:"]

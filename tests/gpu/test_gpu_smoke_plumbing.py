@@ -12,7 +12,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from builders.gpu_smoke import Log, pack_tree, run_logged, write_profile
+from builders.gpu_smoke import Log, class_rows, pack_tree, results_md, run_logged, write_profile
 from builders.smoke.profile import load_profile
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,3 +90,21 @@ def test_without_a_gpu_the_run_says_so_and_exits_9(tmp_path: Path) -> None:
     result = json.loads((out / "results.json").read_text())
     assert result["verdict"] == "not evaluated" and result["gpus"] == []
     assert "- GPUs: none" in (out / "results.md").read_text()
+
+
+def test_the_results_table_comes_from_the_smoke_report() -> None:
+    # Trimmed from the smoke report of the dry run of 2026-12-04 (CPU build, 2-core Xeon): traffic.main.classes.
+    report = json.loads((ROOT / "tests" / "gpu" / "data" / "gpu-smoke" / "dry-run-report.json").read_text())
+    rows = class_rows(report)
+    assert set(rows) == {"interactive", "rag", "long_prefill", "agent", "batch", "slow_stream"}
+    assert rows["slow_stream"] == {
+        "pool": "bulk",
+        "requests": 2,
+        "errors": 0,
+        "ttft_p99_ms": report["traffic"]["main"]["classes"]["slow_stream"]["ttft_ms"]["p99"],
+        "itl_p99_ms": report["traffic"]["main"]["classes"]["slow_stream"]["itl_ms"]["p99"],
+        "passed": True,
+    }
+    result = {"when": "t", "verdict": "passed", "dry_run": True, "host": {"cpus": 2, "python": "3.12"}, "gpus": []}
+    text = results_md({**result, "smoke": {"classes": rows}, "gpu_processes": {"4242 llama-server": 812}})
+    assert "| slow_stream | bulk | 2 | 0 |" in text and "4242 llama-server: 812 MiB" in text
