@@ -156,22 +156,22 @@ def run(args: argparse.Namespace) -> int:
             console=console,
         )
     console.print(render_table(report))
-    for name, why in report["failed_profiles"].items():
+    for name, why in report.failed_profiles.items():
         console.print(f"[red]profile {name} did not run:[/red] {why}")
-    if report["goal"] is not None:
-        console.print(f"work-conserving vs shared: {report['goal']}")
-    for line in claim_lines(report["claims"]):
+    if report.goal is not None:
+        console.print(f"work-conserving vs shared: {report.goal.as_json()}")
+    for line in claim_lines(report.claims or []):
         console.print(line)
     for line in summary_lines(report):
         console.print(line)
     console.print(f"report: {args.report / 'sweep.json'}")
     # A sweep where nothing ran is a failed sweep (exit 1, reasons above), not an overloaded one.
-    if report["profiles"] and not report["validity"]["valid"]:
+    if report.profiles and report.validity is not None and not report.validity.valid:
         raise SweepInvalid(
-            report["validity"]["why"],
+            report.validity.why,
             hint="run where the model fits (or lower sweep.load_fraction); do not read this table as a ranking",
         )
-    return 1 if report["failed_profiles"] else 0
+    return 1 if report.failed_profiles else 0
 
 
 @contextlib.contextmanager

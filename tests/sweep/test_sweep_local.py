@@ -70,7 +70,7 @@ def test_a_short_sweep_writes_table_json_and_plots_for_each_profile(tmp_path: Pa
         router=router,
         console=Console(stderr=True, width=160),
     )
-    assert report["failed_profiles"] == {}
+    assert report.failed_profiles == {}
     # vLLM kept what its registry learnt of the model class where every later replica looks for it, instead of
     # in each replica's own home.
     assert list((cache / "modelinfos").glob("*.json")), sorted(str(p) for p in cache.rglob("*"))

@@ -16,10 +16,12 @@ from sweep_records import streamed
 
 from builders.router.classes import RequestClass
 from builders.smoke.plan import StackPlan
+from builders.smoke.report import ChecksRequested, SmokeReport
 from builders.smoke.stack import SmokeOptions, traffic_plan
 from builders.sweep import run as sweep_run
 from builders.sweep.definition import SweepSettings, load_sweep
 from builders.sweep.repeat import repetition_seed
+from builders.sweep.report_model import SweepReport
 from builders.traffic.results import TrafficResult
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,11 +37,19 @@ class StandIn:
     router_runtime_factory: Any
     console: Console
     before_traffic: Any
-    report: dict[str, Any] = field(default_factory=dict)
     results: dict[str, TrafficResult] = field(default_factory=dict)
     running: str | None = None
 
-    def execute(self) -> dict[str, Any]:
+    def __post_init__(self) -> None:
+        self.report = SmokeReport(
+            run_id="standin",
+            profile=self.options.profile.name,
+            profile_file=str(self.options.profile_path),
+            started_at="2026-01-01T00:00:00+00:00",
+            checks_requested=ChecksRequested(slow_clients=False, kill_replica=False),
+        )
+
+    def execute(self) -> SmokeReport:
         profile = self.options.profile
         plan = self.before_traffic(cast(StackPlan, None), "key", traffic_plan(profile, "test"))
         ran.append((profile.name, plan.seed))
@@ -102,3 +112,5 @@ def test_a_repeated_sweep_interleaves_reseeds_and_records_load(tmp_path: Path, m
     assert verdicts["shared fails the interactive gate"] == "holds"
     assert list(verdicts.values()).count("not run") == 2  # prefix-affinity is not in this sweep
     assert "## Claims" in (tmp_path / "sweep.md").read_text(encoding="utf-8")
+    # The file run_sweep wrote reads back through its model, the claims' figures included.
+    assert SweepReport.read(tmp_path / "sweep.json").as_json() == written
