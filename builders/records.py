@@ -45,15 +45,15 @@ class Record(BaseModel):
                     del data[key]
         return data
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> dict[str, object]:
         """The JSON value, keys as the report spells them."""
-        data: dict[str, Any] = self.model_dump(mode="json", by_alias=True)
+        data: dict[str, object] = self.model_dump(mode="json", by_alias=True)
         return data
 
     def to_json(self) -> str:
         return json.dumps(self.as_json(), indent=2)
 
-    def write(self, path: Path) -> Path:
+    def save(self, path: Path) -> Path:
         """Staged beside its final name, then renamed in place: a reader, or a signal that ends the process, never
         finds half a report."""
         return write_text(path, self.to_json() + "\n")

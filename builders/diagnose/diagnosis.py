@@ -46,7 +46,6 @@ import textwrap
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -119,9 +118,10 @@ class Diagnosis(BaseModel):
         description="With cannot_tell_apart, the categories the answer could be; `category` is the first.",
     )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """Plain JSON-ready data, the shape `forge diagnose --json` prints and build reports store."""
-        return self.model_dump(mode="json")
+        data: dict[str, object] = self.model_dump(mode="json")
+        return data
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, ensure_ascii=False)

@@ -178,6 +178,6 @@ def smoke_endpoint(options: EndpointOptions, console: Console) -> EndpointReport
         report.duration_s = round(time.time() - started, 1)
         if options.report_dir is not None:
             path = options.report_dir / f"smoke-endpoint-{profile.name}-{run_id}.json"
-            report.write(path)
+            report.save(path)
             report.report_file = str(path)
     return report

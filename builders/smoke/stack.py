@@ -620,7 +620,7 @@ class SmokeRun:
         if self.options.report_dir is not None:
             path = self.options.report_dir / f"smoke-{self.options.profile.name}-{self.run_id}.json"
             self.report.report_file = str(path)
-            self.report.write(path)
+            self.report.save(path)
             if not quiet:
                 self.say(f"report: {path}")
 

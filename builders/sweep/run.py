@@ -295,7 +295,7 @@ class SweepRun:
         report.ended_in_phase = self.current.running if self.current is not None else None
 
     def write_report(self) -> None:
-        self.report.write(self.path)
+        self.report.save(self.path)
 
     def teardown(self, error: BaseException | None) -> None:
         """Nothing of its own: each profile run stopped its stack when it ended."""

@@ -54,8 +54,8 @@ def test_router_image_builds_tests_and_tags(project: Project, engine: Engine, tm
     )
     try:
         assert report.result == "succeeded"
-        assert report.builder["name"] in {"buildkit", "legacy"}
-        assert all(t["ok"] for t in report.tests) and report.tests
+        assert report.builder is not None and report.builder.name in {"buildkit", "legacy"}
+        assert all(t.ok for t in report.tests) and report.tests
         info = engine.image_info(tag)
         assert info.labels["dev.forge.recipe"] == "router"
         assert info.labels["dev.forge.distro"] == "debian-12"

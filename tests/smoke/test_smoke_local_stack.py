@@ -52,7 +52,7 @@ def test_ci_profile_passes_with_the_slow_client_check_and_leaves_nothing(tmp_pat
         check_slow_clients=True,
     )
     run = local_run(options, binary)
-    report = run.execute().as_json()
+    report = json.loads(run.execute().to_json())
 
     assert report["gates"] == {"passed": True, "failures": []}
     assert report["checks"]["slow_clients"]["passed"]
@@ -114,13 +114,13 @@ def test_the_slow_client_check_fails_when_slow_readers_hold_the_router_s_shared_
     run = local_run(options, binary)
     with pytest.raises(SmokeFailed):
         run.execute()
-    check = run.report.as_json()["checks"]["slow_clients"]
+    check = json.loads(run.report.to_json())["checks"]["slow_clients"]
     assert not check["passed"]
     row = check["classes"]["interactive"]["ttft_p99_ms"]
     # Waiting for a connection a slow reader holds (1.8 and 2.4 s in two runs here), against ~20-35 ms.
     assert row["with_slow"] > row["bound"], check
     assert any(line.startswith("interactive ttft_p99_ms") for line in check["failures"]), check["failures"]
-    assert run.report.as_json()["teardown"]["clean"] is True
+    assert json.loads(run.report.to_json())["teardown"]["clean"] is True
 
 
 @pytest.mark.timeout(300)
@@ -143,8 +143,8 @@ def test_a_replica_that_dies_at_startup_fails_the_run_with_its_log(tmp_path: Pat
         run.execute()
     assert "exited before it answered" in caught.value.message
     assert "last log lines" in caught.value.message
-    assert run.report.as_json()["teardown"]["clean"] is True
-    logs = Path(run.report.as_json()["logs_dir"])
+    assert json.loads(run.report.to_json())["teardown"]["clean"] is True
+    logs = Path(json.loads(run.report.to_json())["logs_dir"])
     assert any(p.read_text(encoding="utf-8") for p in logs.glob("*.log"))
     assert processes_mentioning(f"forge-smoke-{run.run_id}") == []
 
