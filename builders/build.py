@@ -48,13 +48,13 @@ from builders.report import (
     BaseRecord,
     BuilderRecord,
     BuildReport,
+    CheckRecord,
     EngineRecord,
     FetchedSourceRecord,
     ImageRecord,
     PlatformRecord,
     PreflightSkipped,
     SourceRecord,
-    TestRecord,
     TorchRecord,
 )
 from builders.repro.integration import lock_phase, sbom_phase
@@ -488,7 +488,7 @@ def _test(ctx: Context) -> None:
         checks = run_checks(ctx.engine, ctx.image_id, ctx.plan)
     if ctx.target.cuda and ctx.target.from_wheelhouse:
         checks += run_gpu_wheel_checks(ctx.engine, ctx.image_id, ctx.plan)
-    ctx.report.tests = [TestRecord.model_validate(c.as_report()) for c in checks]
+    ctx.report.tests = [CheckRecord.model_validate(c.as_report()) for c in checks]
     for entry in ctx.report.tests:
         ctx.log.info(f"test {entry.name}: {entry.status_text()}")
     imported = next((c for c in checks if c.name == "import-vllm" and c.ok), None)

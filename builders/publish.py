@@ -86,7 +86,10 @@ def load_report(report_dir: Path) -> BuildReport:
     try:
         return BuildReport.read(path)
     except ReportInvalid as exc:
-        raise PushRefused(f"not a build report Forge wrote: {exc.message}", hint=exc.hint) from None
+        raise PushRefused(
+            f"not a build report Forge wrote: {exc.message}",
+            hint="build it again (`forge build DISTRO TARGET`): a report edited by hand proves nothing",
+        ) from None
 
 
 def proven(engine: Engine, report_dir: Path, platform: Platform) -> Proven:

@@ -17,6 +17,7 @@ from pydantic import BeforeValidator, Field, SerializerFunctionWrapHandler, Wrap
 
 from builders import interrupt
 from builders.diagnose.diagnosis import Diagnosis
+from builders.engines.checks import CheckStatus
 from builders.errors import ForgeError, PreflightBlocked
 from builders.preflight.findings import PreflightReport
 from builders.records import Record, absent
@@ -116,14 +117,11 @@ class CheckData(Record):
     cuda_archs: dict[str, ArchList] = Field(description="each CUDA library's archs, read by cuobjdump")
 
 
-TestStatus = Literal["passed", "failed", "skipped"]
-
-
-class TestRecord(Record):
+class CheckRecord(Record):
     """One check of the test stage, run in the image just built."""
 
     name: str = Field(description="the check")
-    status: TestStatus = Field(description="skipped is neither passed nor failed")
+    status: CheckStatus = Field(description="skipped is neither passed nor failed")
     ok: bool = Field(description="false fails the build")
     detail: str = Field(description="what it found, or why it was skipped")
     seconds: float = Field(description="how long it took")
@@ -262,7 +260,7 @@ class BuildReport(Record):
     stage_seconds: dict[str, float] = Field(default_factory=dict, description="seconds per build stage")
     image: OrEmpty[ImageRecord] = Field(default=None, description="the image tagged; `{}` when none was")
     versions: dict[str, str] = Field(default_factory=dict, description="toolchain and package versions found")
-    tests: list[TestRecord] = Field(default_factory=list, description="the test stage's checks")
+    tests: list[CheckRecord] = Field(default_factory=list, description="the test stage's checks")
     preflight: PreflightReport | PreflightSkipped | None = Field(default=None, description="the gates' verdict")
     diagnosis: Diagnosis | None = Field(default=None, description="why a failed build or test stage failed")
     log: str | None = Field(default=None, description="the build log")

@@ -17,7 +17,7 @@ CheckStatus = Literal["passed", "failed", "skipped"]
 
 
 class CheckEntry(TypedDict):
-    """A check as the build report stores it (builders/report.TestRecord validates it there)."""
+    """A check as the build report stores it (builders/report.CheckRecord validates it there)."""
 
     name: str
     status: CheckStatus

@@ -314,8 +314,9 @@ def render_markdown(report: SweepReport) -> str:
     return text
 
 
-# A title font of 12 pt averages about a tenth of an inch per character: a title wraps at the figure's width.
-TITLE_CHARS_PER_INCH = 10
+# A title font of 12 pt averages about a tenth of an inch per character: a title wraps a little inside the
+# figure's width.
+TITLE_CHARS_PER_INCH = 9
 
 
 def wrapped(text: str, figure_width_in: float) -> str:
@@ -364,7 +365,7 @@ def ttft_cdf_figure(report: SweepReport) -> Figure:
 
 
 def goodput_figure(report: SweepReport) -> Figure:
-    """Good requests per class, one bar group per profile; the legend beside the bars, the title wrapped."""
+    """Good requests per class, one bar group per profile; the legend below the bars, the title wrapped."""
     from matplotlib.figure import Figure  # imported when a sweep draws: the CLI starts without it
 
     profiles = report.profiles
@@ -377,12 +378,12 @@ def goodput_figure(report: SweepReport) -> Figure:
         xs = [i + offset * bar for i in range(len(profiles))]
         ys = [row.goodput if (row := p.classes.get(class_name)) else 0.0 for p in profiles.values()]
         ax.bar(xs, ys, width=bar, label=class_name)
-    ax.set_xticks([i + 0.4 - bar / 2 for i in range(len(profiles))], list(profiles), rotation=15, ha="right")
+    ax.set_xticks([i + 0.4 - bar / 2 for i in range(len(profiles))], list(profiles), rotation=15)
     ax.set_ylabel("goodput (requests meeting their SLOs / sent)")
     ax.set_ylim(0, 1.05)
     ax.grid(True, axis="y", alpha=0.3)
     if classes:
-        fig.legend(loc="outside right upper", fontsize="small", title="class")
+        fig.legend(loc="outside lower center", ncol=min(len(classes), 6), fontsize="small")
     fig.suptitle(wrapped(f"Goodput per profile ({report.load})", width))
     return fig
 

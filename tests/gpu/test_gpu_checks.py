@@ -30,7 +30,7 @@ from builders.engines.vllm.image_tests import (
 )
 from builders.errors import EngineError
 from builders.plan import PlanOptions, make_plan
-from builders.report import TestRecord
+from builders.report import CheckRecord
 
 H200 = "GPU 0: NVIDIA H200 (UUID: GPU-5a0c0d2e-0000-0000-0000-000000000000)"
 
@@ -95,7 +95,7 @@ def test_without_a_gpu_the_check_is_skipped_and_says_so() -> None:
 
 def status_text(entry: object) -> str:
     """A report.tests entry as the build's log and summary read it."""
-    return TestRecord.model_validate(entry).status_text()
+    return CheckRecord.model_validate(entry).status_text()
 
 
 def test_status_lines_tell_skipped_from_passed() -> None:

@@ -13,6 +13,7 @@ from smoke_helpers import ROOT, free_base_port, interrupt_forge_smoke, local_vll
 from builders.cli import main
 from builders.errors import SmokeFailed
 from builders.smoke.profile import load_profile, profile_from_mapping
+from builders.smoke.report import SmokeReport
 from builders.smoke.runtimes import LocalReplicas, LocalRouter, ReplicaRuntime, RouterRuntime
 from builders.smoke.stack import SmokeOptions, SmokeRun
 
@@ -59,6 +60,7 @@ def test_ci_profile_passes_with_the_slow_client_check_and_leaves_nothing(tmp_pat
     assert "kill_replica" not in report["checks"]
     assert report["teardown"]["clean"] is True and report["teardown"]["leftovers"] == []
     written = json.loads(Path(report["report_file"]).read_text(encoding="utf-8"))
+    assert SmokeReport.read(Path(report["report_file"])).as_json() == written
     assert set(written["traffic"]) == {"main", "baseline_fast_readers"}
     assert set(written["traffic"]["main"]["classes"]) == {c.value for c in profile.classes}
     assert processes_mentioning(f"forge-smoke-{run.run_id}") == []

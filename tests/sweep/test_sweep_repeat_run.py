@@ -14,6 +14,7 @@ import pytest
 from rich.console import Console
 from sweep_records import streamed
 
+from builders.records import ReportInvalid
 from builders.router.classes import RequestClass
 from builders.smoke.plan import StackPlan
 from builders.smoke.report import ChecksRequested, SmokeReport
@@ -112,5 +113,13 @@ def test_a_repeated_sweep_interleaves_reseeds_and_records_load(tmp_path: Path, m
     assert verdicts["shared fails the interactive gate"] == "holds"
     assert list(verdicts.values()).count("not run") == 2  # prefix-affinity is not in this sweep
     assert "## Claims" in (tmp_path / "sweep.md").read_text(encoding="utf-8")
-    # The file run_sweep wrote reads back through its model, the claims' figures included.
+    # The file run_sweep wrote reads back through its model, the claims' figures included; an edited one is
+    # refused naming each field that is wrong.
     assert SweepReport.read(tmp_path / "sweep.json").as_json() == written
+    written["claims"][0]["verdict"] = "probably"
+    del written["aggregate"]["shared"]["classes"]["interactive"]["runs"]
+    (tmp_path / "sweep.json").write_text(json.dumps(written), encoding="utf-8")
+    with pytest.raises(ReportInvalid) as caught:
+        SweepReport.read(tmp_path / "sweep.json")
+    assert "sweep.json: claims.0.verdict: Input should be 'holds', 'does not hold'" in caught.value.message
+    assert "sweep.json: aggregate.shared.classes.interactive.runs: Field required" in caught.value.message

@@ -1,15 +1,19 @@
-"""The sweep report from real traffic records: rows, the goal's ratios, Markdown and the PNG plots."""
+"""The sweep report from real traffic records: rows, the goal's ratios, Markdown and the PNG plots, drawn so that
+their title and legend stay on the canvas and off the data."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+from matplotlib.figure import Figure
 from sweep_records import profile_run, repetition, streamed, sweep_of
 
 from builders.router.classes import RequestClass
 from builders.sweep.claims import judge
+from builders.sweep.definition import ORDER
 from builders.sweep.repeat import aggregate
-from builders.sweep.report import class_rows, compare_to, render_markdown, write_plots
+from builders.sweep.report import class_rows, compare_to, goodput_figure, render_markdown, ttft_cdf_figure, write_plots
 from builders.sweep.report_model import SweepReport
 from builders.traffic.plan import TrafficPlan
 from builders.traffic.results import TrafficResult
@@ -133,3 +137,63 @@ def test_a_single_run_keeps_its_table_and_adds_the_claims() -> None:
     after = render_markdown(report)
     assert after.startswith(before)
     assert "\n## Claims\n" in after and "shared fails the interactive gate: HOLDS" in after
+
+
+def full_sweep(names: list[str]) -> SweepReport:
+    """Every class measured, every request good: the bars reach the top of the axes, where a legend drawn
+    inside them would sit, and the load in the title is as long as the sweep's own."""
+    plan = TrafficPlan.model_validate(
+        {
+            "model": "m",
+            "max_model_len": 1024,
+            **{c.value: {"count": 4, "rate_per_s": 1.0, "max_tokens": 4} for c in RequestClass},
+        }
+    )
+    records = [streamed(c, i, 0.05 * (i + 1)) for c in RequestClass for i in range(4)]
+    rows = class_rows(TrafficResult.build(plan, records, wall_s=10.0, stopped_by="completed"))
+    load = (
+        "interactive 2/s, rag 0.5/s, long_prefill 0.25/s, agent 0.2/s, batch 0.1/s, slow_stream 0.2/s; "
+        "60 s, seed 11; 4 CPUs per profile"
+    )
+    return sweep_of({name: profile_run(rows) for name in names}, load=load)
+
+
+def drawn(figure: Figure) -> Figure:
+    """The figure laid out as savefig lays it out (constrained layout runs at draw time)."""
+    figure.draw_without_rendering()
+    return figure
+
+
+@pytest.mark.parametrize("names", [["shared", "work-conserving"], list(ORDER)], ids=["two-profiles", "seven"])
+def test_the_goodput_plot_keeps_title_and_legend_on_the_canvas_and_off_the_bars(names: list[str]) -> None:
+    figure = goodput_figure(full_sweep(names))
+    drawn(figure)
+    canvas = figure.bbox
+    (title,) = figure.texts
+    (legend,) = figure.legends
+    (axes,) = figure.axes
+    for artist in (title, legend, *axes.get_xticklabels(), axes.yaxis.label):
+        box = artist.get_window_extent()
+        assert canvas.x0 <= box.x0 and box.x1 <= canvas.x1 and canvas.y0 <= box.y0 and box.y1 <= canvas.y1, artist
+    bars = [bar.get_window_extent() for bar in axes.patches]
+    assert len(bars) == len(names) * len(RequestClass)
+    assert max(bar.y1 for bar in bars) > axes.get_window_extent().y1 * 0.9, "the bars reach the top"
+    legend_box = legend.get_window_extent()
+    assert not any(legend_box.overlaps(bar) for bar in bars)
+    assert not legend_box.overlaps(title.get_window_extent())
+
+
+def test_the_ttft_plot_keeps_its_legend_below_the_panels_and_every_profile_in_it() -> None:
+    figure = ttft_cdf_figure(full_sweep(list(ORDER)))
+    drawn(figure)
+    (title,) = figure.texts
+    (legend,) = figure.legends
+    canvas = figure.bbox
+    for artist in (title, legend):
+        box = artist.get_window_extent()
+        assert canvas.x0 <= box.x0 and box.x1 <= canvas.x1 and canvas.y0 <= box.y0 and box.y1 <= canvas.y1, artist
+    legend_box = legend.get_window_extent()
+    panels = [axes.get_window_extent() for axes in figure.axes if axes.get_visible() and axes.axison]
+    assert len(panels) == len(RequestClass)
+    assert not any(legend_box.overlaps(panel) for panel in panels)
+    assert [text.get_text() for text in legend.get_texts()] == list(ORDER)
