@@ -292,7 +292,13 @@ class SweepRun:
         report.result = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
         report.signal = ended_by_signal(error)
         report.ended_in = phase
-        report.ended_in_phase = self.current.running if self.current is not None else None
+        report.ended_in_phase = self._profile_phase()
+
+    def _profile_phase(self) -> str | None:
+        """The phase of the profile run under way that the run ended in; its report has it once it has ended (by
+        then its own teardown has run, so `running` says teardown)."""
+        run = self.current
+        return None if run is None else (run.report.ended_in or run.running)
 
     def write_report(self) -> None:
         self.report.save(self.path)
@@ -306,7 +312,7 @@ class SweepRun:
         report = self.report
         if report.result is None:
             report.result, report.signal, report.ended_in = "interrupted", interrupt.first_signal(), phase
-            report.ended_in_phase = self.current.running if self.current is not None else None
+            report.ended_in_phase = self._profile_phase()
         self.write_report()
 
 
@@ -357,8 +363,10 @@ def _run_profile(ctx: SweepRun, repetition: int, position: int) -> None:
             if "main" not in run.results:
                 report.failed_profiles.setdefault(profile.name, exc.message[:2000])
                 rep.failed[profile.name] = exc.message[:2000]
+                ctx.current = None
                 return
         break
+    ctx.current = None  # over: a later step that stops names no profile phase
     # Read once the run is over (its teardown included, seconds): the host's load as the traffic ended.
     ctx.loads["end"] = load_average()
     result = run.results["main"]

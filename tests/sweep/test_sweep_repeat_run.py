@@ -123,3 +123,43 @@ def test_a_repeated_sweep_interleaves_reseeds_and_records_load(tmp_path: Path, m
         SweepReport.read(tmp_path / "sweep.json")
     assert "sweep.json: claims.0.verdict: Input should be 'holds', 'does not hold'" in caught.value.message
     assert "sweep.json: aggregate.shared.classes.interactive.runs: Field required" in caught.value.message
+
+
+class Interrupted(StandIn):
+    """A profile run that Ctrl-C stops during its traffic, as SmokeRun records it in its own report."""
+
+    def execute(self) -> SmokeReport:
+        if self.options.profile.name != "class-aware":
+            return super().execute()
+        self.report.result, self.report.ended_in, self.running = "interrupted", "traffic", "teardown"
+        raise KeyboardInterrupt
+
+
+def test_an_interrupted_sweep_keeps_what_it_measured_and_names_the_profile_and_its_phase(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ran.clear()
+    monkeypatch.setattr(sweep_run, "SmokeRun", Interrupted)
+    monkeypatch.setattr(sweep_run, "load_average", lambda: 1.0)
+    with pytest.raises(KeyboardInterrupt):
+        sweep_run.run_sweep(
+            sweep_run.SweepOptions(
+                profiles=load_sweep(["shared", "class-aware", "slow-isolation"], root=ROOT),
+                report_dir=tmp_path,
+                plots=False,
+                settings=SweepSettings(calibrate=False),
+            ),
+            replicas=lambda *a: None,  # type: ignore[arg-type]
+            router=lambda *a: None,  # type: ignore[arg-type]
+            console=Console(file=io.StringIO()),
+        )
+    assert [name for name, _ in ran] == ["shared"]
+    report = SweepReport.read(tmp_path / "sweep.json")
+    assert (report.result, report.signal, report.ended_in, report.ended_in_phase) == (
+        "interrupted",
+        "SIGINT",
+        "class-aware",
+        "traffic",
+    )
+    assert list(report.profiles) == ["shared"] and report.claims is None and report.validity is None
+    assert not (tmp_path / "sweep.md").exists()
