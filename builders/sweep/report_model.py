@@ -165,11 +165,15 @@ class Sizing(Record):
     arrivals: dict[str, int] = Field(description="each open-loop class's arrivals in the window")
 
 
-class Measurement(Sizing):
-    """One calibration: the model measured, the replica's capacity, and the sizing it led to."""
-
+class _Measured(Record):
     model: ModelSizeRecord = Field(description="the model's size when measured")
     capacity: CapacityRecord = Field(description="what the replica did")
+
+
+# The model and capacity first, then the sizing's fields: a model's fields follow its bases from the last to the
+# first.
+class Measurement(Sizing, _Measured):
+    """One calibration: the model measured, the replica's capacity, and the sizing it led to."""
 
 
 class Resize(Record):

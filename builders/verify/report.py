@@ -22,14 +22,17 @@ class Images(Record):
     second: str = Field(description="the second build's image id")
 
 
-class ReproVerdict(Comparison):
-    """verify-repro got to its comparison."""
-
+class _Pair(Record):
     distro: str = Field(description="distro name")
     target: str = Field(description="target name")
     source_date_epoch: str | None = Field(description="SOURCE_DATE_EPOCH both builds were given")
     images: Images = Field(description="the two images compared")
     diffoscope: str | None = Field(description="diffoscope's output on the files that differ, when it is installed")
+
+
+# The pair's fields first, then the comparison's: a model's fields follow its bases from the last to the first.
+class ReproVerdict(Comparison, _Pair):
+    """verify-repro got to its comparison."""
 
 
 class ReproStopped(Record):
