@@ -27,6 +27,7 @@ from rich.console import Console  # noqa: E402
 
 from builders.engines.tiny_model import write_tiny_model  # noqa: E402
 from builders.smoke.profile import load_profile  # noqa: E402
+from builders.smoke.report import Gates  # noqa: E402
 from builders.smoke.runtimes import LocalReplicas, LocalRouter, ReplicaRuntime, RouterRuntime  # noqa: E402
 from builders.smoke.stack import RunningStack, SmokeOptions, SmokeRun  # noqa: E402
 from builders.traffic import TrafficPlan, run_traffic  # noqa: E402
@@ -92,7 +93,7 @@ class CrossCheck(SmokeRun):
             metric: {"p50": bench.get(f"p50_{metric}"), "p99": bench.get(f"p99_{metric}")}
             for metric in ("ttft_ms", "itl_ms", "tpot_ms")
         } | {"errors": self.requests - int(bench.get("completed", 0))}
-        self.report["gates"] = {"passed": True, "failures": []}
+        self.report.gates = Gates(passed=True, failures=[])
 
 
 def main() -> int:

@@ -17,7 +17,7 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypedDict
 
 from packaging.version import InvalidVersion, Version
 
@@ -52,6 +52,29 @@ def _version(text: str) -> Version | None:
         return Version(text)
     except InvalidVersion:
         return None
+
+
+class _ImageConfig(TypedDict, total=False):
+    Labels: dict[str, str] | None
+
+
+class _RootFs(TypedDict, total=False):
+    Layers: list[str]
+
+
+class PodmanImage(TypedDict, total=False):
+    """One image of `podman image inspect --format json`, as far as Forge reads it (Podman's JSON, not Forge's)."""
+
+    Id: str
+    RepoTags: list[str] | None
+    RepoDigests: list[str] | None
+    Size: int
+    Created: str
+    Os: str
+    Architecture: str
+    Labels: dict[str, str] | None
+    Config: _ImageConfig | None
+    RootFS: _RootFs | None
 
 
 def facts_from_info(info: dict[str, Any]) -> EngineFacts:
@@ -193,11 +216,11 @@ class PodmanEngine(Engine):
     def image_exists(self, ref: str) -> bool:
         return self._run("image", "exists", qualify(ref), check=False).returncode == 0
 
-    def _inspect(self, ref: str) -> dict[str, Any]:
+    def _inspect(self, ref: str) -> PodmanImage:
         proc = self._run("image", "inspect", "--format", "json", qualify(ref), check=False)
         if proc.returncode != 0:
             raise EngineError(f"image {ref!r} is not in the engine (podman: {qualify(ref)})")
-        found: list[dict[str, Any]] = json.loads(proc.stdout)
+        found: list[PodmanImage] = json.loads(proc.stdout)
         return found[0]
 
     def image_info(self, ref: str) -> ImageInfo:
@@ -208,7 +231,7 @@ class PodmanEngine(Engine):
             tags=tuple(attrs.get("RepoTags") or ()),
             digests=tuple(attrs.get("RepoDigests") or ()),
             size=int(attrs.get("Size", 0)),
-            labels=dict((attrs.get("Config") or {}).get("Labels") or attrs.get("Labels") or {}),
+            labels=dict((attrs.get("Config") or _ImageConfig()).get("Labels") or attrs.get("Labels") or {}),
             created=str(attrs.get("Created", "")),
         )
 
@@ -311,7 +334,7 @@ class PodmanEngine(Engine):
         return proc.stdout
 
     def rootfs_layers(self, ref: str) -> tuple[str, ...]:
-        return tuple(str(layer) for layer in (self._inspect(ref).get("RootFS") or {}).get("Layers") or ())
+        return tuple(str(layer) for layer in (self._inspect(ref).get("RootFS") or _RootFs()).get("Layers") or ())
 
     # --- containers ---------------------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import requests
 
@@ -23,6 +23,36 @@ OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 MANIFEST_TYPES = (OCI_INDEX, DOCKER_LIST, OCI_MANIFEST, DOCKER_MANIFEST)
 TIMEOUT = 60
+
+
+class Platform(TypedDict, total=False):
+    architecture: str
+    os: str
+    variant: str
+
+
+class Descriptor(TypedDict, total=False):
+    """A content descriptor of the OCI image spec (Docker's distribution spec writes the same keys)."""
+
+    mediaType: str
+    digest: str
+    size: int
+    platform: Platform
+    annotations: dict[str, str]
+    artifactType: str
+
+
+class Manifest(TypedDict, total=False):
+    """An image manifest, a manifest list or an index, as a registry serves it: the registry's JSON, not Forge's."""
+
+    schemaVersion: int
+    mediaType: str
+    artifactType: str
+    config: Descriptor
+    layers: list[Descriptor]
+    manifests: list[Descriptor]
+    subject: Descriptor
+    annotations: dict[str, str]
 
 
 class RegistryError(ForgeError):
@@ -165,7 +195,7 @@ class RegistryClient:
             raise RegistryError(f"HEAD {url}: the registry sent no Docker-Content-Digest header")
         return digest, resp.headers.get("Content-Type", ""), int(resp.headers.get("Content-Length", "0"))
 
-    def get_manifest(self, name: str, reference: str) -> tuple[dict[str, Any], str, str]:
+    def get_manifest(self, name: str, reference: str) -> tuple[Manifest, str, str]:
         """(manifest, media type, digest of the bytes as served)."""
         url = f"{self.base}/{name}/manifests/{reference}"
         resp = self._request("GET", url, headers={"Accept": ", ".join(MANIFEST_TYPES)})

@@ -17,7 +17,20 @@ ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
 LAYERS: list[tuple[str, set[str]]] = [
     (
         "foundations",
-        {"errors", "interrupt", "log", "output", "cpusets", "emulation", "gpu_archs", "locks", "redact", "input_files"},
+        {
+            "errors",
+            "interrupt",
+            "log",
+            "output",
+            "cpusets",
+            "emulation",
+            "gpu_archs",
+            "locks",
+            "redact",
+            "input_files",
+            "runs",
+            "records",
+        },
     ),
     ("config and data", {"config", "distros", "platforms", "target", "registry", "diagnose"}),
     ("container engines", {"container"}),
