@@ -231,8 +231,9 @@ def ci_matrix(session: nox.Session) -> None:
 
 @nox.session(python=False, name="bench-diagnose", default=False)
 def bench_diagnose(session: nox.Session) -> None:
-    """Diagnosis on tests/logs: per-category precision and recall, leave-one-source-out and leave-one-year-out."""
-    session.run("python", str(ROOT / "benchmarks" / "bench_diagnose.py"), *session.posargs, external=True)
+    """Diagnosis on tests/logs: per-category precision and recall, leave-one-source-out and leave-one-year-out;
+    the figures go to results/diagnosis.json."""
+    session.run("python", str(ROOT / "benchmarks" / "bench_diagnose.py"), "--save", *session.posargs, external=True)
 
 
 @nox.session(python=False, name="bench-preflight", default=False)
