@@ -265,8 +265,10 @@ def kvlab(session: nox.Session) -> None:
 @nox.session(python=False, name="kvlab-mutation", default=False)
 def kvlab_mutation(session: nox.Session) -> None:
     """mutmut over the KV lab's pool, kernels, layouts and store, a module at a time under a time limit: killed
-    share and survivors (reports/kvlab-mutation); fails below 90 % killed. Posargs: modules, --timeout, --children."""
-    session.run("python", "-m", "builders.kvlab.mutation", *session.posargs, external=True)
+    share and survivors (reports/kvlab-mutation, and results/kvlab-mutation.json when every module ran); fails
+    below 90 % killed. Posargs: modules, --timeout, --children."""
+    save = [] if set(session.posargs) & {"store", "kernel", "pool", "layouts", "--report-only"} else ["--save"]
+    session.run("python", "-m", "builders.kvlab.mutation", *save, *session.posargs, external=True)
 
 
 @nox.session(python=False, name="podman-smoke", default=False)

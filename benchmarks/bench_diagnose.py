@@ -337,7 +337,7 @@ def _line(summary: Summary) -> str:
 
 def result(figures: Figures, rules: int, watch: LoadWatch) -> Result:
     """The run as results/diagnosis.json: the corpus, each row's counts and shares, the reliability buckets."""
-    named: dict[str, Figure | tuple[float, str]] = {
+    named: dict[str, Figure | tuple[int | float, str]] = {
         "logs": (figures.logs, "count"),
         "public_logs": (figures.public_logs, "count"),
         "public_sources": (figures.public_sources, "count"),

@@ -67,7 +67,7 @@ class _Strict(BaseModel):
 class Figure(_Strict):
     """One named number."""
 
-    value: float = Field(description="the number, in `unit`")
+    value: int | float = Field(description="the number, in `unit`")
     unit: str = Field(
         description="s, ms, min, h (time); MB, GB, MiB, GiB (size); % or ratio (a share); × (a multiple); count; "
         "or another unit spelled out (requests/s)"
@@ -148,7 +148,7 @@ class Result(_Strict):
         name: str,
         *,
         command: str,
-        figures: Mapping[str, Figure | tuple[float, str]],
+        figures: Mapping[str, Figure | tuple[int | float, str]],
         versions: Mapping[str, str],
         load: LoadWatch | None = None,
         source: str = "",

@@ -25,14 +25,18 @@ import argparse
 import ast
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from importlib.metadata import version
 from pathlib import Path
 from typing import NamedTuple
+
+from builders.results import Figure, LoadWatch, Result
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULES = ("store", "kernel", "pool", "layouts")
@@ -650,6 +654,36 @@ def render(results: list[ModuleResult]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def save(results: list[ModuleResult], args: argparse.Namespace, watch: LoadWatch) -> Path:
+    """The run as results/kvlab-mutation.json: per module and in all, the raw, left-out and scored counts."""
+    figures: dict[str, Figure | tuple[int | float, str]] = {}
+    for r in [*results, None]:
+        prefix, counted = (r.module, [r]) if r else ("all", results)
+        total = score(counted)
+        figures |= {
+            f"{prefix}.mutants": (sum(x.total for x in counted), "count"),
+            f"{prefix}.checked": (total.checked, "count"),
+            f"{prefix}.raw_killed": (total.raw_killed, "count"),
+            f"{prefix}.raw_share": (round(total.raw_killed / max(1, total.checked), 4), "ratio"),
+            f"{prefix}.harness_excluded": (total.harness, "count"),
+            f"{prefix}.equivalent_excluded": (total.equivalent, "count"),
+            f"{prefix}.killed": (total.killed, "count"),
+            f"{prefix}.scored": (total.scored, "count"),
+            f"{prefix}.survived": (sum(len(x.survived) for x in counted), "count"),
+            f"{prefix}.score": (round(total.share, 4), "ratio"),
+            f"{prefix}.seconds": (round(sum(x.seconds for x in counted), 1), "s"),
+        }
+    return Result.capture(
+        "kvlab-mutation",
+        command=f"nox -s kvlab-mutation -- --children {args.children} --save",
+        figures=figures,
+        versions={"python": platform.python_version(), "mutmut": version("mutmut"), "numpy": version("numpy")},
+        load=watch,
+        source="reports/kvlab-mutation/summary.json",
+        note=f"--children {args.children}, --timeout {args.timeout:g} s per module",
+    ).save(ROOT)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("modules", nargs="*", default=list(MODULES), help=f"of {', '.join(MODULES)}")
@@ -662,7 +696,13 @@ def main(argv: list[str] | None = None) -> int:
         help="re-check only the kept run's survivors and unchecked mutants, with today's tests",
     )
     parser.add_argument("--report-only", action="store_true", help="only summarise the module results kept")
+    parser.add_argument(
+        "--save",
+        action="store_true",
+        help="write the score to results/kvlab-mutation.json (with every module run in this invocation)",
+    )
     args = parser.parse_args(argv)
+    watch = LoadWatch.start()
     unknown = [m for m in args.modules if m not in MODULES]
     if unknown:
         parser.error(f"unknown module(s) {', '.join(unknown)}; known: {', '.join(MODULES)}")
@@ -702,6 +742,11 @@ def main(argv: list[str] | None = None) -> int:
     summary = {"modules": [asdict(r) for r in results], "score": asdict(total) | {"share": total.share}}
     (report / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(text)
+    if args.save:
+        if args.report_only or sorted(args.modules) != sorted(MODULES):
+            print("kvlab-mutation: --save needs a run of every module in this invocation", file=sys.stderr)
+            return 2
+        print(f"kvlab-mutation: wrote {save(results, args, watch)}", file=sys.stderr)
     return 0 if total.checked and total.share >= args.min_killed else 1
 
 
