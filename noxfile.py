@@ -6,8 +6,10 @@ so `nox -s build-fedora-cpu` and `forge build fedora-44 cpu` are the same thing.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -19,6 +21,7 @@ ROOT = Path(__file__).parent
 sys.path.insert(0, str(ROOT))
 
 from builders.config import Project  # noqa: E402
+from builders.results import Figure, LoadWatch, Result  # noqa: E402
 from builders.target import Target  # noqa: E402
 
 # `nox` alone is the quick run: no root, no apt, no engine, minutes. `nox -s suite` is the full one CI runs.
@@ -57,8 +60,49 @@ def _smoke_session(distro: str, target: str) -> None:
     nox.session(name=f"smoke-{distro}-{target}", python=False, default=False)(session_fn)
 
 
+def _sweep_result(report_dir: Path, name: str, image: str, command: str, watch: LoadWatch) -> Path:
+    """A finished sweep's report as results/NAME.json: per profile the medians over the valid repetitions (class
+    gates passed, mean goodput, each class's TTFT/ITL p99 and goodput) and the replicas' time to health."""
+    report = json.loads((report_dir / "sweep.json").read_text(encoding="utf-8"))
+    units = {"ttft_p99_ms": "ms", "itl_p99_ms": "ms", "goodput": "ratio"}
+    figures: dict[str, Figure | tuple[int | float, str]] = {}
+    for profile, agg in (report.get("aggregate") or {}).items():
+        for key, unit in (("gates_passed", "count"), ("mean_goodput", "ratio")):
+            if agg[key]["median"] is not None:
+                figures[f"{profile}.{key}"] = (agg[key]["median"], unit)
+        for cls, metrics in agg["classes"].items():
+            for metric, unit in units.items():
+                if metrics[metric]["median"] is not None:
+                    figures[f"{profile}.{cls}.{metric}"] = (metrics[metric]["median"], unit)
+            figures[f"{profile}.{cls}.gate_passes"] = (metrics["gate_passes"], "count")
+    healthy = sorted(
+        replica["healthy_after_s"]
+        for repetition in report.get("repetitions") or []
+        for run in (repetition.get("profiles") or {}).values()
+        for replica in ((run.get("startup") or {}).get("replicas") or {}).values()
+        if replica.get("healthy_after_s") is not None
+    )
+    if healthy:
+        figures |= {
+            "startup.healthy_median": (round(statistics.median(healthy), 1), "s"),
+            "startup.healthy_min": (round(healthy[0], 1), "s"),
+            "startup.healthy_max": (round(healthy[-1], 1), "s"),
+            "startup.replica_starts": (len(healthy), "count"),
+        }
+    figures["valid_repetitions"] = (sum(bool(r.get("valid", True)) for r in report.get("repetitions") or []), "count")
+    return Result.capture(
+        name,
+        command=command,
+        figures=figures,
+        versions={"image": image, "dtype": str((report.get("dtype") or {}).get("dtype", ""))},
+        load=watch,
+        source=str((report_dir / "sweep.json").relative_to(ROOT)),
+    ).save(ROOT)
+
+
 def _sweep_session(distro: str, target: str) -> None:
     def session_fn(session: nox.Session) -> None:
+        watch = LoadWatch.start()
         session.run(
             "forge",
             "sweep",
@@ -73,8 +117,20 @@ def _sweep_session(distro: str, target: str) -> None:
             *session.posargs,
             external=True,
         )
+        command = f"nox -s sweep-{distro}-{target} " + " ".join(["--", *session.posargs] if session.posargs else [])
+        saved = _sweep_result(
+            ROOT / "reports" / f"sweep-{distro}-{target}",
+            f"sweep-{distro}-{target}",
+            f"forge/{distro}-{target}:latest",
+            command.strip(),
+            watch,
+        )
+        session.log(f"wrote {saved}")
 
-    session_fn.__doc__ = f"Run the serving sweep (profiles/sweep/) on the {distro} {target} image, three times: medians, spreads, the claims."
+    session_fn.__doc__ = (
+        f"Run the serving sweep (profiles/sweep/) on the {distro} {target} image, three times: medians, spreads, "
+        f"the claims; the figures go to results/sweep-{distro}-{target}.json."
+    )
     nox.session(name=f"sweep-{distro}-{target}", python=False, default=False)(session_fn)
 
 
@@ -244,15 +300,16 @@ def bench_preflight(session: nox.Session) -> None:
 
 @nox.session(python=False, name="bench-router", default=False)
 def bench_router(session: nox.Session) -> None:
-    """CPU per request and added TTFT of Forge's router, vllm-router and sglang-router vs a direct connection."""
-    session.run("python", str(ROOT / "benchmarks" / "bench_router.py"), *session.posargs, external=True)
+    """CPU per request and added TTFT of Forge's router, vllm-router and sglang-router vs a direct connection;
+    the figures go to results/router-bench.json (`-- --save NAME` for another name)."""
+    session.run("python", str(ROOT / "benchmarks" / "bench_router.py"), "--save", *session.posargs, external=True)
 
 
 @nox.session(python=False, name="bench-rebuild", default=False)
 def bench_rebuild(session: nox.Session) -> None:
     """The dev loop on a real vLLM tree: cold, no change, a Python line, a csrc/cpu/ line, a requirement edit
     (an hour or more: the cold build compiles all of vLLM's CPU kernels)."""
-    session.run("python", str(ROOT / "benchmarks" / "bench_rebuild.py"), *session.posargs, external=True)
+    session.run("python", str(ROOT / "benchmarks" / "bench_rebuild.py"), "--save", *session.posargs, external=True)
 
 
 @nox.session(python=False, default=False)
