@@ -312,11 +312,42 @@ def bench_rebuild(session: nox.Session) -> None:
     session.run("python", str(ROOT / "benchmarks" / "bench_rebuild.py"), "--save", *session.posargs, external=True)
 
 
+def _rank_result(report_dir: Path, command: str, watch: LoadWatch) -> Path:
+    """`forge kvlab rank`'s rank.json as results/kvlab-rank.json: each layout's place, score and criteria (bytes
+    and indirections, the same on any machine) and its CPU ms per step at the longest context (not)."""
+    rank = json.loads((report_dir / "rank.json").read_text(encoding="utf-8"))
+    units = {"metadata": ("B", 1), "kv_read": ("MiB", 2**20), "indirections": ("count", 1)}
+    figures: dict[str, Figure | tuple[int | float, str]] = {}
+    for row in rank["rank"]:
+        layout = row["layout"]
+        figures[f"{layout}.place"] = (row["place"] or 0, "count")
+        figures[f"{layout}.score"] = (row["score"], "count")
+        figures[f"{layout}.ms_at_longest"] = (round(row["ms_at_longest"], 2), "ms")
+        for key, value in row["values"].items():
+            unit, scale = units.get(key, ("", 1))
+            figures[f"{layout}.{key}"] = (round(value / scale, 2), unit or "count")
+    return Result.capture(
+        "kvlab-rank",
+        command=command,
+        figures=figures,
+        versions={"host": rank.get("host", "")},
+        load=watch,
+        source=str((report_dir / "rank.json").relative_to(ROOT)),
+        note="ms are the process's CPU time of the fastest decode step (NumPy): they move with the host and its load; "
+        "bytes, indirections, ranks and places do not",
+    ).save(ROOT)
+
+
 @nox.session(python=False, default=False)
 def kvlab(session: nox.Session) -> None:
-    """The Hybrid KV lab: every oracle case and planted bug, then the layouts ranked for profiling (reports/kvlab)."""
+    """The Hybrid KV lab: every oracle case and planted bug, then the layouts ranked for profiling (reports/kvlab);
+    the ranking goes to results/kvlab-rank.json."""
     session.run("forge", "kvlab", "check", "--mutants", external=True)
+    watch = LoadWatch.start()
     session.run("forge", "kvlab", "rank", "--report", str(ROOT / "reports" / "kvlab"), *session.posargs, external=True)
+    if "--quick" not in session.posargs and "cuda" not in session.posargs:
+        command = "nox -s kvlab" + (" -- " + " ".join(session.posargs) if session.posargs else "")
+        session.log(f"wrote {_rank_result(ROOT / 'reports' / 'kvlab', command, watch)}")
 
 
 @nox.session(python=False, name="kvlab-mutation", default=False)
