@@ -156,14 +156,14 @@ class Result(_Strict):
         root: Path | None = None,
     ) -> Result:
         """A result measured now, on this host: date, commit, machine and load are read here. `load`: the watch
-        started before the run (without one, only the load at the end is known). `source`: where the run's raw
-        report went (reports/…)."""
+        started before the run, which also holds the commit the run started from (without one, only the load at
+        the end is known, and the commit is read now). `source`: where the run's raw report went (reports/…)."""
         here = root or Path(__file__).resolve().parents[1]
         before, peak = load.stop() if load is not None else (None, None)
         return cls(
             name=name,
             date=datetime.now(UTC).isoformat(timespec="seconds"),
-            commit=commit_of(here),
+            commit=load.commit if load is not None else commit_of(here),
             command=command,
             machine=Machine.this_host(),
             load=Load(before=before, after=loadavg(), peak_1min=peak),
@@ -195,9 +195,11 @@ class Result(_Strict):
 
 class LoadWatch:
     """The load average at a run's start, and the highest 1-minute average seen during it (sampled every few
-    seconds by a daemon thread, so a run that loads the host is seen doing so)."""
+    seconds by a daemon thread, so a run that loads the host is seen doing so); and the commit it started from."""
 
-    def __init__(self, every_s: float = 5.0) -> None:
+    def __init__(self, every_s: float = 5.0, root: Path | None = None) -> None:
+        # The commit the run uses is the one checked out as it starts, whatever is committed while it runs.
+        self.commit = commit_of(root or Path(__file__).resolve().parents[1])
         self.before = loadavg()
         self.peak = self.before[0] if self.before else None
         self._every = every_s
@@ -205,8 +207,8 @@ class LoadWatch:
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
     @classmethod
-    def start(cls, every_s: float = 5.0) -> LoadWatch:
-        watch = cls(every_s)
+    def start(cls, every_s: float = 5.0, root: Path | None = None) -> LoadWatch:
+        watch = cls(every_s, root)
         watch._thread.start()
         return watch
 
