@@ -87,9 +87,11 @@ def test_the_engine_check_names_rlimits_above_the_hard_limit(
     status = subprocess.run([*drop, "cat", "/proc/self/status"], capture_output=True, text=True, check=True).stdout
     caps = {line.split(":")[0]: int(line.split()[1], 16) for line in status.splitlines() if line.startswith("Cap")}
     assert not any(caps[kind] & (1 << CAP_SYS_RESOURCE) for kind in ("CapEff", "CapPrm", "CapBnd")), caps
+    real = shutil.which("podman")
+    assert real, "podman is on PATH (the fixture connected to it)"
     wrapper = tmp_path / "bin" / "podman"
     wrapper.parent.mkdir()
-    wrapper.write_text(f'#!/bin/sh\nexec {" ".join(drop)} {podman.cli} "$@"\n')
+    wrapper.write_text(f'#!/bin/sh\nexec {" ".join(drop)} {real} "$@"\n')
     wrapper.chmod(0o755)
     monkeypatch.setenv("PATH", f"{wrapper.parent}{os.pathsep}{os.environ['PATH']}")
     assert shutil.which("podman") == str(wrapper)
