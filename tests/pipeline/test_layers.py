@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "input_files",
             "runs",
             "records",
+            "results",
         },
     ),
     ("config and data", {"config", "distros", "platforms", "target", "registry", "diagnose"}),

@@ -125,7 +125,7 @@ print('CUDALIBS ' + json.dumps({'torch': torch.__version__, 'cuda': torch.versio
 
 # Run in the image: cuobjdump on vLLM's libraries and torch's CUDA ones. One line per arch is kept of each
 # listing (a library has thousands of kernels, the same arch each time), in cuobjdump's own format, so the host
-# parses it with the reader tested on recorded output.
+# parses it with the reader tested on captured output.
 ARCHS_PROBE = """
 import glob, json, os, subprocess, sysconfig
 sp = sysconfig.get_paths()['purelib']
