@@ -21,7 +21,9 @@ LAYOUT = TreeLayout(
 )
 
 
-def render(containers_dir: Path, *, base_ref: str, cache_mount: bool, cache_id: str) -> str:
+def render(
+    containers_dir: Path, *, base_ref: str, cache_mount: bool, cache_id: str, compiler_cache: object = None
+) -> str:
     return render_template(
         containers_dir,
         TEMPLATE,
@@ -30,6 +32,7 @@ def render(containers_dir: Path, *, base_ref: str, cache_mount: bool, cache_id: 
         workdir=WORKDIR,
         cache_mount=cache_mount,
         cache_id=cache_id,
+        compiler_cache=compiler_cache,
     )
 
 
