@@ -50,15 +50,22 @@ def test_each_layer_copies_only_its_part(project: Project) -> None:
         "sources/onednn /opt/src/onednn",
         "sources/vllm-tree/compiler-inputs/ /var/tmp/forge/vllm/",
     ]
+    # The warm loop's cut: the venv holds the requirements alone; the wheel and the package go over its copy in
+    # the runtime stage, after the one COPY of the venv, so an edit leaves that copy's layer as it was.
     venv = stage(text, "venv")
-    assert copies(venv) == [
-        "--from=env /var/tmp/forge/vllm/requirements/ /opt/forge/requirements/",
+    assert copies(venv) == ["--from=env /var/tmp/forge/vllm/requirements/ /opt/forge/requirements/"]
+    assert "requirements/cpu.txt" in venv and "--no-deps" not in venv
+    runtime = stage(text, "runtime")
+    assert copies(runtime) == [
+        "--from=venv /opt/venv /opt/venv",
         "--from=extension /opt/forge/wheels/ /opt/forge/wheels/",
         "sources/vllm-tree/package/ /opt/forge/package/",
+        "scripts/warm_model_info.py /opt/forge/scripts/warm_model_info.py",
     ]
-    # Order is the point: requirements installed before the wheel, the wheel without dependencies, the package last.
-    assert venv.index("requirements/cpu.txt") < venv.index("--no-deps") < venv.index("sources/vllm-tree/package/")
-    assert "sysconfig.get_paths()" in venv and '"$site"/' in venv
+    # Order is the point: the venv copied first, the wheel without dependencies, the package last, the warm-up
+    # (which imports vLLM) over the package it imports.
+    assert runtime.index("--no-deps") < runtime.index("sources/vllm-tree/package/") < runtime.index("warm_model_info")
+    assert "sysconfig.get_paths()" in runtime and '"$site"/' in runtime
 
 
 def test_the_compile_runs_through_a_mounted_ccache_between_markers(project: Project) -> None:

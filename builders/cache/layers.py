@@ -1,0 +1,153 @@
+"""The registry layer cache: a build's stages exported to a registry the user names, imported by the next runner.
+
+Each builder does what it can, and what it cannot is said, not hidden:
+
+- buildah (`podman build`) pushes every step's layer as it builds (`--cache-to REPO`) and looks each step up before
+  running it (`--cache-from REPO`). Its tags are the hash of the step's own inputs (parent layer, instruction,
+  the content of what it copies): a cache image from other inputs has another tag and is never looked at.
+- BuildKit behind Debian's docker.io 20.10 has no buildx, so no `--cache-to type=registry`: it can only embed an
+  inline cache in the image it builds (`BUILDKIT_INLINE_CACHE=1`) and import such images (`--cache-from`). Forge
+  therefore builds each named stage as its own image with the inline cache, names it `REPO:STAGE-KEY` by the hash
+  of that stage's inputs (`stage_keys`), labels it with the same key, and pushes it; the next runner imports the
+  ones whose label carries the key it computed, by digest. What is lost against a buildx registry cache: one push
+  per stage (the env stage's build-only layers are stored as an image), and steps are matched only within the
+  stages Forge exports. BuildKit still checks each step's own cache key, and each layer's digest as it pulls it:
+  a tampered layer is refused and that step runs instead.
+- The legacy builder imports and exports nothing: the build goes on without the registry, and says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from builders.errors import ForgeError
+from builders.registry.client import RegistryClient
+from builders.registry.reference import Reference
+
+Mode = Literal["registry", "inline", "none"]
+KEY_LABEL = "dev.forge.cache.key"
+_STAGE = re.compile(r"^FROM\s+\S+\s+AS\s+([\w.-]+)\s*$", re.IGNORECASE | re.MULTILINE)
+
+
+def stage_names(containerfile: str) -> list[str]:
+    return _STAGE.findall(containerfile)
+
+
+def _digest(*parts: str) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def stage_keys(
+    containerfile: str,
+    *,
+    build_args: Mapping[str, str],
+    base_id: str,
+    parts: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """A key per named stage: the Containerfile, the build arguments and the base, and for a source tree the
+    hashes of the parts each stage copies (`parts`: requirements, compiler_inputs, package → hash). A stage's key
+    folds in only the parts it or its parents read, so a Python edit keeps the env's and the extension's keys."""
+    common = _digest(containerfile, json.dumps(dict(build_args), sort_keys=True), base_id)
+    parts = dict(parts or {})
+    reads = {
+        "env": ("requirements",),
+        "extension": ("requirements", "compiler_inputs"),
+        "venv": ("requirements",),
+    }
+    every = tuple(sorted(parts))
+    keys = {}
+    for stage in stage_names(containerfile):
+        wanted = reads.get(stage, every) if parts else ()
+        keys[stage] = _digest(common, stage, *(f"{p}={parts[p]}" for p in wanted if p in parts))
+    return keys
+
+
+def tag_for(stage: str, key: str) -> str:
+    return f"{stage}-{key[:40]}"
+
+
+def repository(registry: Reference, distro: str, target: str) -> Reference:
+    """The cache's repository for one distro × target under the registry the user named."""
+    return Reference(host=registry.host, name=f"{registry.name}/{distro}-{target}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    stage: str
+    ref: str  # REPO@sha256:… for BuildKit's --cache-from
+    key: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Lookup:
+    found: list[Candidate] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # stages with no image for their key yet
+    refused: list[str] = field(default_factory=list)  # an image under the key's tag whose label is another key
+
+
+def find_inline(client: RegistryClient, repo: Reference, keys: Mapping[str, str]) -> Lookup:
+    """The stage images a BuildKit build can import: those whose tag and label carry the key this build computed.
+    A RegistryError (unreachable, refused) propagates: the caller turns it into a warning."""
+    found: list[Candidate] = []
+    missing: list[str] = []
+    refused: list[str] = []
+    for stage, key in keys.items():
+        head = client.head_manifest(repo.name, tag_for(stage, key))
+        if head is None:
+            missing.append(stage)
+            continue
+        manifest, _media, digest = client.get_manifest(repo.name, head[0])
+        config_digest = str((manifest.get("config") or {}).get("digest") or "")
+        labels = _config_labels(client, repo, config_digest)
+        if labels.get(KEY_LABEL) != key:
+            refused.append(stage)
+            continue
+        found.append(Candidate(stage=stage, ref=f"{repo.repository}@{digest}", key=key))
+    return Lookup(found=found, missing=missing, refused=refused)
+
+
+def _config_labels(client: RegistryClient, repo: Reference, digest: str) -> dict[str, str]:
+    blob = client.get_blob(repo.name, digest) if digest.startswith("sha256:") else None
+    if blob is None:
+        return {}  # missing, or not hashing to its digest: no evidence of anything
+    try:
+        config = json.loads(blob)
+    except ValueError:
+        return {}
+    labels = (config.get("config") or {}).get("Labels") or {}
+    return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
+
+
+# What a failed build's log says when the registry cache, not the build, failed: buildah 1.28 fails the whole
+# build when a --cache-to push fails (a registry that went away mid-build).
+CACHE_FAILURE = re.compile(r"failed (?:pushing|pulling) cache (?:to|from)|Error: .*cache.*(?:registry|manifest)", re.I)
+
+
+def cache_failure(log: str, repo: str) -> str | None:
+    """The log line that blames the layer cache for a failed build, or None when the build failed on its own."""
+    for line in reversed(log.splitlines()[-400:]):
+        if CACHE_FAILURE.search(line) or (repo in line and re.search(r"\berror\b|failed", line, re.I)):
+            return line.strip()[:300]
+    return None
+
+
+def probe_registry(registry: Reference) -> str | None:
+    """None when the registry answers /v2/ (with or without asking for a login), else why not."""
+    try:
+        status = RegistryClient(registry).ping()
+    except ForgeError as exc:
+        return exc.message
+    return f"HTTP {status}" if status >= 500 else None
+
+
+def summary(found: Sequence[Candidate]) -> list[str]:
+    return [f"{c.stage} ({c.ref.rsplit('@', 1)[-1][:19]})" for c in found]

