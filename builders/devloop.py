@@ -85,7 +85,8 @@ def reuse_section(
             "changed_files": changed("compiler_inputs"),
         },
         "package": {
-            "verdict": verdict(log, "venv"),
+            # The wheel and the package go over the venv's copy in the runtime stage (containers/_devloop.j2).
+            "verdict": verdict(log, "runtime"),
             "package_hash": split.package_hash,
             "changed_files": changed("package"),
         },

@@ -21,10 +21,12 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shutil
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from builders.container.base import Builder, BuildRequest, BuildResult, Engine, LineSink
 from builders.errors import ForgeError
 from builders.registry.client import RegistryClient
 from builders.registry.reference import Reference
@@ -151,3 +153,48 @@ def probe_registry(registry: Reference) -> str | None:
 
 def summary(found: Sequence[Candidate]) -> list[str]:
     return [f"{c.stage} ({c.ref.rsplit('@', 1)[-1][:19]})" for c in found]
+
+
+def build_or_retry(
+    builder: Builder, request: BuildRequest, sink: LineSink, repo: str
+) -> tuple[BuildResult, str | None]:
+    """The build; when it failed on the layer cache, once more without it (its finished steps come from the
+    engine's own cache). The second value is the log line that blamed the cache, when there was a retry."""
+    result = builder.build(request, sink)
+    if result.ok or not (request.cache_from or request.cache_to):
+        return result, None
+    log_path = request.log_path
+    log = log_path.read_text(errors="replace") if log_path and log_path.exists() else ""
+    line = cache_failure(log, repo)
+    if line is None:
+        return result, None
+    if log_path is not None:
+        shutil.copy2(log_path, log_path.with_name(log_path.stem + "-cache-attempt.log"))
+    return builder.build(replace(request, cache_from=(), cache_to=None), sink), line
+
+
+def export_inline(
+    builder: Builder, engine: Engine, request: BuildRequest, repo: Reference, keys: Mapping[str, str]
+) -> tuple[list[str], list[str]]:
+    """BuildKit's export: each stage built as its own image with the inline cache (every step cached: seconds),
+    labelled and tagged with its key, pushed, and its tag removed again. (stages exported, problems)."""
+    exported: list[str] = []
+    problems: list[str] = []
+    for stage, key in keys.items():
+        ref = f"{repo.repository}:{tag_for(stage, key)}"
+        result = builder.build(
+            replace(request, target=stage, labels={KEY_LABEL: key}, cache_from=(), cache_to="inline", no_cache=False),
+            lambda _line: None,
+        )
+        if not result.ok or result.image_id is None:
+            problems.append(f"stage {stage} could not be built again for export; it is not exported")
+            continue
+        try:
+            engine.tag(result.image_id, ref)
+            engine.push(ref)
+            exported.append(stage)
+        except ForgeError as exc:
+            problems.append(f"the push of stage {stage} failed ({exc.message}); the next runner builds it")
+        finally:
+            engine.untag(ref)
+    return exported, problems

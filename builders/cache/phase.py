@@ -12,7 +12,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -208,26 +208,20 @@ def request_fields(ctx: Context) -> dict[str, Any]:
 def run_build(ctx: Context, builder: Builder, request: BuildRequest, sink: LineSink) -> BuildResult:
     """The build; if it failed on the layer cache (buildah fails the build when a --cache-to push fails), once
     more without the registry: the steps it finished come from the engine's own cache."""
-    result = builder.build(request, sink)
     cache = ctx.cache
-    if result.ok or cache is None or cache.repo is None or not (request.cache_from or request.cache_to):
-        return result
-    log_path = request.log_path
-    log = log_path.read_text(errors="replace") if log_path and log_path.exists() else ""
-    line = layers.cache_failure(log, cache.repo.repository)
-    if line is None:
-        return result
-    if log_path is not None:
-        shutil.copy2(log_path, log_path.with_name("build-cache-attempt.log"))
-    _problem(
-        ctx,
-        cache,
-        f"cache registry {cache.repo.repository}",
-        f"the build failed on it ({line})",
-        "the build runs again without the registry, its finished steps from the engine's own cache",
-    )
-    cache.retried, cache.repo = True, None
-    return builder.build(replace(request, cache_from=(), cache_to=None), sink)
+    if cache is None or cache.repo is None:
+        return builder.build(request, sink)
+    result, line = layers.build_or_retry(builder, request, sink, cache.repo.repository)
+    if line is not None:
+        _problem(
+            ctx,
+            cache,
+            f"cache registry {cache.repo.repository}",
+            f"the build failed on it ({line})",
+            "the build ran again without the registry, its finished steps from the engine's own cache",
+        )
+        cache.retried, cache.repo = True, None
+    return result
 
 
 def _ccache_entry(log: str) -> dict[str, Any] | None:
@@ -309,43 +303,15 @@ def export(ctx: Context) -> None:
 
 def _export_inline(ctx: Context, cache: CachePlan) -> None:
     assert cache.repo is not None and ctx.context_dir is not None
-    plan, engine = ctx.plan, ctx.engine
-    for stage, key in cache.keys.items():
-        ref = f"{cache.repo.repository}:{layers.tag_for(stage, key)}"
-        result = ctx.builder.build(
-            BuildRequest(
-                context_dir=ctx.context_dir,
-                containerfile=ctx.context_dir / plan.containerfile,
-                target=stage,
-                build_args=plan.build_args,
-                secrets={**({"ca_bundle": ctx.ca_bundle} if ctx.ca_bundle else {}), **build_secrets(ctx)},
-                labels={layers.KEY_LABEL: key},
-                log_path=ctx.reports_dir / "cache-export.log",
-                platform=plan.platform,
-                cache_to="inline",
-            ),
-            lambda _line: None,
-        )
-        if not result.ok or result.image_id is None:
-            _problem(
-                ctx,
-                cache,
-                f"cache registry {cache.repo.repository}",
-                f"stage {stage} could not be rebuilt for export",
-                "it is not exported: the next runner builds it",
-            )
-            continue
-        try:
-            engine.tag(result.image_id, ref)
-            engine.push(ref)
-            cache.exported.append(stage)
-        except ForgeError as exc:
-            _problem(
-                ctx,
-                cache,
-                f"cache registry {cache.repo.repository}",
-                f"the push of stage {stage} failed ({exc.message})",
-                "the next runner builds what was not exported",
-            )
-        finally:
-            engine.untag(ref)
+    plan = ctx.plan
+    request = BuildRequest(
+        context_dir=ctx.context_dir,
+        containerfile=ctx.context_dir / plan.containerfile,
+        build_args=plan.build_args,
+        secrets={**({"ca_bundle": ctx.ca_bundle} if ctx.ca_bundle else {}), **build_secrets(ctx)},
+        log_path=ctx.reports_dir / "cache-export.log",
+        platform=plan.platform,
+    )
+    cache.exported, problems = layers.export_inline(ctx.builder, ctx.engine, request, cache.repo, cache.keys)
+    for problem in problems:
+        _problem(ctx, cache, f"cache registry {cache.repo.repository}", problem, "the next runner builds it")

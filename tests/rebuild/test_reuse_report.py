@@ -34,7 +34,7 @@ def _tree(root: Path) -> Path:
 def _log(env: str, extension: str, stats: str | None) -> str:
     """A BuildKit log in the format of tests/rebuild/fixtures/buildkit-*.log: each stage's steps CACHED or run."""
     lines = []
-    for n, (stage_name, state) in enumerate((("env", env), ("extension", extension), ("venv", "ran")), 5):
+    for n, (stage_name, state) in enumerate((("env", env), ("extension", extension), ("runtime", "ran")), 5):
         lines.append(f"#{n} [{stage_name} 2/3] RUN step of {stage_name}")
         if state == "cached":
             lines.append(f"#{n} CACHED")
