@@ -60,10 +60,13 @@ def stage_keys(
     folds in only the parts it or its parents read, so a Python edit keeps the env's and the extension's keys."""
     common = _digest(containerfile, json.dumps(dict(build_args), sort_keys=True), base_id)
     parts = dict(parts or {})
-    reads = {
+    # The dev loop's stages (containers/_devloop.j2) and the parts each reads; any other stage reads every part.
+    reads: dict[str, tuple[str, ...]] = {
+        "toolchain": (),
         "env": ("requirements",),
         "extension": ("requirements", "compiler_inputs"),
         "venv": ("requirements",),
+        "runtime-venv": ("requirements",),
     }
     every = tuple(sorted(parts))
     keys = {}

