@@ -86,17 +86,6 @@ def fresh_podman(root: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Engine
         shutil.rmtree(root, ignore_errors=True)
 
 
-def carry(source: Engine, target: Engine, ref: str) -> str:
-    """One image from one engine to another by save and load, tagged `ref` there."""
-    stream = source.save_stream(ref)
-    try:
-        (image_id,) = target.load(stream)
-    finally:
-        stream.close()
-    target.tag(image_id, ref)
-    return image_id
-
-
 def _found_in(data: bytes, needles: tuple[bytes, ...]) -> bool:
     if any(n in data for n in needles):
         return True

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from ci_runner import carry, fresh_podman, image_holds, redis_server
+from ci_runner import fresh_podman, image_holds, redis_server
 from devtree_project import PROJECT, render, stage_context
 
 from builders.bootstrap import ensure_base
@@ -36,6 +36,7 @@ from builders.container.base import Builder
 from builders.errors import EngineError
 from builders.rebuild.reuse import verdict
 from builders.registry import local
+from builders.registry.client import RegistryClient
 from builders.trust import find_ca_bundle
 
 pytestmark = pytest.mark.engine
@@ -85,7 +86,7 @@ class Loop:
             fields = {"cache_from": (self.repo,), "cache_to": self.repo if export else None}
         else:
             ref = parse_registry(self.repo)
-            found = layers.find_inline(layers.RegistryClient(ref), ref, keys)
+            found = layers.find_inline(RegistryClient(ref), ref, keys)
             fields = {"cache_from": tuple(c.ref for c in found.found), "cache_to": "inline" if export else None}
         request = BuildRequest(
             context_dir=context,
@@ -177,6 +178,13 @@ def test_a_wiped_runner_builds_from_the_registry_and_redis_and_survives_losing_b
                 a.remove()
 
             # --- runner B: storage wiped; only the registry and Redis remain ---------------------------------
+            # The base as runner B would pull it, saved first: Podman's CLI reads its storage from the environment,
+            # which points at runner B from here on.
+            base_tar = tmp_path / "base.tar"
+            stream = runner_a.save_stream(base.ref)
+            with base_tar.open("wb") as fh:
+                shutil.copyfileobj(stream, fh, 1 << 20)
+            stream.close()
             if kind == "docker":
                 runner_b = request.getfixturevalue("small_engine")
                 b_ctx = None
@@ -185,7 +193,9 @@ def test_a_wiped_runner_builds_from_the_registry_and_redis_and_survives_losing_b
                 runner_b = b_ctx.__enter__()
             try:
                 assert not runner_b.image_exists(base.ref)
-                carry(runner_a, runner_b, base.ref)
+                with base_tar.open("rb") as carried:
+                    (loaded,) = runner_b.load(carried)
+                runner_b.tag(loaded, base.ref)
                 (tmp_path / "b").mkdir()
                 b = Loop(runner_b, project, tmp_path / "b", secret, repo, cache_id)
                 try:

@@ -25,7 +25,14 @@ def _stage(text: str, name: str) -> str:
 
 def test_each_layer_copies_only_its_part(project: Project) -> None:
     text = render(project.containers_dir, base_ref="forge/base:debian-12", cache_mount=True, cache_id="t1")
-    assert re.findall(r"^FROM \S+ AS (\S+)$", text, re.M) == ["toolchain", "env", "extension", "venv", "runtime-venv", "runtime"]
+    assert re.findall(r"^FROM \S+ AS (\S+)$", text, re.M) == [
+        "toolchain",
+        "env",
+        "extension",
+        "venv",
+        "runtime-venv",
+        "runtime",
+    ]
     assert re.findall(r"^COPY (.+)$", _stage(text, "env"), re.M) == ["tree/requirements/ /src/demo/"]
     assert re.findall(r"^COPY (.+)$", _stage(text, "extension"), re.M) == ["tree/compiler-inputs/ /src/demo/"]
     assert re.findall(r"^COPY (.+)$", _stage(text, "venv"), re.M) == [
