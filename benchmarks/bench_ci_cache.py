@@ -214,21 +214,20 @@ def fresh_runner(kind: str, root: Path) -> Iterator[Engine]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def save(source: Engine, ref: str, path: Path) -> None:
-    """The base as a CI runner would pull it, saved once: Podman's CLI reads its storage from the environment, which
-    points at the fresh runner while a step runs."""
-    stream = source.save_stream(ref)
-    try:
-        with path.open("wb") as fh:
-            shutil.copyfileobj(stream, fh, 1 << 20)
-    finally:
-        stream.close()
+def publish_base(source: Engine, ref: str, registry: str) -> str:
+    """The base in the benchmark's registry, where each fresh runner pulls it as a CI runner would: a pull keeps
+    its id (a save and load through a docker-archive gives Podman's image a new config, and buildah's step keys a
+    new parent)."""
+    remote = f"{registry}/forge-bench-base:{ref.rsplit(':', 1)[-1]}"
+    source.tag(source.image_info(ref).id, remote)
+    source.push(remote)
+    source.untag(remote)
+    return remote
 
 
-def load(target: Engine, path: Path, ref: str) -> None:
-    with path.open("rb") as fh:
-        (image_id,) = target.load(fh)
-    target.tag(image_id, ref)
+def pull_base(target: Engine, remote: str, ref: str) -> None:
+    target.tag(target.pull(remote), ref)
+    target.untag(remote)
 
 
 # --- one step, per subject ----------------------------------------------------------------------------------
@@ -427,12 +426,11 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(out / old, ignore_errors=True)
     main_engine = Engine.connect(args.engine)
     base_ref = ensure_base(project.distro("debian-12" if args.subject == "demo" else args.distro), main_engine).ref
-    base_tar = work / "base.tar"
-    save(main_engine, base_ref, base_tar)
     run = run_demo if args.subject == "demo" else run_vllm
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="forge-bench-ci-cache-") as scratch, services(out) as (registry, port, pw):
         tree = _tree(args, Path(scratch))
+        remote_base = publish_base(main_engine, base_ref, registry)
         env = {
             "FORGE_COMPILER_CACHE": f"redis://127.0.0.1:{port}",
             "SCCACHE_REDIS_PASSWORD": pw,
@@ -454,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
                 step_env["FORGE_CACHE"] = str(work / f"forge-cache-{step}")
             try:
                 with fresh_runner(args.engine, work / f"runner-{step}") as runner:
-                    load(runner, base_tar, base_ref)
+                    pull_base(runner, remote_base, base_ref)
                     rows.append(run(args, tree, step, out / step, step_env))
             except ForgeError as exc:
                 rows.append({"step": step, "result": "blocked", "error": exc.message})

@@ -178,13 +178,12 @@ def test_a_wiped_runner_builds_from_the_registry_and_redis_and_survives_losing_b
                 a.remove()
 
             # --- runner B: storage wiped; only the registry and Redis remain ---------------------------------
-            # The base as runner B would pull it, saved first: Podman's CLI reads its storage from the environment,
-            # which points at runner B from here on.
-            base_tar = tmp_path / "base.tar"
-            stream = runner_a.save_stream(base.ref)
-            with base_tar.open("wb") as fh:
-                shutil.copyfileobj(stream, fh, 1 << 20)
-            stream.close()
+            # The base as a CI runner gets it: pulled from a registry, so its id is runner A's (a save and load
+            # through a docker-archive gives Podman's image a new config, and buildah's step keys a new parent).
+            base_in_registry = f"127.0.0.1:{port}/forge-cache/base-{token}:debian-12"
+            runner_a.tag(base.image_id, base_in_registry)
+            runner_a.push(base_in_registry)
+            runner_a.untag(base_in_registry)
             if kind == "docker":
                 runner_b = request.getfixturevalue("small_engine")
                 b_ctx = None
@@ -193,9 +192,8 @@ def test_a_wiped_runner_builds_from_the_registry_and_redis_and_survives_losing_b
                 runner_b = b_ctx.__enter__()
             try:
                 assert not runner_b.image_exists(base.ref)
-                with base_tar.open("rb") as carried:
-                    (loaded,) = runner_b.load(carried)
-                runner_b.tag(loaded, base.ref)
+                runner_b.tag(runner_b.pull(base_in_registry), base.ref)
+                runner_b.untag(base_in_registry)
                 (tmp_path / "b").mkdir()
                 b = Loop(runner_b, project, tmp_path / "b", secret, repo, cache_id)
                 try:
