@@ -3,10 +3,7 @@ variables, and the secret file the compile step gets (engine-free)."""
 
 from __future__ import annotations
 
-import socketserver
 import stat
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -116,40 +113,6 @@ def test_a_credential_that_reached_the_log_is_masked(tmp_path: Path) -> None:
     assert scrub_file(log, sensitive(cache)) and log.read_text() == "connecting with ***\nfine\n"
     assert not scrub_file(log, sensitive(cache))
     assert mask("u", sensitive(cache)) == "u"  # a one-letter user name is not masked: it proves nothing
-
-
-class _Resp(socketserver.StreamRequestHandler):
-    """Redis's protocol, as much as the probe speaks: AUTH with the right password, PING."""
-
-    password = "right-password"
-
-    def handle(self) -> None:
-        authed = False
-        while True:
-            header = self.rfile.readline()
-            if not header:
-                return
-            words = []
-            for _ in range(int(header[1:])):
-                self.rfile.readline()
-                words.append(self.rfile.readline().strip().decode())
-            if words[0] == "AUTH":
-                authed = words[-1] == self.password
-                self.wfile.write(b"+OK\r\n" if authed else b"-WRONGPASS invalid username-password pair\r\n")
-            elif words[0] == "PING":
-                self.wfile.write(b"+PONG\r\n" if authed else b"-NOAUTH Authentication required.\r\n")
-
-
-@pytest.fixture
-def resp_server() -> Iterator[int]:
-    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _Resp)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield int(server.server_address[1])
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_the_probe_tells_a_working_redis_from_refused_credentials_and_from_none(resp_server: int) -> None:
