@@ -172,6 +172,8 @@ def preflight_line(preflight: dict[str, Any]) -> str:
 
 def reuse_lines(reuse: dict[str, Any]) -> list[str]:
     """A source-tree build's reuse section in the summary: one line per layer, then ccache's counters."""
+    if "environment" not in reuse:  # a build from an sdist: only the caches' lines
+        return cache_lines(reuse)
     env, ext, pkg = reuse.get("environment", {}), reuse.get("extension", {}), reuse.get("package", {})
     lines = [
         f"  environment: {env.get('verdict')} (requirements {str(env.get('requirements_hash'))[:12]})",
@@ -191,4 +193,26 @@ def reuse_lines(reuse: dict[str, Any]) -> list[str]:
         )
     elif ccache:
         lines.append(f"  ccache: {ccache}")
+    lines += cache_lines(reuse)
+    return lines
+
+
+def cache_lines(reuse: dict[str, Any]) -> list[str]:
+    """The caches that outlive the runner (builders/cache/): hits and misses per backend, layers imported and
+    exported, and every warning a cache gave."""
+    lines = []
+    compiler = reuse.get("compiler_cache")
+    if isinstance(compiler, dict):
+        for name, counters in (compiler.get("backends") or {}).items():
+            lines.append(
+                f"  {compiler.get('launcher')} on {name}: {counters.get('hits')} hits, {counters.get('misses')} misses, "
+                f"{counters.get('errors')} errors"
+            )
+    layer = reuse.get("layer_cache")
+    if isinstance(layer, dict) and layer.get("repository"):
+        lines.append(
+            f"  layer cache {layer['repository']}: imported {', '.join(layer.get('imported') or []) or 'nothing'}; "
+            f"exported {', '.join(layer.get('exported') or []) or 'nothing'}"
+        )
+    lines += [f"  cache warning: {w}" for w in reuse.get("cache_warnings") or []]
     return lines

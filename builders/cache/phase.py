@@ -274,6 +274,8 @@ def record(ctx: Context) -> None:
     section = dict(ctx.report.reuse or {})
     if compiler is not None:
         section["compiler_cache"] = compiler
+        if compiler["launcher"] == "sccache" and "ccache" in section:
+            section["ccache"] = "not used: the compile ran through sccache (see compiler_cache)"
     if cache is not None:
         section["layer_cache"] = _layer_report(cache)
         section["cache_warnings"] = cache.warnings

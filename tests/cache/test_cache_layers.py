@@ -76,3 +76,25 @@ def test_sccache_counters_are_read_per_backend_through_buildkits_prefixes() -> N
     assert found["backends"]["local"]["misses"] == 2 and found["backends"]["local"]["hit_rate"] == 0.0
     assert found["fallback"] and "stopped answering" in found["fallback"][0]
     assert record_from_log("#14 CACHED\n") is None
+
+
+def test_the_summary_gives_hits_and_misses_per_backend_and_every_warning() -> None:
+    from builders.report import reuse_lines
+
+    reuse = {
+        "compiler_cache": {
+            "launcher": "sccache",
+            "backends": {
+                "redis": {"hits": 486, "misses": 3, "errors": 0},
+                "local": {"hits": 0, "misses": 1, "errors": 0},
+            },
+        },
+        "layer_cache": {"repository": "127.0.0.1:5000/c/debian-13-cpu", "imported": ["env (sha256:1)"], "exported": []},
+        "cache_warnings": ["redis redis://127.0.0.1:6379/0: stopped answering during the compile"],
+    }
+    assert reuse_lines(reuse) == [
+        "  sccache on redis: 486 hits, 3 misses, 0 errors",
+        "  sccache on local: 0 hits, 1 misses, 0 errors",
+        "  layer cache 127.0.0.1:5000/c/debian-13-cpu: imported env (sha256:1); exported nothing",
+        "  cache warning: redis redis://127.0.0.1:6379/0: stopped answering during the compile",
+    ]
