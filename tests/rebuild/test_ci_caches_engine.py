@@ -4,7 +4,9 @@ Runner A builds cold with sccache on a real Redis and exports its layers to a re
 docker-registry). Runner B starts with empty storage (a dockerd of its own; Podman on a storage root of its own)
 and keeps only what the registry and Redis hold:
 - a Python-only edit compiles nothing: the extension comes from the registry, and the runtime stage's copy of the
-  venv is the same layer as runner A's (the warm loop's cut: only the wheel and package layers are new);
+  venv is the same layer as runner A's (the warm loop's cut: only the wheel and package layers are new). On
+  buildah 1.28, whose remote cache stops at the first ARG step, the toolchain comes from the registry and the
+  compile takes both objects from Redis;
 - a one-line C++ edit compiles that file alone, the other object from Redis (one miss, one hit);
 - with Redis and the registry killed in the middle of a build, the build succeeds, and says what failed.
 No byte of the Redis password is in any layer, image config or build log.
@@ -201,10 +203,16 @@ def test_a_wiped_runner_builds_from_the_registry_and_redis_and_survives_losing_b
                     # copy of the venv is runner A's very layer: only the wheel and the package layers differ.
                     init.write_text(init.read_text().replace(f"cold-{token}", f"python-{token}"))
                     image, log, _ = b.build(b.request(tree, "b-python", export=False, keys_base=base.image_id)[0])
-                    assert verdict(log, "extension") == "reused" and verdict(log, "env") == "reused", log[-3000:]
-                    assert record_from_log(log) is None  # the compile did not run
-                    assert runner_b.rootfs_layers(image)[:-4] == layers_a[:-4]
-                    assert runner_b.rootfs_layers(image)[-2:] != layers_a[-2:]
+                    if b.builder.layer_cache == "inline":
+                        assert verdict(log, "extension") == "reused" and verdict(log, "env") == "reused", log[-3000:]
+                        assert record_from_log(log) is None  # the compile did not run
+                        assert runner_b.rootfs_layers(image)[:-4] == layers_a[:-4]
+                        assert runner_b.rootfs_layers(image)[-2:] != layers_a[-2:]
+                    else:
+                        # buildah 1.28's remote cache finds no step at or after an ARG (docs/ci-caches.md): the
+                        # toolchain comes from the registry, and the compile takes every object from Redis.
+                        assert "Cache pulled from remote" in log, log[-3000:]
+                        assert (_backend(log, "redis")["hits"], _backend(log, "redis")["misses"]) == (2, 0)
                     assert b.answer(image) == f"python-{token} 42"
 
                     # One line of one .cpp file: that file compiles, the other object comes from Redis.
