@@ -1,10 +1,14 @@
 """The caches phase's policy, on a real build context before any engine is asked for anything: a backend that
 does not answer is a warning and the build goes on without it; refused credentials are an error before any
-compile; --require-cache makes every warning an error (engine-free: the Redis is tests/cache/conftest.py's)."""
+compile; --require-cache makes every warning an error (engine-free: the Redis is a stand-in speaking its protocol,
+as much of it as Forge speaks before a build)."""
 
 from __future__ import annotations
 
+import socketserver
 import stat
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,8 +16,9 @@ import pytest
 from builders.build import BuildOptions, Context
 from builders.cache import phase
 from builders.cache.errors import CacheCredentialsRejected, CacheRequired
+from builders.cache.probe import probe
 from builders.cache.secret import SECRET_ID
-from builders.cache.settings import LOCAL
+from builders.cache.settings import LOCAL, parse_compiler_cache
 from builders.config import Project
 from builders.container.image_builders import BuildKitCliBuilder, LegacySdkBuilder
 from builders.engines.vllm.devtree import VLLM_LAYOUT
@@ -21,6 +26,40 @@ from builders.log import as_log
 from builders.plan import PlanOptions, make_plan
 from builders.rebuild.devtree import split_tree
 from builders.registry.local import free_port
+
+
+class _Resp(socketserver.StreamRequestHandler):
+    """Redis's protocol, as much as the probe speaks: AUTH with the right password, PING."""
+
+    password = "right-password"
+
+    def handle(self) -> None:
+        authed = False
+        while True:
+            header = self.rfile.readline()
+            if not header:
+                return
+            words = []
+            for _ in range(int(header[1:])):
+                self.rfile.readline()
+                words.append(self.rfile.readline().strip().decode())
+            if words[0] == "AUTH":
+                authed = words[-1] == self.password
+                self.wfile.write(b"+OK\r\n" if authed else b"-WRONGPASS invalid username-password pair\r\n")
+            elif words[0] == "PING":
+                self.wfile.write(b"+PONG\r\n" if authed else b"-NOAUTH Authentication required.\r\n")
+
+
+@pytest.fixture
+def resp_server() -> Iterator[int]:
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _Resp)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield int(server.server_address[1])
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def _context(
@@ -155,3 +194,13 @@ def test_a_template_without_the_launcher_says_so_and_compiles_with_ccache(
     phase.prepare(ctx)
     assert ctx.cache is not None and ctx.cache.compiler == LOCAL
     assert "not wired into llama-cpp.Containerfile.j2" in ctx.cache.warnings[0]
+
+
+def test_the_probe_tells_a_working_redis_from_refused_credentials_and_from_none(resp_server: int) -> None:
+    url = f"redis://127.0.0.1:{resp_server}"
+    assert probe(parse_compiler_cache(url, {"SCCACHE_REDIS_PASSWORD": "right-password"})).verdict == "ok"
+    refused = probe(parse_compiler_cache(url, {"SCCACHE_REDIS_PASSWORD": "wrong-password"}))
+    assert refused.verdict == "rejected" and "WRONGPASS" in refused.detail and "wrong-password" not in refused.detail
+    assert probe(parse_compiler_cache(url, {})).verdict == "rejected"  # NOAUTH: a password is needed
+    closed = probe(parse_compiler_cache(f"redis://127.0.0.1:{free_port()}", {}))
+    assert closed.verdict == "unreachable"

@@ -8,11 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from builders.cache.probe import probe
 from builders.cache.secret import mask, scrub_file, secret_lines, sensitive, write_secret
 from builders.cache.settings import LOCAL, parse_compiler_cache, resolve
 from builders.errors import UsageError
-from builders.registry.local import free_port
 
 
 def test_a_redis_url_keeps_its_password_out_of_everything_but_the_secrets() -> None:
@@ -113,13 +111,3 @@ def test_a_credential_that_reached_the_log_is_masked(tmp_path: Path) -> None:
     assert scrub_file(log, sensitive(cache)) and log.read_text() == "connecting with ***\nfine\n"
     assert not scrub_file(log, sensitive(cache))
     assert mask("u", sensitive(cache)) == "u"  # a one-letter user name is not masked: it proves nothing
-
-
-def test_the_probe_tells_a_working_redis_from_refused_credentials_and_from_none(resp_server: int) -> None:
-    url = f"redis://127.0.0.1:{resp_server}"
-    assert probe(parse_compiler_cache(url, {"SCCACHE_REDIS_PASSWORD": "right-password"})).verdict == "ok"
-    refused = probe(parse_compiler_cache(url, {"SCCACHE_REDIS_PASSWORD": "wrong-password"}))
-    assert refused.verdict == "rejected" and "WRONGPASS" in refused.detail and "wrong-password" not in refused.detail
-    assert probe(parse_compiler_cache(url, {})).verdict == "rejected"  # NOAUTH: a password is needed
-    closed = probe(parse_compiler_cache(f"redis://127.0.0.1:{free_port()}", {}))
-    assert closed.verdict == "unreachable"
