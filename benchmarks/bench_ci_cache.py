@@ -37,7 +37,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from builders.bootstrap import ensure_base
 from builders.cache import layers
@@ -46,6 +46,7 @@ from builders.cache.sccache_stats import record_from_log
 from builders.cache.secret import SECRET_ID, write_secret
 from builders.cache.settings import parse_compiler_cache, parse_registry
 from builders.config import Project
+from builders.config.models import TorchIndex
 from builders.container import BuildRequest, Engine, choose_builder
 from builders.errors import ForgeError
 from builders.rebuild.devtree import PARTS, TreeLayout, split_tree, stage_parts
@@ -404,7 +405,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--source", type=Path, help="a vLLM checkout or unpacked sdist (default: the pinned sdist)")
     parser.add_argument("--distro", default="debian-13")
     parser.add_argument("--max-jobs", type=int, default=None)
-    parser.add_argument("--torch-index", choices=("pytorch", "pypi", "wheelhouse"), default=None)
+    parser.add_argument("--torch-index", choices=get_args(TorchIndex), default=None)
     parser.add_argument("--resume", choices=STEPS[1:], default=None)
     parser.add_argument(
         "--work", type=Path, default=None, help="the runners' roots (default: /var/tmp/forge-bench-ci-cache)"
