@@ -138,9 +138,13 @@ CACHE_FAILURE = re.compile(r"failed (?:pushing|pulling) cache (?:to|from)|Error:
 
 
 def cache_failure(log: str, repo: str) -> str | None:
-    """The log line that blames the layer cache for a failed build, or None when the build failed on its own."""
+    """The log line that blames the layer cache for a failed build, or None when the build failed on its own.
+    buildah 1.28 may not say so in its last words: a --cache-to push that failed in one stage can leave another
+    stage to panic (a nil pointer in intermediateImageExists), so any failed request to the cache's registry
+    host counts."""
+    host = repo.split("/", 1)[0]
     for line in reversed(log.splitlines()[-400:]):
-        if CACHE_FAILURE.search(line) or (repo in line and re.search(r"\berror\b|failed", line, re.I)):
+        if CACHE_FAILURE.search(line) or (host in line and re.search(r"\berror\b|failed|refused", line, re.I)):
             return line.strip()[:300]
     return None
 

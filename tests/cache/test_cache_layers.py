@@ -54,6 +54,16 @@ def test_buildahs_failed_cache_push_is_the_caches_fault_and_a_compile_error_is_n
         "dial tcp 127.0.0.1:15999: connect: connection refused"
     )
     assert cache_failure(f"STEP 2/2: RUN make\n{pushed}\n", "127.0.0.1:15999/lc/bah") == pushed[:300]
+    # The same registry gone while another stage ran: buildah 1.28 panicked after this line (2026-12-04).
+    panicked = (
+        'time="2026-12-04T17:50:11Z" level=warning msg="Failed, retrying in 2s ... (3/3). Error: trying to reuse blob '
+        'sha256:2540 at destination: pinging container registry 127.0.0.1:40137: Get \\"http://127.0.0.1:40137/v2/\\": '
+        'dial tcp 127.0.0.1:40137: connect: connection refused"\n'
+        "panic: runtime error: invalid memory address or nil pointer dereference\n"
+        "github.com/containers/buildah/imagebuildah.(*StageExecutor).intermediateImageExists(0xc000490b60)\n"
+    )
+    found = cache_failure(panicked, "127.0.0.1:40137/forge-cache/devtree")
+    assert found is not None and "pinging container registry 127.0.0.1:40137" in found
     compile_error = (
         "ops.cpp:3:1: error: expected ';' before '}' token\nError: building at STEP \"RUN make\": exit status 2\n"
     )
