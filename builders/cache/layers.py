@@ -189,8 +189,17 @@ def export_inline(
     problems: list[str] = []
     for stage, key in keys.items():
         ref = f"{repo.repository}:{tag_for(stage, key)}"
+        log = request.log_path.with_name("cache-export.log") if request.log_path else None
         result = builder.build(
-            replace(request, target=stage, labels={KEY_LABEL: key}, cache_from=(), cache_to="inline", no_cache=False),
+            replace(
+                request,
+                target=stage,
+                labels={KEY_LABEL: key},
+                cache_from=(),
+                cache_to="inline",
+                no_cache=False,
+                log_path=log,  # the build's own log stays as it was
+            ),
             lambda _line: None,
         )
         if not result.ok or result.image_id is None:

@@ -319,7 +319,7 @@ def _export_inline(ctx: Context, cache: CachePlan) -> None:
         containerfile=ctx.context_dir / plan.containerfile,
         build_args=plan.build_args,
         secrets={**({"ca_bundle": ctx.ca_bundle} if ctx.ca_bundle else {}), **build_secrets(ctx)},
-        log_path=ctx.reports_dir / "cache-export.log",
+        log_path=ctx.log_path,
         platform=plan.platform,
     )
     cache.exported, problems = layers.export_inline(ctx.builder, ctx.engine, request, cache.repo, cache.keys)
