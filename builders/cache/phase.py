@@ -258,7 +258,13 @@ def record(ctx: Context) -> None:
     cache = ctx.cache
     log_path = ctx.log_path
     log = log_path.read_text(errors="replace") if log_path.exists() else ""
-    compiler = record_from_log(log) or _ccache_entry(log)
+    # A build retried without the registry (run_build) took its compile step from the first attempt's layers: the
+    # counters and any fallback are in that attempt's log.
+    attempt = log_path.with_name(log_path.stem + "-cache-attempt.log")
+    earlier = attempt.read_text(errors="replace") if attempt.exists() else ""
+    compiler = record_from_log(log) or record_from_log(earlier) or _ccache_entry(log)
+    if cache is not None and cache.compiler.shared:
+        scrub_file(attempt, sensitive(cache.compiler))
     if cache is not None:
         if cache.compiler.shared:
             if scrub_file(log_path, sensitive(cache.compiler)):
