@@ -344,6 +344,13 @@ def _rank_result(report_dir: Path, command: str, watch: LoadWatch) -> Path:
     ).save(ROOT)
 
 
+@nox.session(python=False, name="bench-ci-cache", default=False)
+def bench_ci_cache(session: nox.Session) -> None:
+    """The CI pipeline on fresh runners: cold with export, then the same tree, a Python line, a C++ line and a
+    requirement edit, each on empty storage with only the registry and Redis (`-- --subject demo`: minutes)."""
+    session.run("python", str(ROOT / "benchmarks" / "bench_ci_cache.py"), *session.posargs, external=True)
+
+
 @nox.session(python=False, default=False)
 def kvlab(session: nox.Session) -> None:
     """The Hybrid KV lab: every oracle case and planted bug, then the layouts' bytes and indirections ranked (a CPU

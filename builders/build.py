@@ -1,6 +1,6 @@
 """The executor: a list of phases over one Context (PHASES: engine → base → preflight → sources → lock → plan →
-context → build → reuse (a source tree only) → inspect-toolchain → test → tag → sbom), cheapest first, each
-`phase(ctx) -> None`.
+caches → context → build → reuse (a source tree only) → cache-stats → inspect-toolchain → test → tag →
+cache-export → sbom), cheapest first, each `phase(ctx) -> None`.
 
 Only this module (through builders.container) changes engine state. A failed or interrupted build leaves no
 container and no tag: the image is built untagged and tagged only after its test stage passed.
@@ -21,6 +21,7 @@ from pathlib import Path
 
 from builders import devloop, interrupt
 from builders.bootstrap import BaseResult, ensure_base, ensure_image, registry_of
+from builders.cache import phase as caches
 from builders.config import Project
 from builders.config.models import Distro, FetchedSource, Recipe
 from builders.container import Builder, BuildRequest, Engine, choose_builder
@@ -146,6 +147,7 @@ class Context:
     image_id: str | None = None  # built but not yet proven: removed unless the build gets to keep it
     running: str | None = None  # the phase under way, and since when
     phase_started: float = 0.0
+    cache: caches.CachePlan | None = None  # --compiler-cache / --cache-registry: builders/cache/phase.py
 
     @classmethod
     def start(cls, project: Project, distro: Distro, recipe: Recipe, options: BuildOptions, log: Log) -> Context:
@@ -422,7 +424,7 @@ def _plan(ctx: Context) -> None:
 def _context(ctx: Context) -> None:
     plan = ctx.plan
     ctx.context_dir = folder = Path(tempfile.mkdtemp(prefix="forge-context-", dir=ctx.options.scratch_dir))
-    text = render(plan, ctx.project.containers_dir)
+    text = render(plan, ctx.project.containers_dir, compiler_cache=caches.template_launcher(ctx))
     (folder / plan.containerfile).write_text(text)
     (ctx.reports_dir / "Containerfile").write_text(text)
     ctx.report.containerfile = str(ctx.reports_dir / "Containerfile")
@@ -446,17 +448,20 @@ def _secrets(ctx: Context) -> dict[str, Path]:
 def _build(ctx: Context) -> None:
     plan, builder, folder = ctx.plan, ctx.builder, ctx.context_dir
     assert folder is not None
-    result = builder.build(
+    result = caches.run_build(
+        ctx,
+        builder,
         BuildRequest(
             context_dir=folder,
             containerfile=folder / plan.containerfile,
             target=plan.final_stage,
             build_args=plan.build_args,
-            secrets=_secrets(ctx),
+            secrets={**_secrets(ctx), **caches.build_secrets(ctx)},
             labels={**plan.labels, **sbom_label(ctx.distro.name, ctx.recipe.target)},
             no_cache=ctx.options.no_cache,
             log_path=ctx.log_path,
             platform=plan.platform,
+            **caches.request_fields(ctx),
         ),
         ctx.log,
     )
@@ -551,12 +556,15 @@ PHASES: tuple[tuple[str, Phase, Callable[[BuildOptions], bool]], ...] = (
     ("sources", _sources, _always),
     ("lock", _lock, _always),
     ("plan", _plan, _always),
+    ("caches", caches.prepare, _always),
     ("context", _context, _always),
     ("build", _build, _always),
     ("reuse", devloop.record_reuse, _tree_source),
+    ("cache-stats", caches.record, _always),
     ("inspect-toolchain", _inspect_toolchain, _always),
     ("test", _test, lambda o: not o.skip_tests),
     ("tag", _tag, _always),
+    ("cache-export", caches.export, _always),
     ("sbom", _sbom, lambda o: o.sbom),
 )
 

@@ -14,8 +14,8 @@ from builders.engines.vllm.devtree import VLLM_LAYOUT
 from builders.engines.vllm.plan import TREE_DIR, TREE_PARTS
 from builders.rebuild.ccache_stats import stats_from_log
 from builders.rebuild.devtree import PARTS, Part, TreeSplit, changed_files, split_tree, stage_parts
+from builders.rebuild.records import CcacheRecord, EnvironmentReuse, ExtensionReuse, PackageReuse, ReuseRecord
 from builders.rebuild.reuse import verdict
-from builders.report import CcacheRecord, EnvironmentReuse, ExtensionReuse, PackageReuse, ReuseRecord
 
 if TYPE_CHECKING:
     from builders.build import Context
@@ -103,7 +103,10 @@ def reuse_section(
             changed_files=changed("compiler_inputs"),
         ),
         package=PackageReuse(
-            verdict=verdict(log, "venv"), package_hash=split.package_hash, changed_files=changed("package")
+            # The wheel and the package go over the venv's copy in the runtime stage (containers/_devloop.j2).
+            verdict=verdict(log, "runtime"),
+            package_hash=split.package_hash,
+            changed_files=changed("package"),
         ),
         ccache=ccache,
         previous_build=previous["started"] if previous else None,
@@ -131,6 +134,7 @@ def record_reuse(ctx: Context) -> None:
         ("extension", section.extension),
         ("package", section.package),
     ):
+        assert reused is not None  # a source tree's section has every layer
         ctx.log.info(f"{layer}: {reused.verdict}")
     manifest = {"started": ctx.report.started, "files": split.manifest()}
     tmp = ctx.reports_dir / f".{MANIFEST}.new"

@@ -176,6 +176,28 @@ class BuildOptions:
         ),
     ] = None
     no_cache: Annotated[bool, Flag("build every step again, ignoring the engine's layer cache")] = False
+    # Caches that outlive the runner (builders/cache/, docs/ci-caches.md); each flag's FORGE_* variable is its default.
+    compiler_cache: Annotated[
+        str | None,
+        Flag(
+            "shared compiler cache: local (ccache, default), redis://HOST:PORT, s3://BUCKET?endpoint=URL, "
+            "webdav+https://HOST/PATH or gha; credentials from the environment (default: $FORGE_COMPILER_CACHE)",
+            metavar="URL",
+        ),
+    ] = None
+    cache_registry: Annotated[
+        str | None,
+        Flag(
+            "registry repository for the build's layers, imported and exported (default: $FORGE_CACHE_REGISTRY)",
+            metavar="HOST/REPO",
+        ),
+    ] = None
+    cache_export: Annotated[
+        bool | None, Flag("export this build's layers to --cache-registry (default: yes; $FORGE_CACHE_EXPORT)")
+    ] = None
+    require_cache: Annotated[
+        bool, Flag("a cache that fails is an error, not a warning (default: $FORGE_REQUIRE_CACHE)")
+    ] = False
     reports_dir: Annotated[
         Path | None,
         Flag(

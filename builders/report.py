@@ -20,6 +20,7 @@ from builders.diagnose.diagnosis import Diagnosis
 from builders.engines.checks import CheckStatus
 from builders.errors import ForgeError, PreflightBlocked
 from builders.preflight.findings import PreflightReport
+from builders.rebuild.records import CcacheRecord, ReuseRecord
 from builders.records import Record, absent
 from builders.repro.lockfile import LockRecord, LockUnresolved
 from builders.repro.sbom import SbomFailed, SbomRecord
@@ -155,44 +156,6 @@ class PlatformRecord(Record):
     host: str = Field(description="the machine it was built on")
     emulated: bool = Field(description="built under qemu-user-static")
     stand_in: str | None = absent("what the checks of an emulated image ran against instead")
-
-
-class EnvironmentReuse(Record):
-    verdict: str = Field(description="reused or rebuilt")
-    requirements_hash: str = Field(description="the hash that keys the layer")
-    changed_files: list[str] | None = Field(description="files changed since the last build; null without one")
-
-
-class ExtensionReuse(Record):
-    verdict: str = Field(description="reused or rebuilt")
-    compiler_input_hash: str = Field(description="the hash that keys the layer")
-    changed_files: list[str] | None = Field(description="files changed since the last build; null without one")
-
-
-class PackageReuse(Record):
-    verdict: str = Field(description="reused or rebuilt")
-    package_hash: str = Field(description="the hash that keys the layer")
-    changed_files: list[str] | None = Field(description="files changed since the last build; null without one")
-
-
-class CcacheRecord(Record):
-    hits: int | None = Field(description="direct and preprocessed hits")
-    direct_hits: int | None = Field(description="direct hits")
-    preprocessed_hits: int | None = Field(description="preprocessed hits")
-    misses: int | None = Field(description="misses")
-    uncacheable: int | None = Field(description="calls ccache could not cache")
-    errors: int | None = Field(description="errors")
-    hit_rate: float | None = Field(description="hits / (hits + misses)")
-
-
-class ReuseRecord(Record):
-    """A source-tree build: what each layer reused, the parts' hashes, the files changed, ccache's counters."""
-
-    environment: EnvironmentReuse = Field(description="the requirements layer")
-    extension: ExtensionReuse = Field(description="the compiled extension")
-    package: PackageReuse = Field(description="the Python package")
-    ccache: CcacheRecord | str = Field(description="its counters, or why there are none")
-    previous_build: str | None = Field(description="when the build compared with started")
 
 
 class PushedSbom(Record):
@@ -391,6 +354,8 @@ def preflight_line(preflight: PreflightReport | PreflightSkipped) -> str:
 
 def reuse_lines(reuse: ReuseRecord) -> list[str]:
     """A source-tree build's reuse section in the summary: one line per layer, then ccache's counters."""
+    if reuse.environment is None or reuse.extension is None or reuse.package is None:
+        return cache_lines(reuse)  # a build from an sdist: only the caches' lines
     env, ext, pkg = reuse.environment, reuse.extension, reuse.package
     lines = [
         f"  environment: {env.verdict} (requirements {env.requirements_hash[:12]})",
@@ -409,4 +374,26 @@ def reuse_lines(reuse: ReuseRecord) -> list[str]:
         )
     elif ccache:
         lines.append(f"  ccache: {ccache}")
+    lines += cache_lines(reuse)
+    return lines
+
+
+def cache_lines(reuse: ReuseRecord) -> list[str]:
+    """The caches that outlive the runner (builders/cache/): hits and misses per backend, layers imported and
+    exported, and every warning a cache gave."""
+    lines = []
+    compiler = reuse.compiler_cache
+    if compiler is not None:
+        for name, counters in compiler.backends.items():
+            lines.append(
+                f"  {compiler.launcher} on {name}: {counters.hits} hits, {counters.misses} misses, "
+                f"{counters.errors} errors"
+            )
+    layer = reuse.layer_cache
+    if layer is not None and layer.repository:
+        lines.append(
+            f"  layer cache {layer.repository}: imported {', '.join(layer.imported) or 'nothing'}; "
+            f"exported {', '.join(layer.exported) or 'nothing'}"
+        )
+    lines += [f"  cache warning: {w}" for w in reuse.cache_warnings or []]
     return lines

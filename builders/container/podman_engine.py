@@ -21,7 +21,7 @@ from typing import IO, Any, TypedDict
 
 from packaging.version import InvalidVersion, Version
 
-from builders.container.base import Engine, EngineFacts, ImageInfo, RunSpec
+from builders.container.base import Engine, EngineFacts, ImageInfo, LayerCache, RunSpec
 from builders.container.image_builders import Builder, BuildRequest, BuildResult, LineSink, stream_build
 from builders.errors import EngineError
 
@@ -443,6 +443,7 @@ class PodmanBuilder:
     the buildah found has them, and --timestamp from SOURCE_DATE_EPOCH so two builds of one input match."""
 
     name = "buildah"
+    layer_cache: LayerCache = "registry"
 
     def __init__(self, engine: PodmanEngine) -> None:
         self.engine = engine
@@ -479,6 +480,14 @@ class PodmanBuilder:
                 cmd.append("--no-cache")
             if request.platform:
                 cmd += ["--platform", request.platform]
+            # buildah 1.28 takes one repository each way and tags each step's layer by the hash of its inputs.
+            cache_repos = [*request.cache_from[:1], *([request.cache_to] if request.cache_to else [])]
+            if request.cache_from:
+                cmd += ["--cache-from", request.cache_from[0]]
+            if request.cache_to:
+                cmd += ["--cache-to", request.cache_to]
+            if any(self.engine._tls_args(repo) for repo in cache_repos):
+                cmd += ["--tls-verify=false"]
             epoch = request.build_args.get("SOURCE_DATE_EPOCH")
             if epoch:
                 # Every file's mtime and the image's created time become the epoch: verify-repro compares them.

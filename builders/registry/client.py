@@ -180,6 +180,10 @@ class RegistryClient:
             hint = None
         return RegistryError(f"{method} {url}: HTTP {resp.status_code} {detail}", hint=hint)
 
+    def ping(self) -> int:
+        """The status /v2/ answers (200, or 401 where a login is asked for); RegistryError when nothing answers."""
+        return self._request("GET", f"{self.base}/").status_code
+
     # --- manifests ---------------------------------------------------------------------------------------
 
     def head_manifest(self, name: str, reference: str) -> tuple[str, str, int] | None:
@@ -217,6 +221,17 @@ class RegistryClient:
         return sent
 
     # --- blobs -------------------------------------------------------------------------------------------
+
+    def get_blob(self, name: str, digest: str, *, limit: int = 1 << 20) -> bytes | None:
+        """A small blob (an image config), checked against its digest; None when it is missing, too large, or
+        does not hash to the digest it was asked for."""
+        resp = self._request("GET", f"{self.base}/{name}/blobs/{digest}", stream=True)
+        if resp.status_code != 200:
+            return None
+        data = resp.raw.read(limit + 1, decode_content=True)
+        if len(data) > limit or "sha256:" + hashlib.sha256(data).hexdigest() != digest:
+            return None
+        return bytes(data)
 
     def put_blob(self, name: str, data: bytes) -> str:
         """Upload one blob (monolithic: POST a session, PUT the bytes); a blob already there is not re-sent."""

@@ -35,7 +35,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ),
     ("config and data", {"config", "distros", "platforms", "target", "registry", "diagnose"}),
     ("container engines", {"container"}),
-    ("planning", {"plan", "options", "render", "serving_dtype", "sources", "trust", "bootstrap", "rebuild"}),
+    ("planning", {"plan", "options", "render", "serving_dtype", "sources", "trust", "bootstrap", "rebuild", "cache"}),
     ("serving engines", {"engines", "preflight"}),
     ("build", {"build", "devloop", "report", "repro", "publish", "verify"}),
     ("runtime", {"router", "traffic", "kvlab", "smoke", "sweep", "deploy"}),

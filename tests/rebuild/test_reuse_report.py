@@ -10,7 +10,8 @@ from builders.devloop import MANIFEST, TreeManifest, read_manifest, reuse_sectio
 from builders.engines.vllm.devtree import VLLM_LAYOUT
 from builders.rebuild.ccache_stats import BEGIN, END
 from builders.rebuild.devtree import split_tree
-from builders.report import BuildReport, CcacheRecord
+from builders.rebuild.records import CcacheRecord
+from builders.report import BuildReport
 
 FIXTURES = Path(__file__).parent / "fixtures"
 ENV = {"MAX_JOBS": "2"}
@@ -34,7 +35,7 @@ def _tree(root: Path) -> Path:
 def _log(env: str, extension: str, stats: str | None) -> str:
     """A BuildKit log in the format of tests/rebuild/fixtures/buildkit-*.log: each stage's steps CACHED or run."""
     lines = []
-    for n, (stage_name, state) in enumerate((("env", env), ("extension", extension), ("venv", "ran")), 5):
+    for n, (stage_name, state) in enumerate((("env", env), ("extension", extension), ("runtime", "ran")), 5):
         lines.append(f"#{n} [{stage_name} 2/3] RUN step of {stage_name}")
         if state == "cached":
             lines.append(f"#{n} CACHED")
@@ -59,6 +60,7 @@ def test_a_python_edit_reuses_env_and_extension_and_names_the_file(tmp_path: Pat
         cache_mounted=True,
         previous=previous,
     )
+    assert section.environment and section.extension and section.package  # a tree: every layer
     assert section.environment.verdict == "reused" and section.extension.verdict == "reused"
     assert section.package.verdict == "rebuilt"
     assert section.package.changed_files == ["~vllm/core.py"]
@@ -80,6 +82,7 @@ def test_a_cpp_edit_rebuilds_the_extension_and_reports_ccache(tmp_path: Path) ->
         cache_mounted=True,
         previous=previous,
     )
+    assert section.environment and section.extension and section.package  # a tree: every layer
     assert section.extension.verdict == "rebuilt" and section.extension.changed_files == ["~csrc/b.cpp"]
     ccache = section.ccache
     assert isinstance(ccache, CcacheRecord) and (ccache.hits, ccache.misses, ccache.hit_rate) == (1, 1, 0.5)
@@ -97,6 +100,7 @@ def test_without_a_cache_mount_ccache_is_not_mounted_and_a_first_build_names_no_
         cache_mounted=False,
         previous=None,
     )
+    assert section.environment and section.extension and section.package  # a tree: every layer
     assert isinstance(section.ccache, str) and section.ccache.startswith("not mounted")
     assert section.extension.changed_files is None and section.previous_build is None
 
