@@ -9,7 +9,8 @@ padding. Printed: wall seconds, CPU seconds of the process (user + system, which
 not inflate), MB/s, and each size's CPU time as a ratio of the first size's (10x the size each step; a diagnosis
 linear in the size would show 10 and 100).
 
-Run: `nox -s bench-diagnose-size` (or `python benchmarks/bench_diagnose_size.py [--sizes 5,50,500] [--logs A,B]`).
+Run: `nox -s bench-diagnose-size` (or `python benchmarks/bench_diagnose_size.py [--sizes 5,50,500] [--logs A,B]
+[--save]`); `--save` writes results/diagnose-size.json, each size's fastest and slowest log in wall and CPU seconds.
 The padded files are written to a temporary folder one at a time and removed after their run.
 """
 
@@ -32,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from builders.diagnose import diagnose_text  # noqa: E402
+from builders.results import Figure, LoadWatch, Result  # noqa: E402
 
 LOGS = ROOT / "tests" / "logs"
 # A BuildKit log whose failing step is long (a forced compile), a BuildKit log of a compile killed by the OOM
@@ -123,7 +125,10 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES_MB)), help="MB, comma-separated")
     parser.add_argument("--logs", default=",".join(DEFAULT_LOGS), help="file stems in tests/logs, comma-separated")
+    parser.add_argument("--save", action="store_true", help="write results/diagnose-size.json")
     args = parser.parse_args(argv)
+    watch = LoadWatch.start()
+    timed: dict[int, list[tuple[float, float]]] = {}
     sizes = [int(s) for s in args.sizes.split(",") if s]
     pad = padding_lines()
     load = " ".join(Path("/proc/loadavg").read_text(encoding="ascii").split()[:3])
@@ -147,6 +152,7 @@ def main(argv: list[str]) -> int:
                 line=original.line,
             )
             same = got == expected
+            timed.setdefault(size_mb, []).append((seconds, cpu))
             wrong += not same
             first = first if first is not None else cpu
             print(
@@ -155,6 +161,26 @@ def main(argv: list[str]) -> int:
                 f"{'yes' if same else f'NO: {got} (expected {expected})'}"
             )
     print(f"load average at end {' '.join(Path('/proc/loadavg').read_text(encoding='ascii').split()[:3])}")
+    if args.save and not wrong:
+        figures: dict[str, Figure | tuple[float, str]] = {}
+        for size_mb, runs in timed.items():
+            walls, cpus = [w for w, _ in runs], [c for _, c in runs]
+            figures |= {
+                f"mb{size_mb}.wall.min": (round(min(walls), 1), "s"),
+                f"mb{size_mb}.wall.max": (round(max(walls), 1), "s"),
+                f"mb{size_mb}.cpu.min": (round(min(cpus), 1), "s"),
+                f"mb{size_mb}.cpu.max": (round(max(cpus), 1), "s"),
+                f"mb{size_mb}.logs": (len(runs), "count"),
+            }
+        saved = Result.capture(
+            "diagnose-size",
+            command="nox -s bench-diagnose-size -- --save",
+            figures=figures,
+            versions={"python": sys.version.split()[0]},
+            load=watch,
+            note="wall seconds depend on the load recorded; CPU seconds much less",
+        ).save(ROOT)
+        print(f"bench-diagnose-size: wrote {saved}", file=sys.stderr)
     return 1 if wrong else 0
 
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from builders.engines.vllm.devtree import VLLM_LAYOUT
 from builders.engines.vllm.plan import TREE_DIR, TREE_PARTS
 from builders.rebuild.ccache_stats import stats_from_log
-from builders.rebuild.devtree import PARTS, TreeSplit, changed_files, split_tree, stage_parts
+from builders.rebuild.devtree import PARTS, Part, TreeSplit, changed_files, split_tree, stage_parts
+from builders.rebuild.records import CcacheRecord, EnvironmentReuse, ExtensionReuse, PackageReuse, ReuseRecord
 from builders.rebuild.reuse import verdict
 
 if TYPE_CHECKING:
@@ -38,14 +39,27 @@ def toolchain_identity(base_image_id: str, build_packages: tuple[str, ...]) -> s
     return f"base {base_image_id}; packages {' '.join(build_packages)}"
 
 
-def read_manifest(folder: Path) -> dict[str, Any] | None:
+class TreeManifest(TypedDict):
+    """tree-manifest.json: when the build started, and per part of the tree each file's digest."""
+
+    started: str | None
+    files: dict[str, dict[str, str]]
+
+
+def read_manifest(folder: Path) -> TreeManifest | None:
     """The previous build's manifest, or None where there is none or it cannot be read (a build from an older
     Forge, a file cut short): the report then names no changed files, never wrong ones."""
     try:
         data = json.loads((folder / MANIFEST).read_text())
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) and isinstance(data.get("files"), dict) else None
+    files = data.get("files") if isinstance(data, dict) else None
+    if not isinstance(files, dict) or not all(
+        isinstance(part, dict) and all(isinstance(v, str) for v in part.values()) for part in files.values()
+    ):
+        return None
+    started = data.get("started")
+    return {"started": started if isinstance(started, str) else None, "files": files}
 
 
 def reuse_section(
@@ -55,43 +69,48 @@ def reuse_section(
     compile_env: Mapping[str, str],
     toolchain: str,
     cache_mounted: bool,
-    previous: dict[str, Any] | None,
-) -> dict[str, Any]:
+    previous: TreeManifest | None,
+) -> ReuseRecord:
     """The report's `reuse` section: per layer whether the engine reused it, the hash that keys it and the files
     changed since the previous build; ccache's counters when the compile ran with its cache mounted."""
     old_files: dict[str, dict[str, str]] = previous["files"] if previous else {}
 
-    def changed(part: str) -> list[str] | None:
-        return changed_files(old_files.get(part, {}), split.files(part)) if previous else None  # type: ignore[arg-type]
+    def changed(part: Part) -> list[str] | None:
+        return changed_files(old_files.get(part, {}), split.files(part)) if previous else None
 
     extension = verdict(log, "extension")
-    ccache: dict[str, Any] | str
+    ccache: CcacheRecord | str
     if not cache_mounted:
         ccache = "not mounted (the builder has no cache mounts: every compile starts from an empty cache)"
     elif extension == "reused":
         ccache = "not run (the extension stage came from the engine's cache: nothing was compiled)"
     else:
         stats = stats_from_log(log)
-        ccache = stats.as_report() if stats else "no counters in the log (the compile did not finish)"
-    return {
-        "environment": {
-            "verdict": verdict(log, "env"),
-            "requirements_hash": split.requirements_hash,
-            "changed_files": changed("requirements"),
-        },
-        "extension": {
-            "verdict": extension,
-            "compiler_input_hash": split.compiler_input_hash(compile_env, toolchain),
-            "changed_files": changed("compiler_inputs"),
-        },
-        "package": {
-            "verdict": verdict(log, "venv"),
-            "package_hash": split.package_hash,
-            "changed_files": changed("package"),
-        },
-        "ccache": ccache,
-        "previous_build": previous.get("started") if previous else None,
-    }
+        ccache = (
+            CcacheRecord.model_validate(stats.as_report())
+            if stats
+            else "no counters in the log (the compile did not finish)"
+        )
+    return ReuseRecord(
+        environment=EnvironmentReuse(
+            verdict=verdict(log, "env"),
+            requirements_hash=split.requirements_hash,
+            changed_files=changed("requirements"),
+        ),
+        extension=ExtensionReuse(
+            verdict=extension,
+            compiler_input_hash=split.compiler_input_hash(compile_env, toolchain),
+            changed_files=changed("compiler_inputs"),
+        ),
+        package=PackageReuse(
+            # The wheel and the package go over the venv's copy in the runtime stage (containers/_devloop.j2).
+            verdict=verdict(log, "runtime"),
+            package_hash=split.package_hash,
+            changed_files=changed("package"),
+        ),
+        ccache=ccache,
+        previous_build=previous["started"] if previous else None,
+    )
 
 
 def record_reuse(ctx: Context) -> None:
@@ -100,7 +119,7 @@ def record_reuse(ctx: Context) -> None:
     if split is None:
         return
     plan = ctx.plan
-    toolchain = toolchain_identity(str(ctx.report.base.get("image_id", "")), plan.build_packages)
+    toolchain = toolchain_identity(ctx.report.base.image_id if ctx.report.base else "", plan.build_packages)
     log = ctx.log_path.read_text(errors="replace") if ctx.log_path.exists() else ""
     ctx.report.reuse = section = reuse_section(
         split,
@@ -110,8 +129,13 @@ def record_reuse(ctx: Context) -> None:
         cache_mounted=plan.buildkit and ctx.builder.supports_cache_mounts,
         previous=read_manifest(ctx.reports_dir),
     )
-    for layer in ("environment", "extension", "package"):
-        ctx.log.info(f"{layer}: {section[layer]['verdict']}")
+    for layer, reused in (
+        ("environment", section.environment),
+        ("extension", section.extension),
+        ("package", section.package),
+    ):
+        assert reused is not None  # a source tree's section has every layer
+        ctx.log.info(f"{layer}: {reused.verdict}")
     manifest = {"started": ctx.report.started, "files": split.manifest()}
     tmp = ctx.reports_dir / f".{MANIFEST}.new"
     tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")

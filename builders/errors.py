@@ -135,6 +135,6 @@ class GpuProbeMismatch(ForgeError):
     """`forge gpu probe`: the driver ran a kernel variant the gate says cannot run on the GPU, or refused one it says
     can: Forge's reading of the binaries is wrong for that GPU, and the message names the variant."""
 
-    # 21: after GpuUnsupported's 20.
-    exit_code = 21
+    # 23: 21 and 22 are the compiler caches' (builders/cache/errors.py).
+    exit_code = 23
     kind = "the GPU gate disagrees with the driver"

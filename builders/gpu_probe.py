@@ -7,7 +7,7 @@ GPU, whether the driver will run it: `LibraryArchs.runs_on` for the arch, and fo
 CUDA is at least nvcc's (a driver refuses a newer PTX ISA). Then, per local GPU, the driver loads each fatbin
 (cuModuleLoadData through ctypes on libcuda.so.1), launches the kernel and reads back what it wrote.
 
-Exit 0 when the driver did what the gate predicted for every variant on every GPU; 21 (GpuProbeMismatch) naming the
+Exit 0 when the driver did what the gate predicted for every variant on every GPU; 23 (GpuProbeMismatch) naming the
 variants where it did not; 9 (GpuNotEvaluated) where there is no GPU: the compile and the read have run, and the
 JSON says what was compiled. It needs only the standard library, Forge's gpu_archs and cuda_driver, and rich and
 PyYAML (what the GPU hosts within reach have): `python3 -m builders.gpu_probe` runs it without Forge's CLI.

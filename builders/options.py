@@ -11,10 +11,10 @@ from __future__ import annotations
 import argparse
 import re
 import types
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, Literal, TypedDict, Union, get_args, get_origin, get_type_hints
 
 from packaging.version import InvalidVersion, Version
 
@@ -176,6 +176,28 @@ class BuildOptions:
         ),
     ] = None
     no_cache: Annotated[bool, Flag("build every step again, ignoring the engine's layer cache")] = False
+    # Caches that outlive the runner (builders/cache/, docs/ci-caches.md); each flag's FORGE_* variable is its default.
+    compiler_cache: Annotated[
+        str | None,
+        Flag(
+            "shared compiler cache: local (ccache, default), redis://HOST:PORT, s3://BUCKET?endpoint=URL, "
+            "webdav+https://HOST/PATH or gha; credentials from the environment (default: $FORGE_COMPILER_CACHE)",
+            metavar="URL",
+        ),
+    ] = None
+    cache_registry: Annotated[
+        str | None,
+        Flag(
+            "registry repository for the build's layers, imported and exported (default: $FORGE_CACHE_REGISTRY)",
+            metavar="HOST/REPO",
+        ),
+    ] = None
+    cache_export: Annotated[
+        bool | None, Flag("export this build's layers to --cache-registry (default: yes; $FORGE_CACHE_EXPORT)")
+    ] = None
+    require_cache: Annotated[
+        bool, Flag("a cache that fails is an error, not a warning (default: $FORGE_REQUIRE_CACHE)")
+    ] = False
     reports_dir: Annotated[
         Path | None,
         Flag(
@@ -245,6 +267,18 @@ def flag(field_name: str) -> str:
     return next(o.name for o in cli_options() if o.field == field_name)
 
 
+class _Argument(TypedDict, total=False):
+    """argparse's add_argument keywords, as far as the options table sets them."""
+
+    dest: str
+    help: str | None
+    action: str | type[argparse.Action]
+    default: object
+    choices: Sequence[str]
+    type: Callable[[str], object]
+    metavar: str
+
+
 def add_flags(
     parser: argparse.ArgumentParser,
     options: Iterable[CliOption],
@@ -254,11 +288,11 @@ def add_flags(
     """The options' flags on a parser; `helps` rewords a flag's help where the command gives it a default of its
     own (verify-repro's report folder)."""
     for o in options:
-        kwargs: dict[str, Any] = {"dest": o.field, "help": (helps or {}).get(o.field, o.flag.help)}
+        kwargs: _Argument = {"dest": o.field, "help": (helps or {}).get(o.field, o.flag.help)}
         if o.type is bool:
             kwargs["action"] = "store_true"
         elif _is_union(o.type) and bool in get_args(o.type):
-            kwargs.update(action=argparse.BooleanOptionalAction, default=None)
+            kwargs["action"], kwargs["default"] = argparse.BooleanOptionalAction, None
         else:
             kwargs["default"] = None if o.flag.convert else _default(o.field)
             if o.choices:

@@ -110,13 +110,18 @@ def refuse_unseen(plan: BuildPlan) -> None:
                 )
 
 
-def render(plan: BuildPlan, containers_dir: Path) -> str:
+def render(plan: BuildPlan, containers_dir: Path, *, compiler_cache: object = None) -> str:
+    """compiler_cache: builders/cache/'s launcher for the template (None: the engine-local ccache, as always)."""
     refuse_unseen(plan)
     env = _environment(containers_dir)
     try:
         template = env.get_template(plan.template)
         text = template.render(
-            plan=plan, family=family_for(plan.distro), build_dir=BUILD_DIR, pip_torch_args=pip_torch_args(plan)
+            plan=plan,
+            family=family_for(plan.distro),
+            build_dir=BUILD_DIR,
+            pip_torch_args=pip_torch_args(plan),
+            compiler_cache=compiler_cache,
         )
     except jinja2.TemplateError as exc:
         where = f"{getattr(exc, 'filename', None) or plan.template}:{getattr(exc, 'lineno', '?')}"

@@ -288,7 +288,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         digests[plat.name] = digest
     # Progress to stderr: stdout is the index alone (`forge index … --json > index.json`).
     index = index_of_digests(ref, digests, Log(lambda line: print(line, file=sys.stderr, flush=True)))
-    print(json.dumps(index, indent=2) if args.json else f"{index['ref']}@{index['digest']}")
+    print(index.to_json() if args.json else f"{index.ref}@{index.digest}")
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -127,7 +128,7 @@ def load_yaml(path: Path) -> Any:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
 
 
-def load_model(model: type[M], path: Path, *, defaults: dict[str, Any] | None = None) -> M:
+def load_model(model: type[M], path: Path, *, defaults: Mapping[str, object] | None = None) -> M:
     data = load_yaml(path)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, found {type(data).__name__}")

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, get_args
 
 from builders import interrupt
-from builders.container.base import Builder, BuilderChoice, BuildRequest, BuildResult, LineSink
+from builders.container.base import Builder, BuilderChoice, BuildRequest, BuildResult, LayerCache, LineSink
 from builders.errors import EngineError
 from builders.redact import mask_urls
 
@@ -69,6 +69,7 @@ class BuildKitCliBuilder:
     name = "buildkit"
     supports_secrets = True
     supports_cache_mounts = True
+    layer_cache: LayerCache = "inline"
     version: str | None = None
 
     def __init__(self, cli: str) -> None:
@@ -94,6 +95,11 @@ class BuildKitCliBuilder:
                 cmd += ["--platform", request.platform]
             if request.no_cache:
                 cmd.append("--no-cache")
+            for ref in request.cache_from:
+                cmd += ["--cache-from", ref]
+            if request.cache_to:
+                # No buildx here: the only export is the inline cache, which a later push of this image carries.
+                cmd += ["--build-arg", "BUILDKIT_INLINE_CACHE=1"]
             cmd += request.cli_flags()
             env = {**os.environ, "DOCKER_BUILDKIT": "1", "BUILDKIT_PROGRESS": "plain"}
             start = time.monotonic()
@@ -164,6 +170,7 @@ class LegacySdkBuilder:
     name = "legacy"
     supports_secrets = False
     supports_cache_mounts = False
+    layer_cache: LayerCache = "none"
     version: str | None = None
 
     def __init__(self, engine: _DockerClient) -> None:
@@ -256,6 +263,7 @@ def describe(builder: Builder) -> dict[str, object]:
         "name": builder.name,
         "secrets": builder.supports_secrets,
         "cache_mounts": builder.supports_cache_mounts,
+        "layer_cache": builder.layer_cache,
         "cli": getattr(builder, "cli", None),
         "version": builder.version,
     }

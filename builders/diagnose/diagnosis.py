@@ -45,7 +45,6 @@ import textwrap
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -125,9 +124,10 @@ class Diagnosis(BaseModel):
         "read, and what was cut. None: every line.",
     )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """Plain JSON-ready data, the shape `forge diagnose --json` prints and build reports store."""
-        return self.model_dump(mode="json")
+        data: dict[str, object] = self.model_dump(mode="json")
+        return data
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, ensure_ascii=False)

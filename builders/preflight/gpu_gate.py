@@ -7,6 +7,10 @@ The run host's GPUs come from `nvidia-smi --query-gpu=name,compute_cap,driver_ve
 labels, or its `nvidia.com/gpu.product` label alone. The image's archs and CUDA come from its labels
 (`dev.forge.cuda.arch_list`, `dev.forge.cuda.version`), its build report (what cuobjdump read, the CUDA torch was
 built for) or, before a build, from an arch list and the recipe's CUDA.
+
+An nvidia-smi that answers with an error is never passed over: a saved file holding one is a usage error, and a
+live one that exits non-zero leaves the gate not evaluated, with its exit status and output, and what its words
+mean when Forge knows them (a driver before 510, a tool older than the kernel driver, a driver/library mismatch).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from builders.cuda_driver import (
     highest_cuda,
     is_datacentre,
 )
-from builders.errors import ConfigError, GpuDriverTooOld, GpuUnsupported, UsageError
+from builders.errors import ConfigError, GpuDriverTooOld, GpuUnsupported, PreflightIncomplete, UsageError
 from builders.gpu_archs import Capability, LibraryArchs, core
 from builders.gpu_image import (
     LABEL_ARCHS,
@@ -50,6 +54,38 @@ CSV_LIMIT_BYTES = 2**20
 QUERY = "name,compute_cap,driver_version,memory.total"
 """The fields Forge asks nvidia-smi for, in this order; a file of only the first two is read too."""
 SAVE_HINT = f"save `nvidia-smi --query-gpu={QUERY} --format=csv` from the run host"
+SMI_QUERY = (f"--query-gpu={QUERY}", "--format=csv")
+
+# What nvidia-smi prints instead of GPUs (on stdout), and what it means. A driver before 510 does not know the
+# compute_cap field: it prints this line and a blank one and exits 2 (public reports show drivers 470.82.01 and
+# 470.182.03, and a snap's 470 tool beside a 580 kernel driver). NVML's own failures come as "Failed to
+# initialize NVML: <why>", exit 18 for a driver/library mismatch.
+NO_COMPUTE_CAP = 'Field "compute_cap" is not a valid field to query.'
+OLD_DRIVER = "needs driver 510 or later for compute_cap, or pass --gpu-product"
+_NVML_FAILED = re.compile(r"Failed to initialize NVML: (.+)")
+_MISMATCH = "Driver/library version mismatch"
+
+
+def smi_failure(text: str) -> tuple[str, str] | None:
+    """(what nvidia-smi's words mean, what to do) when its output is one of its errors; None when it is not."""
+    if NO_COMPUTE_CAP in text:
+        return (
+            "nvidia-smi does not know the compute_cap field: it " + OLD_DRIVER,
+            "upgrade the NVIDIA driver to 510 or later, or name the GPUs with --gpu-product (a node's "
+            "nvidia.com/gpu.product label) instead",
+        )
+    failed = _NVML_FAILED.search(text)
+    if failed and _MISMATCH.lower() in failed.group(1).lower():
+        library = re.search(r"NVML library version: (\S+)", text)
+        return (
+            f"nvidia-smi cannot reach the kernel driver: {_MISMATCH}"
+            + (f" (NVML library {library.group(1)})" if library else "")
+            + ": the loaded kernel module is not the version of the driver's libraries",
+            "reboot (or reload the nvidia kernel modules) after a driver upgrade, or pass --gpu-product",
+        )
+    if failed:
+        return f"nvidia-smi cannot start NVML: {failed.group(1).strip()}", "check the driver, or pass --gpu-product"
+    return None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,6 +100,7 @@ class Gpu:
 
 # nvidia-smi's CSV header names, as it prints them for --query-gpu (memory.total carries its unit).
 _COLUMNS = {"name": "name", "compute_cap": "cap", "driver_version": "driver", "memory.total [mib]": "memory"}
+_FIELDS = {column: field.split(" ")[0] for field, column in _COLUMNS.items()}
 
 
 def _columns(fields: list[str]) -> list[str] | None:
@@ -76,6 +113,9 @@ def _columns(fields: list[str]) -> list[str] | None:
 
 def parse_nvidia_smi(text: str, *, source: str) -> list[Gpu]:
     """`nvidia-smi --query-gpu=name,compute_cap[,driver_version,memory.total] --format=csv` (header optional)."""
+    failure = smi_failure(text)
+    if failure is not None:
+        raise UsageError(f"{source}: {failure[0]}", hint=failure[1])
     gpus: list[Gpu] = []
     columns = ["name", "cap"]
     for number, line in enumerate(text.splitlines(), 1):
@@ -92,14 +132,18 @@ def parse_nvidia_smi(text: str, *, source: str) -> list[Gpu]:
             columns = ["name", "cap", "driver", "memory"]
         parts = line.rsplit(",", len(columns) - 1)
         if len(parts) != len(columns) or not parts[0].strip() or "cap" not in columns:
-            raise UsageError(f"{where}: {line.strip()!r} is not a `{', '.join(columns)}` line", hint=SAVE_HINT)
+            raise UsageError(
+                f"{where}: {line.strip()!r} is not a `{', '.join(_FIELDS.get(c, c) for c in columns)}` line",
+                hint=SAVE_HINT,
+            )
         row = dict(zip(columns, (p.strip() for p in parts), strict=True))
         try:
             capability = Capability.parse(row["cap"], where=where)
         except ConfigError as exc:
-            # compute_cap is "[N/A]" on drivers older than 510, which do not know the field.
             raise UsageError(
-                exc.message, hint="nvidia-smi 510 or later reports compute_cap; or use --gpu-product"
+                exc.message,
+                hint=f"save the output of `nvidia-smi --query-gpu={QUERY} --format=csv` as it prints it; "
+                "or use --gpu-product",
             ) from exc
         driver = _driver(row.get("driver"), where=where)
         memory = re.fullmatch(r"(\d+)\s*MiB", row.get("memory", ""))
@@ -272,16 +316,78 @@ def read_nvml() -> list[Gpu] | None:
         pynvml.nvmlShutdown()
 
 
-def read_local() -> list[Gpu] | None:
-    """This host's GPUs: nvidia-smi where it is on PATH, else NVML; None where neither answers."""
+@dataclass(frozen=True, kw_only=True)
+class SmiFailure:
+    """A live nvidia-smi that did not list the GPUs: the gate is not evaluated, and says why."""
+
+    command: str
+    exit_status: int
+    output: str
+    reason: str
+    remedy: str
+
+    def describe(self) -> str:
+        return f"`{self.command}` exited {self.exit_status}: {self.reason}"
+
+
+# The first line of a plain `nvidia-smi`: the tool's own version, then the kernel driver's.
+_HEADER = re.compile(r"NVIDIA-SMI\s+((\d+)\.[\d.]+)\s+Driver Version:\s+((\d+)\.[\d.]+)")
+
+
+def _run_smi(smi: str, *args: str) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run([smi, *args], capture_output=True, text=True, check=False, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return subprocess.CompletedProcess([smi, *args], 255, "", f"could not run it: {exc}")
+
+
+def _older_tool(smi: str) -> tuple[str, str] | None:
+    """(tool version, kernel driver version) where the nvidia-smi on PATH is older than the driver it talks to:
+    a snap or a container that brings its own nvidia-smi prints `NVIDIA-SMI 470.256.02  Driver Version:
+    580.95.05`, and its 470 tool lacks compute_cap while the driver has it."""
+    header = _HEADER.search(_run_smi(smi).stdout)
+    if header is None:
+        return None
+    tool, tool_major, driver, driver_major = header.groups()
+    return (tool, driver) if int(tool_major) < int(driver_major) else None
+
+
+def read_local() -> list[Gpu] | SmiFailure | None:
+    """This host's GPUs: nvidia-smi where it is on PATH, else NVML; None where neither is there. An nvidia-smi
+    that fails is a SmiFailure, never a host without GPUs."""
     smi = shutil.which("nvidia-smi")
-    if smi:
-        proc = subprocess.run(
-            [smi, f"--query-gpu={QUERY}", "--format=csv"], capture_output=True, text=True, check=False
-        )
-        if proc.returncode == 0:
+    if smi is None:
+        return read_nvml()
+    command = f"nvidia-smi {' '.join(SMI_QUERY)}"
+    proc = _run_smi(smi, *SMI_QUERY)
+    output = (proc.stdout + proc.stderr).strip()
+    failure = smi_failure(output)
+    if proc.returncode == 0 and failure is None:
+        try:
             return parse_nvidia_smi(proc.stdout, source="nvidia-smi")
-    return read_nvml()
+        except UsageError as exc:
+            return SmiFailure(
+                command=command, exit_status=0, output=output[-2000:], reason=exc.message, remedy=exc.hint or ""
+            )
+    if failure is not None and NO_COMPUTE_CAP in output and (older := _older_tool(smi)):
+        tool, driver = older
+        failure = (
+            f"the nvidia-smi on PATH ({smi}) is version {tool}, older than the kernel driver {driver}, and does "
+            "not know the compute_cap field",
+            f"use the nvidia-smi that came with driver {driver} (a snap or a container may bring an older one), "
+            "or pass --gpu-product",
+        )
+    reason, remedy = failure or (
+        "nvidia-smi failed, so this host's GPUs are unknown",
+        "fix nvidia-smi on this host, or name the GPUs with --gpu-query FILE or --gpu-product LABEL",
+    )
+    return SmiFailure(
+        command=command,
+        exit_status=proc.returncode,
+        output=output[-2000:] or "(no output)",
+        reason=reason,
+        remedy=remedy,
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -448,6 +554,7 @@ class GateInput:
     libraries: list[LibraryArchs]
     archs_from: str
     cuda: ImageCuda | None = None
+    unread: SmiFailure | None = None  # this host's nvidia-smi failed: the gate cannot be evaluated
 
 
 def gate_input(
@@ -480,15 +587,17 @@ def gate_input(
                 "give an image built by Forge for GPUs, whose labels carry them",
             )
         return None
-    gpus = given if given is not None else read_local()
-    if not gpus:
+    found = given if given is not None else read_local()
+    if not found:
         return None
     cuda = facts.cuda
     if getattr(args, "image_cuda", None):
         cuda = ImageCuda(version=_cuda_flag(args.image_cuda), source="--image-cuda", compat=bool(cuda and cuda.compat))
     elif cuda is None and default_cuda is not None:
         cuda = ImageCuda(version=_cuda_flag(default_cuda[0], where=default_cuda[1]), source=default_cuda[1])
-    return GateInput(gpus=gpus, libraries=facts.libraries, archs_from=facts.archs_from, cuda=cuda)
+    if isinstance(found, SmiFailure):
+        return GateInput(gpus=[], libraries=facts.libraries, archs_from=facts.archs_from, cuda=cuda, unread=found)
+    return GateInput(gpus=found, libraries=facts.libraries, archs_from=facts.archs_from, cuda=cuda)
 
 
 def _cuda_flag(text: str, *, where: str = "--image-cuda") -> CudaVersion:
@@ -504,8 +613,14 @@ def gate_from_args(
     default_archs: tuple[str, str] | None = None,
     image: LabelsRead | None = None,
 ) -> list[Verdict] | None:
-    """smoke and deploy render: raise GpuUnsupported or GpuDriverTooOld (exit 20) for a GPU the image cannot run on."""
+    """smoke and deploy render: raise GpuUnsupported or GpuDriverTooOld (exit 20) for a GPU the image cannot run on,
+    and PreflightIncomplete (exit 9) where this host's nvidia-smi failed and no GPU was named instead."""
     gate = gate_input(args, default_archs=default_archs, image=image)
+    if gate is not None and gate.unread is not None:
+        raise PreflightIncomplete(
+            f"GPU gate not evaluated: {gate.unread.describe()}. nvidia-smi said: {gate.unread.output}",
+            hint=gate.unread.remedy,
+        )
     return None if gate is None else enforce(gate.gpus, gate.libraries, gate.archs_from, gate.cuda)
 
 
@@ -516,9 +631,19 @@ def preflight_findings(gate: GateInput) -> list[Finding]:
 
 
 def preflight_finding(gate: GateInput) -> Finding:
-    """preflight: the arch gate as one finding, blocking (exit 3) for a GPU the image would carry no kernels for."""
-    gpus = ", ".join(f"{g.name} ({g.capability})" for g in gate.gpus)
+    """preflight: the arch gate as one finding, blocking (exit 3) for a GPU the image would carry no kernels for, not
+    evaluated (exit 9) where this host's nvidia-smi failed."""
     required = f"SASS or JIT-able PTX for each GPU in {arch_summary(gate.libraries)}"
+    if gate.unread is not None:
+        return unchecked(
+            "gpu-arch",
+            f"not evaluated: {gate.unread.describe()}",
+            required,
+            f"this host's nvidia-smi; archs from {gate.archs_from}",
+            gate.unread.remedy,
+            message=f"nvidia-smi said: {gate.unread.output}",
+        )
+    gpus = ", ".join(f"{g.name} ({g.capability})" for g in gate.gpus)
     source = f"GPUs from {gate.gpus[0].source}; archs from {gate.archs_from}"
     try:
         enforce(gate.gpus, gate.libraries, gate.archs_from)
@@ -535,6 +660,14 @@ def preflight_finding(gate: GateInput) -> Finding:
 
 
 def driver_finding(gate: GateInput) -> Finding:
+    if gate.unread is not None:
+        return unchecked(
+            "gpu-driver",
+            f"not evaluated: {gate.unread.describe()}",
+            "a driver the image's CUDA runtime starts on",
+            "this host's nvidia-smi",
+            gate.unread.remedy,
+        )
     verdicts = judge(gate.gpus, gate.libraries, gate.cuda)
     drivers = ", ".join(dict.fromkeys(f"{v.gpu.name}: driver {v.gpu.driver or 'unknown'}" for v in verdicts))
     cuda = f"CUDA {gate.cuda.version}" if gate.cuda else "CUDA unknown"

@@ -157,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     )
     report = smoke.execute()
     console.print(summary_table(report))
-    console.print(f"[green]smoke passed[/green]: profile {profile.name}, report {report.get('report_file', '(none)')}")
+    console.print(f"[green]smoke passed[/green]: profile {profile.name}, report {report.report_file or '(none)'}")
     return 0
 
 
@@ -207,7 +207,7 @@ def run_endpoint(args: argparse.Namespace, root: Path, console: Console) -> int:
     report = smoke_endpoint(options, console)
     console.print(summary_table(report))
     console.print(
-        f"[green]smoke passed[/green]: profile {profile.name} against {report['endpoint']}, "
-        f"report {report.get('report_file', '(none)')}"
+        f"[green]smoke passed[/green]: profile {profile.name} against {report.endpoint}, "
+        f"report {report.report_file or '(none)'}"
     )
     return 0

@@ -9,7 +9,6 @@ endpoint that sends none is not a Forge router, and the report says so rather th
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import secrets
 import time
@@ -18,7 +17,6 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
 import requests
@@ -26,8 +24,10 @@ from rich.console import Console
 
 from builders.config.types import unseen_character
 from builders.errors import SmokeFailed, UsageError
+from builders.records import write_text
 from builders.redact import mask_url, mask_urls
 from builders.smoke.profile import StackProfile
+from builders.smoke.report import ClassRecord, EndpointInfo, EndpointReport, Gates, TrafficRecord, TrafficRecords
 from builders.smoke.stack import traffic_plan
 from builders.traffic.results import TrafficResult
 from builders.traffic.runner import run_traffic
@@ -86,7 +86,7 @@ def check_api_key(key: str, *, where: str) -> str:
     )
 
 
-def reach(url: str, api_key: str | None, model: str) -> dict[str, Any]:
+def reach(url: str, api_key: str | None, model: str) -> EndpointInfo:
     """What the endpoint says before traffic: its /health (a Forge router's lists its pools) and /v1/models.
     SmokeFailed at once when it cannot be reached, refuses the key or does not serve the model."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -124,13 +124,18 @@ def reach(url: str, api_key: str | None, model: str) -> dict[str, Any]:
             f"endpoint {url_shown} does not serve model {model!r} (it lists {', '.join(served) or 'none'})",
             hint="pass --model with one it serves, or deploy the profile's model",
         )
-    info: dict[str, Any] = {"models": served, "health_status": health.status_code}
+    info = EndpointInfo(models=served, health_status=health.status_code)
     try:
         body = health.json()
     except ValueError:
         body = None
     if isinstance(body, dict) and isinstance(body.get("pools"), dict):
-        info["pools"] = {name: [r.get("url") for r in replicas] for name, replicas in body["pools"].items()}
+        # Another server's /health is not ours to trust: only string URLs are kept.
+        info.pools = {
+            str(name): [u if isinstance(u := r.get("url"), str) else None for r in replicas if isinstance(r, dict)]
+            for name, replicas in body["pools"].items()
+            if isinstance(replicas, list)
+        }
     return info
 
 
@@ -145,7 +150,7 @@ def served_where(result: TrafficResult) -> dict[str, dict[str, int]]:
     return {c: dict(sorted(counts.items())) for c, counts in where.items()}
 
 
-def smoke_endpoint(options: EndpointOptions, console: Console) -> dict[str, Any]:
+def smoke_endpoint(options: EndpointOptions, console: Console) -> EndpointReport:
     """Run the profile's traffic against the endpoint and judge it; SmokeFailed (after writing the report) when a
     gate fails."""
     profile = options.profile
@@ -156,15 +161,15 @@ def smoke_endpoint(options: EndpointOptions, console: Console) -> dict[str, Any]
         plan = plan.model_copy(update={"model": options.model})
     run_id = secrets.token_hex(4)
     started = time.time()
-    report: dict[str, Any] = {
-        "run_id": run_id,
-        "profile": profile.name,
-        "profile_file": source,
-        "endpoint": mask_url(url),
-        "started_at": datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"),
-    }
+    report = EndpointReport(
+        run_id=run_id,
+        profile=profile.name,
+        profile_file=source,
+        endpoint=mask_url(url),
+        started_at=datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"),
+    )
     try:
-        report["endpoint_info"] = reach(url, options.api_key, plan.model)
+        report.endpoint_info = reach(url, options.api_key, plan.model)
         console.print(f"endpoint {mask_url(url)} answers; traffic: up to {plan.max_total_requests} requests")
         bound = profile.timeouts.traffic_s
 
@@ -181,30 +186,25 @@ def smoke_endpoint(options: EndpointOptions, console: Console) -> dict[str, Any]
             ) from None
         console.print(result.render_table())
         where = served_where(result)
-        classes: dict[str, Any] = {}
-        for request_class, summary in result.summaries.items():
-            classes[request_class.value] = {
-                "pool": profile.classes[request_class],
-                **summary.as_json(),
-                "served_where": where[request_class.value],
-            }
-        report["traffic"] = {
-            "main": {
-                "wall_s": round(result.wall_s, 2),
-                "stopped_by": result.stopped_by,
-                "requests": len(result.records),
-                "classes": classes,
-            }
+        classes = {
+            c.value: ClassRecord.of(summary, pool=profile.classes[c], served_where=where[c.value])
+            for c, summary in result.summaries.items()
         }
+        report.traffic = TrafficRecords(
+            main=TrafficRecord(
+                wall_s=round(result.wall_s, 2),
+                stopped_by=result.stopped_by,
+                requests=len(result.records),
+                classes=classes,
+            )
+        )
         unlabelled = sum(v for c in where.values() for k, v in c.items() if k.startswith("(no "))
         if unlabelled:
-            report["note"] = (
-                f"{unlabelled} answer(s) carried no x-forge-pool header: the endpoint is not a Forge router"
-            )
+            report.note = f"{unlabelled} answer(s) carried no x-forge-pool header: the endpoint is not a Forge router"
         failures = [
             f"{c.value}: {'; '.join(s.gate_failures)}" for c, s in result.summaries.items() if not s.gate_passed
         ]
-        report["gates"] = {"passed": not failures, "failures": failures}
+        report.gates = Gates(passed=not failures, failures=failures)
         if failures:
             raise SmokeFailed(
                 f"profile {profile.name} against {mask_url(url)}: {len(failures)} gate(s) failed:\n  "
@@ -212,11 +212,10 @@ def smoke_endpoint(options: EndpointOptions, console: Console) -> dict[str, Any]
                 hint="the report names each class's numbers and where it was served",
             )
     finally:
-        report["duration_s"] = round(time.time() - started, 1)
+        report.duration_s = round(time.time() - started, 1)
         if options.report_dir is not None:
-            options.report_dir.mkdir(parents=True, exist_ok=True)
             path = options.report_dir / f"smoke-endpoint-{profile.name}-{run_id}.json"
             # Error texts of the traffic run may quote the URL: the whole report is masked as it is written.
-            path.write_text(mask_urls(json.dumps(report, indent=2)) + "\n", encoding="utf-8")
-            report["report_file"] = str(path)
+            write_text(path, mask_urls(report.to_json()) + "\n")
+            report.report_file = str(path)
     return report

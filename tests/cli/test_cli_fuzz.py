@@ -46,9 +46,10 @@ def documented_exit_codes() -> set[int]:
 CODES = documented_exit_codes()
 TAKEN = "a file, not a folder\n"
 
-# Commands whose work is long whatever their input (a sweep, a KV-lab measurement, a base bootstrap, two builds):
+# Commands whose work is long whatever their input (a sweep, a KV-lab measurement or its kernels under Triton's
+# interpreter, a base bootstrap, two builds):
 # left to their own tests, so that each run here ends in seconds.
-LONG = {"sweep", "kvlab rank", "kvlab check", "bootstrap", "verify-repro"}
+LONG = {"sweep", "kvlab rank", "kvlab check", "kvlab kernels", "bootstrap", "verify-repro"}
 # Flags whose value is a secret: given the secret, or a hostile value.
 SECRET_VALUES = {
     "--api-key": [SECRET, f"{SECRET} x", f"{SECRET}\n"],

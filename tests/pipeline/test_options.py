@@ -40,7 +40,7 @@ def _subparser(command: str) -> argparse.ArgumentParser:
 
 def test_every_option_in_the_table_is_a_build_flag_and_the_plan_ones_render_and_plan_flags() -> None:
     table = list(cli_options())
-    assert len(table) == 17 and {o.flag.scope for o in table} == {"plan", "build"}
+    assert len(table) == 21 and {o.flag.scope for o in table} == {"plan", "build"}
     build_help = _help("build")
     for option in table:
         assert option.name in build_help, option.name
