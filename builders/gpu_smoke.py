@@ -341,11 +341,19 @@ def run(args: argparse.Namespace) -> int:
         "verdict": "not evaluated",
     }
 
+    watch = None
+    if args.save:
+        from builders.results import LoadWatch
+
+        watch = LoadWatch.start(root=ROOT)
+
     def finish(code: int) -> int:
         result["seconds"] = round(time.monotonic() - started, 1)
         (out / "results.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
         (out / "results.md").write_text(results_md(result), encoding="utf-8")
         say(f"{result['verdict']} in {result['seconds']} s: {out / 'results.json'}")
+        if args.save and code == 0:
+            say(f"saved {save_result(args.save, result, watch, argv=sys.argv[1:])}")
         return code
 
     gpus = [] if args.dry_run else local_gpus()
@@ -366,6 +374,7 @@ def run(args: argparse.Namespace) -> int:
     work.mkdir(parents=True, exist_ok=True)
     site = work / "site"
     result["wheels_installed"] = install_wheels(bundle, site, say)
+    sys.path.insert(0, str(site))  # what --save needs (pydantic), where this Python lacks it
     env = forge_env(site)
     # The router's C relay for this Python where a compiler and its headers are there; else the Python relay.
     relay = subprocess.run(
@@ -405,6 +414,32 @@ def run(args: argparse.Namespace) -> int:
         result["gpu_processes"] = sampler.stop()
     result["verdict"] = "passed" if code == 0 else "smoke failed"
     return finish(0 if code == 0 else EXIT_SMOKE)
+
+
+def save_result(name: str, result: dict[str, Any], watch: Any, *, argv: list[str]) -> Path:
+    """results/NAME.json (builders/results.py): the run's times, with the machine and its load."""
+    from builders.results import Figure, Result
+
+    build = result.get("build") or {}
+    figures = {
+        "total": Figure(value=result["seconds"], unit="s", note="the whole run, the build included"),
+        "build": Figure(value=build.get("seconds", 0), unit="s", note="configure and build of llama-server"),
+        "bundle": Figure(value=round(result["bundle"]["bytes"] / 2**20, 1), unit="MiB", note="what the run carries"),
+    }
+    gpus = result.get("gpus") or []
+    versions = {"llama.cpp sdist": result["bundle"]["sdist"], "python": platform.python_version()}
+    if gpus:
+        versions |= {"gpu": gpus[0]["name"], "driver": gpus[0]["driver"]}
+    return Result.capture(
+        name,
+        command="python3 -m builders.gpu_smoke " + " ".join(argv),
+        figures=figures,
+        versions=versions,
+        load=watch,
+        source=str(result.get("smoke", {}).get("report", "")),
+        note="dry run: the CPU build and no offload" if result.get("dry_run") else "",
+        root=ROOT,
+    ).save(ROOT)
 
 
 def results_md(result: dict[str, Any]) -> str:
@@ -455,6 +490,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     go.add_argument("--smoke-reserve", type=float, default=150.0, help="seconds kept from the build for the smoke")
     go.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     go.add_argument("--dry-run", action="store_true", help="on a CPU: the CPU build of the same tree, no offload")
+    go.add_argument("--save", default=None, metavar="NAME", help="also write results/NAME.json when the run passes")
     args = parser.parse_args(argv)
     if args.action == "prepare":
         manifest = prepare(args.bundle)
