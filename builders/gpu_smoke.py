@@ -487,7 +487,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     go.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or ROOT / "reports" / "gpu-smoke"))
     go.add_argument("--work", type=Path, default=Path(os.environ.get("FORGE_CACHE") or "/tmp") / "gpu-smoke-work")
     go.add_argument("--budget", type=float, default=570.0, help="seconds for the whole run (default 570)")
-    go.add_argument("--smoke-reserve", type=float, default=150.0, help="seconds kept from the build for the smoke")
+    go.add_argument("--smoke-reserve", type=float, default=100.0, help="seconds kept from the build for the smoke")
     go.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     go.add_argument("--dry-run", action="store_true", help="on a CPU: the CPU build of the same tree, no offload")
     go.add_argument("--save", default=None, metavar="NAME", help="also write results/NAME.json when the run passes")
