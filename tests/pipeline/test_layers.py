@@ -25,6 +25,8 @@ LAYERS: list[tuple[str, set[str]]] = [
             "cpusets",
             "emulation",
             "gpu_archs",
+            "cuda_driver",
+            "gpu_image",
             "locks",
             "redact",
             "input_files",
@@ -38,7 +40,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("planning", {"plan", "options", "render", "serving_dtype", "sources", "trust", "bootstrap", "rebuild", "cache"}),
     ("serving engines", {"engines", "preflight"}),
     ("build", {"build", "devloop", "report", "repro", "publish", "verify"}),
-    ("runtime", {"router", "traffic", "kvlab", "smoke", "sweep", "deploy"}),
+    ("runtime", {"router", "traffic", "kvlab", "smoke", "sweep", "deploy", "gpu_probe", "gpu_smoke"}),
     ("CLI edge", {"cli", "commands"}),
 ]
 
