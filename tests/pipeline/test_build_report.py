@@ -16,7 +16,7 @@ from builders import build as build_module
 from builders.build import BuildOptions, Context, build
 from builders.config import Project
 from builders.diagnose.diagnosis import diagnose_text
-from builders.engines.checks import CheckResult
+from builders.engines.checks import CheckData, CheckResult
 from builders.preflight.findings import PreflightReport, passed, warning
 from builders.publish import PushRefused, load_report
 from builders.records import ReportInvalid
@@ -37,7 +37,7 @@ def _fill(ctx: Context) -> None:
         mode="declared",
         seconds=0.25,
     )
-    archs = {"cuda_archs": {"vllm/_C.abi3.so": {"sass": ["sm_80", "sm_90"], "ptx": ["sm_90"]}}}
+    archs: CheckData = {"cuda_archs": {"vllm/_C.abi3.so": {"sass": ["sm_80", "sm_90"], "ptx": ["compute_90"]}}}
     checks = [
         CheckResult(name="import-vllm", ok=True, detail="0.33.0 2.9.0+cpu", seconds=3.21),
         CheckResult(name="cuda-archs", ok=True, detail="covered", seconds=1.0, data=archs),
@@ -63,6 +63,7 @@ def test_the_report_a_build_writes_reads_back_through_its_model(
     report = BuildReport.read(path)
     assert report.as_json() == written
     assert report.result == "succeeded" and report.tests[1].data is not None
+    assert report.tests[1].data.cuda_archs is not None
     assert report.tests[1].data.cuda_archs["vllm/_C.abi3.so"].sass == ["sm_80", "sm_90"]
     assert [t.status_text() for t in report.tests] == ["ok 0.33.0 2.9.0+cpu", "ok covered", "skipped: no GPU"]
     # What the build never reached keeps the shape it always had.
