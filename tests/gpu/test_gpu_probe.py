@@ -5,6 +5,7 @@ what it compiled. The prediction is checked on recorded readings; the driver hal
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -94,3 +95,78 @@ def test_the_module_runs_without_forges_cli(tmp_path: Path) -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert proc.stdout.strip() == "[]"
+
+
+# A stand-in for the NVIDIA driver's libcuda.so.1, with the calls the probe makes: one GPU of capability 9.0 that
+# loads every module (FAKE_CUDA_LOAD=all) or none (=none), and "runs" the kernel by writing what it would write.
+# It tests the probe's ctypes marshalling and its verdicts on a CPU; whether NVIDIA's driver agrees is the GPU run's.
+FAKE_LIBCUDA = r"""
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+static uint32_t *buffer;
+static const char *names[] = {"CUDA_SUCCESS", "CUDA_ERROR_NO_BINARY_FOR_GPU"};
+int cuInit(unsigned f) { return 0; }
+int cuGetErrorName(int rc, const char **s) { *s = rc == 209 ? names[1] : names[0]; return 0; }
+int cuDriverGetVersion(int *v) { *v = 13000; return 0; }
+int cuDeviceGetCount(int *n) { *n = 1; return 0; }
+int cuDeviceGet(int *d, int i) { *d = i; return 0; }
+int cuDeviceGetName(char *s, int n, int d) { strncpy(s, "Fake H200", n); return 0; }
+int cuDeviceGetAttribute(int *v, int a, int d) { *v = a == 75 ? 9 : 0; return 0; }
+int cuDevicePrimaryCtxRetain(void **c, int d) { *c = (void *)1; return 0; }
+int cuDevicePrimaryCtxRelease_v2(int d) { return 0; }
+int cuCtxSetCurrent(void *c) { return 0; }
+int cuModuleLoadData(void **m, const void *image) {
+    const char *mode = getenv("FAKE_CUDA_LOAD");
+    if (mode && strcmp(mode, "none") == 0) return 209;
+    *m = (void *)2; return 0;
+}
+int cuModuleUnload(void *m) { return 0; }
+int cuModuleGetFunction(void **f, void *m, const char *name) { *f = (void *)3; return strcmp(name, "forge_probe"); }
+int cuMemAlloc_v2(uint64_t *p, size_t n) { buffer = malloc(n); *p = (uint64_t)(uintptr_t)buffer; return 0; }
+int cuMemsetD8_v2(uint64_t p, unsigned char v, size_t n) { memset((void *)(uintptr_t)p, v, n); return 0; }
+int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                   unsigned shared, void *stream, void **params, void **extra) {
+    uint32_t *out = (uint32_t *)(uintptr_t)(*(uint64_t *)params[0]);
+    for (unsigned i = 0; i < bx; i++) out[i] = 0x466F7267u + i;
+    return 0;
+}
+int cuCtxSynchronize(void) { return 0; }
+int cuMemcpyDtoH_v2(void *dst, uint64_t src, size_t n) { memcpy(dst, (void *)(uintptr_t)src, n); return 0; }
+int cuMemFree_v2(uint64_t p) { free((void *)(uintptr_t)p); return 0; }
+"""
+
+
+@pytest.mark.network
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="nvcc's and cuobjdump's wheels are pinned for x86_64")
+def test_the_driver_half_through_a_stand_in_libcuda(tmp_path: Path) -> None:
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (tmp_path / "fake.c").write_text(FAKE_LIBCUDA)
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib / "libcuda.so.1"), str(tmp_path / "fake.c")], check=True)
+    nvcc = nvcc_from_pypi(wheel_cache(ROOT))
+
+    def probe(load: str) -> tuple[int, str, dict[str, dict[str, object]]]:
+        out = tmp_path / f"out-{load}"
+        argv = ["--image-archs", "8.0 9.0", "--nvcc", str(nvcc), "--out", str(out), "--work", str(tmp_path / "w")]
+        env = {**os.environ, "LD_LIBRARY_PATH": str(lib), "FAKE_CUDA_LOAD": load, "PYTHONPATH": str(ROOT)}
+        proc = subprocess.run(
+            [sys.executable, "-m", "builders.gpu_probe", *argv], env=env, capture_output=True, text=True, cwd=ROOT
+        )
+        result = json.loads((out / "probe.json").read_text())
+        return proc.returncode, proc.stdout + proc.stderr, {v["variant"]: v["runs"]["0"] for v in result["variants"]}
+
+    # A driver that loads everything runs sm_80 SASS on a 9.0 GPU, which the gate says it cannot: exit 23, named.
+    code, text, runs = probe("all")
+    assert code == 23, text
+    assert "sm_80 SASS on GPU 0: gate refuses it, driver: ran: every thread wrote its value" in text
+    assert {v: (r["predicted"], r["ran"]) for v, r in runs.items()} == {
+        "sm_80 SASS": (False, True),
+        "compute_80 PTX": (True, True),
+        "sm_90 SASS": (True, True),
+        "compute_90 PTX": (True, True),
+    }
+    # A driver that loads nothing refuses what the gate says runs.
+    code, text, runs = probe("none")
+    assert code == 23 and runs["sm_90 SASS"]["driver"] == "cuModuleLoadData: CUDA_ERROR_NO_BINARY_FOR_GPU (209)"
+    assert [v for v, r in runs.items() if r["agree"]] == ["sm_80 SASS"]
