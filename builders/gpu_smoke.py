@@ -395,7 +395,9 @@ def run(args: argparse.Namespace) -> int:
         result["build"]["timed_out"] = timed_out
         result["verdict"] = "build ran out of time: run again to go on" if timed_out else "build failed"
         return finish(EXIT_BUILD)
-    profile = write_profile(work, gpus=len(gpus))
+    # The dry run takes the GPU profile too: its offload flag goes through Forge's check against the CPU build's
+    # --help and reaches llama-server, which has no GPU to put layers on.
+    profile = write_profile(work, gpus=len(gpus) or 1)
     report = out / "smoke"
     cmd = [sys.executable, "-m", "builders.cli", "smoke", "--profile", str(profile), "--local-llama-server",
            str(binary), "--report", str(report)]  # fmt: skip
