@@ -13,7 +13,8 @@ command of at most 10 minutes that carries at most 64 MiB:
    request classes and their gates. Results: OUT/results.json, results.md, log.txt, the smoke report and logs.
 
 Without a GPU, `run` says so and exits 9 (nothing evaluated). `run --dry-run` takes the same path on a CPU with the
-CPU build of the same tree and no offload, to test the plumbing; it reuses its build folder between runs.
+CPU build of the same tree (the offload flag reaches a llama-server with no GPU), to test the plumbing; it reuses its
+build folder between runs.
 Exit codes: 0 the smoke passed; 7 the build failed; 8 the smoke failed; 9 no GPU.
 """
 
