@@ -440,7 +440,7 @@ def save_result(name: str, result: dict[str, Any], watch: Any, *, argv: list[str
         versions=versions,
         load=watch,
         source=str(result.get("smoke", {}).get("report", "")),
-        note="dry run: the CPU build and no offload" if result.get("dry_run") else "",
+        note="dry run: the CPU build, no GPU" if result.get("dry_run") else "",
         root=ROOT,
     ).save(ROOT)
 
@@ -492,7 +492,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     go.add_argument("--budget", type=float, default=570.0, help="seconds for the whole run (default 570)")
     go.add_argument("--smoke-reserve", type=float, default=100.0, help="seconds kept from the build for the smoke")
     go.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    go.add_argument("--dry-run", action="store_true", help="on a CPU: the CPU build of the same tree, no offload")
+    go.add_argument("--dry-run", action="store_true", help="on a CPU: the CPU build of the same tree, no GPU")
     go.add_argument("--save", default=None, metavar="NAME", help="also write results/NAME.json when the run passes")
     args = parser.parse_args(argv)
     if args.action == "prepare":
