@@ -1,4 +1,4 @@
-"""The executor: a list of phases over one Context (PHASES: engine → base → preflight → sources → lock → plan →
+"""The executor: a list of phases over one Context (builders/context.py; PHASES: engine → base → preflight → sources → lock → plan →
 context → build → reuse (a source tree only) → inspect-toolchain → test → tag → sbom), cheapest first, each
 `phase(ctx) -> None`.
 
@@ -16,16 +16,17 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 from builders import devloop, interrupt
 from builders.bootstrap import BaseResult, ensure_base, ensure_image, registry_of
 from builders.config import Project
 from builders.config.models import Distro, FetchedSource, Recipe
-from builders.container import Builder, BuildRequest, Engine, choose_builder
+from builders.container import BuildRequest, Engine, choose_builder
 from builders.container.base import RunSpec
 from builders.container.image_builders import describe
+from builders.context import Context
 from builders.diagnose import diagnose_file
 from builders.diagnose.diagnosis import diagnose_text
 from builders.emulation import describe as describe_stand_in
@@ -41,7 +42,6 @@ from builders.platforms import platform_of
 from builders.preflight.host import derive_max_jobs as derive_jobs
 from builders.preflight.runner import gpu_plan, run_preflight
 from builders.preflight.source_facts import read_pins
-from builders.rebuild.devtree import TreeSplit
 from builders.render import render
 from builders.report import BuildReport
 from builders.repro.integration import lock_phase, sbom_phase
@@ -105,149 +105,102 @@ def _link_or_copy(src: Path, dest: Path) -> None:
         shutil.copy2(src, dest)
 
 
-@dataclass(kw_only=True)
-class Context:
-    """What the phases share: the inputs, the report they fill in, and what each phase leaves for the next."""
+def start(project: Project, distro: Distro, recipe: Recipe, options: BuildOptions, log: Log) -> Context:
+    """The context of a new build: its report begun, its reports folder cleared of an earlier build's files."""
+    report = BuildReport(distro=distro.name, target=recipe.target, recipe=recipe.name)
+    reports_dir = options.reports_dir or default_reports_dir(project, distro, recipe.target)
+    clear_report(reports_dir)
+    ca_bundle, ca_origin = find_ca_bundle(options.ca_bundle)
+    report.ca_bundle = f"{ca_bundle} ({ca_origin})" if ca_bundle else ca_origin
+    if options.skip_preflight:
+        report.preflight = {"verdict": "skipped", "complete": False, "why": "--skip-preflight: no gate evaluated"}
+    host = platform.machine()
+    # Under emulation every RUN and every test-stage check is an arm64 process interpreted by qemu-user-static.
+    report.platform = {"name": platform_of(distro).name, "host": host, "emulated": host != distro.arch}
+    stand_in = describe_stand_in(distro.arch, host)
+    if stand_in:
+        report.platform["stand_in"] = stand_in
+    return Context(
+        project=project,
+        distro=distro,
+        recipe=recipe,
+        options=options,
+        log=log,
+        report=report,
+        reports_dir=reports_dir,
+        max_jobs=options.max_jobs or recipe.max_jobs or derive_max_jobs(recipe),
+        ca_bundle=ca_bundle,
+        # A GPU build in wheel mode installs PyPI's CUDA wheel: no sdist to resolve, nothing compiled.
+        target=Target.resolve(distro, recipe, gpu_mode=options.gpu_mode),
+    )
 
-    project: Project
-    distro: Distro
-    recipe: Recipe
-    options: BuildOptions
-    log: Log
-    report: BuildReport
-    reports_dir: Path
-    target: Target
-    max_jobs: int
-    ca_bundle: Path | None
-    engine_: Engine | None = None
-    builder_: Builder | None = None
-    base: BaseResult | None = None
-    wheelhouse: Path | None = None
-    sources: dict[str, ResolvedSource] = field(default_factory=dict)
-    tree: TreeSplit | None = None  # --source vllm=DIR: the tree split into the parts a rebuild reuses
-    torch_pin: str | None = None
-    vllm_version: str | None = None
-    epoch: int | None = None
-    plan_: BuildPlan | None = None
-    context_dir: Path | None = None
-    image_id: str | None = None  # built but not yet proven: removed unless the build gets to keep it
-    running: str | None = None  # the phase under way, and since when
-    phase_started: float = 0.0
 
-    @classmethod
-    def start(cls, project: Project, distro: Distro, recipe: Recipe, options: BuildOptions, log: Log) -> Context:
-        report = BuildReport(distro=distro.name, target=recipe.target, recipe=recipe.name)
-        reports_dir = options.reports_dir or default_reports_dir(project, distro, recipe.target)
-        clear_report(reports_dir)
-        ca_bundle, ca_origin = find_ca_bundle(options.ca_bundle)
-        report.ca_bundle = f"{ca_bundle} ({ca_origin})" if ca_bundle else ca_origin
-        if options.skip_preflight:
-            report.preflight = {"verdict": "skipped", "complete": False, "why": "--skip-preflight: no gate evaluated"}
-        host = platform.machine()
-        # Under emulation every RUN and every test-stage check is an arm64 process interpreted by qemu-user-static.
-        report.platform = {"name": platform_of(distro).name, "host": host, "emulated": host != distro.arch}
-        stand_in = describe_stand_in(distro.arch, host)
-        if stand_in:
-            report.platform["stand_in"] = stand_in
-        return cls(
-            project=project,
-            distro=distro,
-            recipe=recipe,
-            options=options,
-            log=log,
-            report=report,
-            reports_dir=reports_dir,
-            max_jobs=options.max_jobs or recipe.max_jobs or derive_max_jobs(recipe),
-            ca_bundle=ca_bundle,
-            # A GPU build in wheel mode installs PyPI's CUDA wheel: no sdist to resolve, nothing compiled.
-            target=Target.resolve(distro, recipe, gpu_mode=options.gpu_mode),
-        )
+@contextmanager
+def in_phase(ctx: Context, name: str) -> Iterator[None]:
+    """One build phase: the log announces, folds and times it; the report records its seconds."""
+    ctx.running, ctx.phase_started = name, time.monotonic()
+    with ctx.log.step(name), ctx.report.phase(name):
+        yield
 
-    @property
-    def compiles(self) -> bool:
-        return self.target.compiles
 
-    @property
-    def engine(self) -> Engine:
-        assert self.engine_ is not None, "the engine phase runs first"
-        return self.engine_
+@contextmanager
+def recorded(ctx: Context) -> Iterator[BuildReport]:
+    """How the build ends, in one place whatever ends it: the outcome in the report (succeeded, or what stopped
+    it and in which phase), an image built but not proven removed, the staged context deleted, the report
+    written, and its summary shown when the build did not succeed."""
+    ctx.report.write(ctx.reports_dir)  # from now on the folder names this build, even if it is killed outright
+    with interrupt.on_second_signal(lambda: _ended_at_once(ctx)):
+        try:
+            yield ctx.report
+            ctx.running = None
+            ctx.report.result = "succeeded"
+            ctx.image_id = None  # tagged: keep it
+        except BaseException as exc:
+            ctx.report.record_end(exc, ctx.running)
+            if isinstance(exc, KeyboardInterrupt) and ctx.log_path.exists():
+                # The log is an artifact of its own: it says why it stops short.
+                with ctx.log_path.open("a", encoding="utf-8") as log_file:
+                    log_file.write(f"\nforge: {ctx.report.error}\n")
+            raise
+        finally:
+            _close(ctx)
 
-    @property
-    def builder(self) -> Builder:
-        assert self.builder_ is not None, "the engine phase runs first"
-        return self.builder_
 
-    @property
-    def plan(self) -> BuildPlan:
-        assert self.plan_ is not None, "the plan phase runs before the stages that read it"
-        return self.plan_
+def _close(ctx: Context) -> None:
+    report = ctx.report
+    report.ended_in = ctx.running
+    unproven = ctx.image_id is not None and ctx.engine_ is not None
+    if unproven:
+        # Removed below: the report must not name it, nor its SBOM (written, if at all, for a tag now undone).
+        report.image, report.sbom = {}, None
+        (ctx.reports_dir / SBOM_NAME).unlink(missing_ok=True)
+    # Written before the engine is asked for anything: a second signal, which ends at once, leaves it true.
+    report.write(ctx.reports_dir)
+    if unproven:
+        assert ctx.engine_ is not None and ctx.image_id is not None
+        ctx.engine_.remove_image(ctx.image_id)  # built but not proven: no tag, no dangling image
+    _remove_context(ctx)
+    if report.result != "succeeded":
+        ctx.log.info(f"report ({report.result}): {ctx.reports_dir / 'summary.txt'}\n{report.summary()}")
 
-    @property
-    def log_path(self) -> Path:
-        return self.reports_dir / "build.log"
 
-    @contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        """One build phase: the log announces, folds and times it; the report records its seconds."""
-        self.running, self.phase_started = name, time.monotonic()
-        with self.log.step(name), self.report.phase(name):
-            yield
+def _ended_at_once(ctx: Context) -> None:
+    """A second signal ends Forge before its cleanup: the report still says how the build ended."""
+    report = ctx.report
+    if report.result == "running":
+        report.result, report.signal = "interrupted", interrupt.first_signal()
+        report.error = f"interrupted by {report.signal} during {ctx.running}"
+    report.ended_in = ctx.running
+    if ctx.running is not None:  # its step never ended: its time so far
+        report.phases.setdefault(ctx.running, round(time.monotonic() - ctx.phase_started, 2))
+    report.error = f"{report.error}; a second signal ended Forge before its cleanup"
+    report.write(ctx.reports_dir)
+    _remove_context(ctx)  # local files only: no engine call to wait for
 
-    @contextmanager
-    def recorded(self) -> Iterator[BuildReport]:
-        """How the build ends, in one place whatever ends it: the outcome in the report (succeeded, or what stopped
-        it and in which phase), an image built but not proven removed, the staged context deleted, the report
-        written, and its summary shown when the build did not succeed."""
-        self.report.write(self.reports_dir)  # from now on the folder names this build, even if it is killed outright
-        with interrupt.on_second_signal(self._ended_at_once):
-            try:
-                yield self.report
-                self.running = None
-                self.report.result = "succeeded"
-                self.image_id = None  # tagged: keep it
-            except BaseException as exc:
-                self.report.record_end(exc, self.running)
-                if isinstance(exc, KeyboardInterrupt) and self.log_path.exists():
-                    # The log is an artifact of its own: it says why it stops short.
-                    with self.log_path.open("a", encoding="utf-8") as log_file:
-                        log_file.write(f"\nforge: {self.report.error}\n")
-                raise
-            finally:
-                self._close()
 
-    def _close(self) -> None:
-        report = self.report
-        report.ended_in = self.running
-        unproven = self.image_id is not None and self.engine_ is not None
-        if unproven:
-            # Removed below: the report must not name it, nor its SBOM (written, if at all, for a tag now undone).
-            report.image, report.sbom = {}, None
-            (self.reports_dir / SBOM_NAME).unlink(missing_ok=True)
-        # Written before the engine is asked for anything: a second signal, which ends at once, leaves it true.
-        report.write(self.reports_dir)
-        if unproven:
-            assert self.engine_ is not None and self.image_id is not None
-            self.engine_.remove_image(self.image_id)  # built but not proven: no tag, no dangling image
-        self._remove_context()
-        if report.result != "succeeded":
-            self.log.info(f"report ({report.result}): {self.reports_dir / 'summary.txt'}\n{report.summary()}")
-
-    def _ended_at_once(self) -> None:
-        """A second signal ends Forge before its cleanup: the report still says how the build ended."""
-        report = self.report
-        if report.result == "running":
-            report.result, report.signal = "interrupted", interrupt.first_signal()
-            report.error = f"interrupted by {report.signal} during {self.running}"
-        report.ended_in = self.running
-        if self.running is not None:  # its step never ended: its time so far
-            report.phases.setdefault(self.running, round(time.monotonic() - self.phase_started, 2))
-        report.error = f"{report.error}; a second signal ended Forge before its cleanup"
-        report.write(self.reports_dir)
-        self._remove_context()  # local files only: no engine call to wait for
-
-    def _remove_context(self) -> None:
-        if self.context_dir is not None and not self.options.keep_context:
-            shutil.rmtree(self.context_dir, ignore_errors=True)
+def _remove_context(ctx: Context) -> None:
+    if ctx.context_dir is not None and not ctx.options.keep_context:
+        shutil.rmtree(ctx.context_dir, ignore_errors=True)
 
 
 Phase = Callable[[Context], None]
@@ -260,12 +213,12 @@ def default_reports_dir(project: Project, distro: Distro, target: str) -> Path:
 
 def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOptions, sink: Log | Sink) -> BuildReport:
     """Run the phases in order over one context. Each phase is a log step and a report phase; how the build
-    ends (its outcome, the cleanup, the report written whatever happened) is `Context.recorded`'s."""
-    ctx = Context.start(project, distro, recipe, options, as_log(sink))
-    with ctx.recorded() as report:
+    ends (its outcome, the cleanup, the report written whatever happened) is `recorded`'s."""
+    ctx = start(project, distro, recipe, options, as_log(sink))
+    with recorded(ctx) as report:
         for name, phase, runs in PHASES:
-            if runs(options):
-                with ctx.phase(name):
+            if runs(ctx):
+                with in_phase(ctx, name):
                     phase(ctx)
     return report
 
@@ -299,7 +252,7 @@ def _base(ctx: Context) -> None:
     distro = ctx.distro
     # A GPU image from PyPI's wheels sits on the distro's own base; only the CUDA-base distros need NVIDIA's.
     if ctx.target.cuda and not ctx.target.from_wheelhouse:
-        ctx.base = _ensure_gpu_bases(distro, ctx.recipe, ctx.options, ctx.engine, ctx.report, ctx.log)
+        ctx.base = _ensure_gpu_bases(ctx)
         return
     ctx.base = base = ensure_base(distro, ctx.engine)
     ctx.report.base = {
@@ -320,18 +273,41 @@ def _wheelhouse_at_hand(ctx: Context) -> Path | None:
 
 
 def _preflight(ctx: Context) -> None:
+    """Every gate against the real base, the source (fetched when missing) and the index this build uses. Blocked
+    stops the build; incomplete is said loudly and recorded, and the build goes on to find out for itself."""
     ctx.wheelhouse = _wheelhouse_at_hand(ctx)
-    _preflight_phase(
+    options, log = ctx.options, ctx.log
+    pre = run_preflight(
         ctx.project,
         ctx.distro,
         ctx.recipe,
-        ctx.engine,
-        ctx.options,
-        ctx.max_jobs,
-        ctx.wheelhouse,
-        ctx.report,
-        ctx.log,
+        engine=ctx.engine,
+        source=options.source_overrides.get("vllm"),
+        max_jobs=ctx.max_jobs,
+        scratch_dir=options.scratch_dir or Path(tempfile.gettempdir()),
+        wheelhouse=[ctx.wheelhouse] if ctx.wheelhouse else [],
+        gpu_mode=options.gpu_mode,
+        torch_index=options.torch_index,
+        torch_version=options.torch_version,
+        fetch=True,
+        progress=log.info,
     )
+    ctx.report.preflight = pre.model_dump(mode="json")
+    for finding in pre.findings:
+        log.info(f"preflight {finding.gate}: {finding.found} vs {finding.required} ({finding.verdict})")
+    log.info(f"{pre.summary()}")
+    if pre.blocked:
+        blocking = pre.blocking
+        raise PreflightBlocked(
+            f"{ctx.distro.name} {ctx.recipe.target}: "
+            + "; ".join(f"{f.gate}: {f.found} vs {f.required} ({f.source})" for f in blocking),
+            hint=blocking[0].remedy + " — or run with --skip-preflight to try anyway",
+        )
+    if not pre.complete:
+        log.warning(
+            f"preflight INCOMPLETE — not evaluated: {', '.join(pre.not_evaluated)}; "
+            "the build goes on, and its report says so"
+        )
 
 
 def _sources(ctx: Context) -> None:
@@ -357,7 +333,7 @@ def _sources(ctx: Context) -> None:
                     "cmake_var": fetched.cmake_var,
                 }
             )
-        ctx.torch_pin, ctx.vllm_version = read_pins(vllm.path, distro, ctx.target.device)
+        ctx.torch_pin, ctx.source_version = read_pins(vllm.path, distro, ctx.target.device)
     ctx.log.info(f"sources {', '.join(f'{k} ({v.origin})' for k, v in ctx.sources.items()) or 'none needed'}")
     ctx.wheelhouse = wheelhouse = _wheelhouse_at_hand(ctx)
     if ctx.options.wheelhouse is None and wheelhouse is not None and not any(wheelhouse.glob("*.whl")):
@@ -389,7 +365,7 @@ def _plan(ctx: Context) -> None:
             buildkit=ctx.builder.supports_secrets,
             trust_ca_bundle=ctx.ca_bundle is not None,
             torch_version=options.torch_version or ctx.torch_pin,
-            vllm_version=ctx.vllm_version,
+            vllm_version=ctx.source_version,
             base_digest=base.image_id,
             source_date_epoch=ctx.epoch,
             source_tree=ctx.tree is not None,
@@ -461,8 +437,7 @@ def _build(ctx: Context) -> None:
 
 def _inspect_toolchain(ctx: Context) -> None:
     if ctx.compiles and ctx.context_dir is not None:
-        versions = _toolchain_versions(ctx.engine, ctx.builder, ctx.context_dir, ctx.plan, ctx.ca_bundle, ctx.log_path)
-        ctx.report.versions.update(versions)
+        ctx.report.versions.update(_toolchain_versions(ctx))
 
 
 def _test(ctx: Context) -> None:
@@ -520,78 +495,33 @@ def _sbom(ctx: Context) -> None:
     sbom_phase(ctx.engine, ctx.plan.image_tag, ctx.reports_dir, ctx.report, ctx.epoch, ctx.log)
 
 
-def _always(_options: BuildOptions) -> bool:
+def _always(_ctx: Context) -> bool:
     return True
 
 
-def _tree_source(options: BuildOptions) -> bool:
-    """--source vllm=DIR: a tree, built in layers, whose reuse the report records (an sdist has no parts)."""
-    source = options.source_overrides.get("vllm")
-    return source is not None and source.is_dir()
+def _tree(ctx: Context) -> bool:
+    """A source tree (`--source vllm=DIR`), built in layers, whose reuse the report records (an sdist has no
+    parts): known once the sources phase has split it."""
+    return ctx.tree is not None
 
 
-# The build, in order: (report/log name, phase, whether the options ask for it).
-PHASES: tuple[tuple[str, Phase, Callable[[BuildOptions], bool]], ...] = (
+# The build, in order: (report/log name, phase, whether it runs: asked for by the options, or, for the reuse
+# phase, given a tree by an earlier phase).
+PHASES: tuple[tuple[str, Phase, Callable[[Context], bool]], ...] = (
     ("engine", _engine, _always),
     ("base", _base, _always),
-    ("preflight", _preflight, lambda o: not o.skip_preflight),
+    ("preflight", _preflight, lambda ctx: not ctx.options.skip_preflight),
     ("sources", _sources, _always),
     ("lock", _lock, _always),
     ("plan", _plan, _always),
     ("context", _context, _always),
     ("build", _build, _always),
-    ("reuse", devloop.record_reuse, _tree_source),
+    ("reuse", devloop.record_reuse, _tree),
     ("inspect-toolchain", _inspect_toolchain, _always),
-    ("test", _test, lambda o: not o.skip_tests),
+    ("test", _test, lambda ctx: not ctx.options.skip_tests),
     ("tag", _tag, _always),
-    ("sbom", _sbom, lambda o: o.sbom),
+    ("sbom", _sbom, lambda ctx: ctx.options.sbom),
 )
-
-
-def _preflight_phase(
-    project: Project,
-    distro: Distro,
-    recipe: Recipe,
-    engine: Engine,
-    options: BuildOptions,
-    max_jobs: int,
-    wheelhouse: Path | None,
-    report: BuildReport,
-    log: Log,
-) -> None:
-    """Every gate against the real base, the source (fetched when missing) and the index this build uses. Blocked
-    stops the build; incomplete is said loudly and recorded, and the build goes on to find out for itself."""
-    pre = run_preflight(
-        project,
-        distro,
-        recipe,
-        engine=engine,
-        source=options.source_overrides.get("vllm"),
-        max_jobs=max_jobs,
-        scratch_dir=options.scratch_dir or Path(tempfile.gettempdir()),
-        wheelhouse=[wheelhouse] if wheelhouse else [],
-        gpu_mode=options.gpu_mode,
-        torch_index=options.torch_index,
-        torch_version=options.torch_version,
-        fetch=True,
-        progress=log.info,
-    )
-    report.preflight = pre.model_dump(mode="json")
-    for finding in pre.findings:
-        log.info(f"preflight {finding.gate}: {finding.found} vs {finding.required} ({finding.verdict})")
-    log.info(f"{pre.summary()}")
-    if pre.blocked:
-        blocking = pre.blocking
-        raise PreflightBlocked(
-            f"{distro.name} {recipe.target}: "
-            + "; ".join(f"{f.gate}: {f.found} vs {f.required} ({f.source})" for f in blocking),
-            hint=blocking[0].remedy + " — or run with --skip-preflight to try anyway",
-        )
-    if not pre.complete:
-        log.warning(
-            f"preflight INCOMPLETE — not evaluated: {', '.join(pre.not_evaluated)}; "
-            "the build goes on, and its report says so"
-        )
 
 
 def _fetched_source(
@@ -614,16 +544,10 @@ def _diagnose_into(report: BuildReport, log_path: Path) -> None:
     report.diagnosis = diagnose_file(log_path).to_dict()
 
 
-def _ensure_gpu_bases(
-    distro: Distro,
-    recipe: Recipe,
-    options: BuildOptions,
-    engine: Engine,
-    report: BuildReport,
-    sink: Sink,
-) -> BaseResult:
+def _ensure_gpu_bases(ctx: Context) -> BaseResult:
     """The plan's BASE_IMAGE and RUNTIME_IMAGE in the engine: the distro's own base as `forge bootstrap` makes it,
     a CUDA base local or pulled. Every missing one is named before the build stops; returns the runtime base."""
+    distro, recipe, options, engine, report, sink = ctx.distro, ctx.recipe, ctx.options, ctx.engine, ctx.report, ctx.log
     cuda = gpu_plan(distro, recipe, options.gpu_mode)
     if cuda is None:  # no cuda section: the plan's own error names the fix
         make_plan(distro, recipe, PlanOptions(max_jobs=1, gpu_mode=options.gpu_mode))
@@ -661,19 +585,19 @@ def _ensure_gpu_bases(
     return runtime
 
 
-def _toolchain_versions(
-    engine: Engine, builder: Builder, ctx: Path, plan: BuildPlan, ca_bundle: Path | None, log_path: Path
-) -> dict[str, str]:
+def _toolchain_versions(ctx: Context) -> dict[str, str]:
     """The compiler, cmake and python as the compile saw them (plus nvcc for GPU builds): the toolchain stage is
     cached, so this costs seconds."""
-    result = builder.build(
+    engine, plan, folder = ctx.engine, ctx.plan, ctx.context_dir
+    assert folder is not None
+    result = ctx.builder.build(
         BuildRequest(
-            context_dir=ctx,
-            containerfile=ctx / plan.containerfile,
+            context_dir=folder,
+            containerfile=folder / plan.containerfile,
             target="toolchain",
             build_args=plan.build_args,
-            secrets={"ca_bundle": ca_bundle} if ca_bundle and builder.supports_secrets else {},
-            log_path=log_path.with_name("toolchain.log"),
+            secrets=_secrets(ctx),
+            log_path=ctx.log_path.with_name("toolchain.log"),
             platform=plan.platform,
         ),
         lambda _line: None,

@@ -17,7 +17,7 @@ from builders.rebuild.devtree import PARTS, TreeSplit, changed_files, split_tree
 from builders.rebuild.reuse import verdict
 
 if TYPE_CHECKING:
-    from builders.build import Context
+    from builders.context import Context
 
 # Per-file digests of the last source-tree build in a reports folder. Not one of build.REPORT_FILES: a new build
 # must read it before it writes its own, to name the files that changed.

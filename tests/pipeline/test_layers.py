@@ -20,7 +20,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("container engines", {"container"}),
     ("planning", {"plan", "options", "render", "serving_dtype", "sources", "trust", "bootstrap", "rebuild"}),
     ("serving engines", {"engines", "preflight"}),
-    ("build", {"build", "devloop", "report", "repro", "publish", "verify"}),
+    ("build", {"build", "context", "devloop", "report", "repro", "publish", "verify"}),
     ("runtime", {"router", "traffic", "kvlab", "smoke", "sweep", "deploy"}),
     ("CLI edge", {"cli", "commands"}),
 ]
