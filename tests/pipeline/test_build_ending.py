@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from builders import build as build_module
-from builders.build import BuildOptions, Context, build
+from builders.build import BuildOptions, build
 from builders.config import Project
+from builders.context import Context
 from builders.errors import BuildFailed, PreflightBlocked
 
 
