@@ -23,7 +23,7 @@ from builders import devloop, interrupt
 from builders.bootstrap import BaseResult, ensure_base, ensure_image, registry_of
 from builders.config import Project
 from builders.config.models import Distro, FetchedSource, Recipe
-from builders.container import BuildRequest, Engine, choose_builder
+from builders.container import BuildRequest, Engine, choose_builder, connect
 from builders.container.base import RunSpec
 from builders.container.image_builders import describe
 from builders.context import Context
@@ -236,7 +236,7 @@ def clear_report(folder: Path) -> None:
 
 
 def _engine(ctx: Context) -> None:
-    ctx.engine_ = engine = Engine.connect(ctx.options.engine)
+    ctx.engine_ = engine = connect(ctx.options.engine)
     ctx.builder_ = builder = choose_builder(engine, ctx.options.builder)
     ctx.report.engine = engine.facts.as_report()
     ctx.report.builder = describe(builder)

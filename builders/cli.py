@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
         module.register(subparsers)
     for sub in subparsers.choices.values():
         # Every command that meets an engine takes the same choice; main() resolves it once and the command
-        # passes it down to its Engine.connect.
+        # passes it down to its connect.
         sub.add_argument(
             "--engine",
             choices=ENGINE_CHOICES,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from builders.config import Project
-from builders.container import Engine
+from builders.container import Engine, connect
 from builders.container.select import chosen
 from builders.preflight import host, runner
 from builders.router.native import ENV_SWITCH, NativeRelay
@@ -47,7 +47,7 @@ def engine() -> Iterator[Engine]:
     from builders.errors import EngineError
 
     try:
-        eng = Engine.connect(chosen())
+        eng = connect(chosen())
     except EngineError as exc:
         pytest.fail(f"engine-backed test, but no engine answers: {exc.message} (start dockerd as .ci/run does)")
     yield eng
@@ -89,7 +89,7 @@ def small_engine(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
         engine: Engine | None = None
         while time.monotonic() < deadline and engine is None:
             try:
-                engine = Engine.connect(chosen())
+                engine = connect(chosen())
             except Exception:  # not up yet
                 time.sleep(1)
         if engine is None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from builders.config import Project
+from builders.container import connect
 from builders.container.base import EngineChoice
 from builders.errors import SourceUnavailable, UsageError
 from builders.log import Log, print_table
@@ -144,7 +145,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
-    from builders.container import Engine
     from builders.sources import fetch_debian_source, fetch_sdist, fetch_wheelhouse
 
     project = _project(args)
@@ -162,7 +162,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
             continue
         if fetched.debian_source:
             carrier = project.distro(fetched.debian_source_distro) if fetched.debian_source_distro else distro
-            got = fetch_debian_source(fetched, carrier, Engine.connect(args.engine), project.root)
+            got = fetch_debian_source(fetched, carrier, connect(args.engine), project.root)
             print(f"{fetched.name}: {got.path} ({got.origin})")
         else:
             raise UsageError(
@@ -175,12 +175,11 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 def cmd_bootstrap(args: argparse.Namespace) -> int:
     from builders.bootstrap import bootstrap
-    from builders.container import Engine
 
     project = _project(args)
     for plat in parse_platforms(args.platform):
         distro = for_platform(project.distro(args.distro), plat)
-        result = bootstrap(distro, Engine.connect(args.engine), source_date_epoch=args.source_date_epoch)
+        result = bootstrap(distro, connect(args.engine), source_date_epoch=args.source_date_epoch)
         print(
             f"{result.ref} {result.image_id} ({result.how} in {result.seconds:.1f}s, "
             f"rootfs sha256 {result.rootfs_sha256})"
@@ -234,10 +233,9 @@ def _push(
     engine_choice: EngineChoice,
 ) -> int:
     from builders.build import default_reports_dir
-    from builders.container import Engine
     from builders.publish import proven, publish
 
-    engine = Engine.connect(engine_choice)
+    engine = connect(engine_choice)
     log = Log(lambda line: print(line, flush=True))
     images = [
         proven(engine, report_dir or default_reports_dir(project, for_platform(distro, p), target), p)

@@ -63,7 +63,7 @@ def is_podman_service(version: dict[str, Any]) -> bool:
 
 
 class DockerEngine(Engine):
-    """Docker through its Engine API. Construct with `Engine.connect("docker")`."""
+    """Docker through its Engine API. Opened by `connect("docker")` (select.py)."""
 
     def __init__(self, client: Any, *, facts: EngineFacts) -> None:
         self.client = client

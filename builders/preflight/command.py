@@ -11,7 +11,7 @@ from typing import get_args
 
 from builders.config import Project
 from builders.config.models import TorchIndex
-from builders.container import Engine
+from builders.container import Engine, connect
 from builders.errors import EngineError, PreflightBlocked, PreflightIncomplete, UsageError
 from builders.log import Log
 from builders.options import add_gpu_args, gpu_args_apply, pep440_version, positive_int
@@ -56,7 +56,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     gpu_args_apply(Target.resolve(distro, recipe), args)
     engine: Engine | None
     try:
-        engine = Engine.connect(args.engine)
+        engine = connect(args.engine)
     except EngineError:
         engine = None  # preflight then runs on declared facts and says so
     run_flags = read_flags_file(Path(args.run_host_flags)) if args.run_host_flags else None

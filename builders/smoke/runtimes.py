@@ -21,7 +21,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import IO, Protocol
 
-from builders.container import Engine, EngineChoice, RunSpec
+from builders.container import Engine, EngineChoice, RunSpec, connect
 from builders.container.select import chosen as chosen_engine
 from builders.cpusets import parse_cpuset
 from builders.engines import DEFAULT_KIND, SERVING_ENGINES, ServerProbe, ServingEngine, serving_engine
@@ -484,7 +484,7 @@ class Runtimes:
 
     @cached_property
     def engine(self) -> Engine:
-        return Engine.connect(self.engine_choice)
+        return connect(self.engine_choice)
 
     def pull_pinned(self) -> list[str]:
         """Pull every image named by digest (NAME@sha256:…) now, so the stack runs exactly what the registry holds

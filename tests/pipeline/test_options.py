@@ -130,7 +130,7 @@ def test_verify_repro_takes_the_build_flags_it_passes_on_from_the_same_table(tmp
 
 def test_the_engine_is_chosen_once_and_carried_down(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FORGE_ENGINE", "podman")
-    # --engine wins over FORGE_ENGINE, and the options carry it to the build's one Engine.connect.
+    # --engine wins over FORGE_ENGINE, and the options carry it to the build's one connect.
     given = build_parser().parse_args(["build", "debian-12", "cpu", "--engine", "docker"])
     assert BuildOptions.from_args(given).engine == "docker"
     assert Runtimes.choose(image="forge/x:1", local_vllm=None, router_image=None, engine="docker").engine_choice == (

@@ -23,7 +23,7 @@ import aiohttp
 import pytest
 import requests
 
-from builders.container import Engine
+from builders.container import connect
 from builders.container.select import chosen
 from builders.engines import SERVING_ENGINES
 from builders.router import start_router
@@ -66,7 +66,7 @@ def runtime(model_dir: Path, logs_dir: Path) -> tuple[ReplicaRuntime, list[str]]
             local,
         ]
     image = llama_image()
-    return ContainerReplicas(Engine.connect(chosen()), image, model_dir=model_dir, serving=LLAMA), [
+    return ContainerReplicas(connect(chosen()), image, model_dir=model_dir, serving=LLAMA), [
         "--llama-image",
         image,
     ]

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:  # the helpers import Forge where they need it: a test that never calls them stays light
-    from builders.container import Engine
+    from builders.container import Engine, connect
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -174,12 +174,11 @@ def podman_base() -> str:
     Podman cannot pull here, and a second mmdebstrap would cost a minute for the same tree."""
     from builders.bootstrap import ensure_base
     from builders.config import Project
-    from builders.container import Engine
 
     distro = Project.load(ROOT).distro("debian-12")
-    podman = Engine.connect("podman")
+    podman = connect("podman")
     if not podman.image_exists(distro.base.local_tag):
-        docker = Engine.connect("docker")
+        docker = connect("docker")
         ensure_base(distro, docker)
         carry_image(docker, podman, distro.base.local_tag, distro.base.local_tag)
     return distro.base.local_tag
@@ -229,11 +228,10 @@ def podman_image(target: str) -> str:
 
 
 def _podman_copy(target: str) -> str:
-    from builders.container import Engine
 
     source = _forge_image(target)
     tag = f"forge/debian-12-{target}:podman-test"
-    docker, podman = Engine.connect("docker"), Engine.connect("podman")
+    docker, podman = connect("docker"), connect("podman")
     carry_image(docker, podman, source, tag)
     # The same image, not a rebuild: Podman's id is the config digest Docker gave it.
     assert podman.image_info(tag).id.removeprefix("sha256:") == docker.image_info(source).id.removeprefix("sha256:")
@@ -249,10 +247,9 @@ def release_image(key: str) -> str | None:
     tag = _BUILT.pop(key, None)
     if tag is None or os.environ.get(RECLAIM_ENV) != "1":
         return None
-    from builders.container import Engine
     from builders.errors import EngineError
 
-    engine = Engine.connect("docker" if key.startswith("docker:") else "podman")
+    engine = connect("docker" if key.startswith("docker:") else "podman")
     # By id, not by tag: a build tags :latest beside the test tag, and an image with a tag left keeps its layers.
     try:
         image_id = engine.image_info(tag).id
