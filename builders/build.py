@@ -33,15 +33,15 @@ from builders.emulation import describe as describe_stand_in
 from builders.engines.checks import CheckResult, status_text
 from builders.engines.vllm.gpu_wheel import run_gpu_wheel_checks
 from builders.engines.vllm.image_tests import run_checks
+from builders.engines.vllm.source_facts import read_pins
 from builders.errors import BaseUnavailable, BuildFailed, PreflightBlocked, SourceUnavailable
+from builders.gates.host import derive_max_jobs as derive_jobs
 from builders.log import Log, as_log
 from builders.options import BuildOptions as BuildOptions  # re-exported: callers build with it from here
 from builders.options import plan_options
 from builders.plan import BuildPlan, PlanOptions, make_plan
 from builders.platforms import platform_of
-from builders.preflight.host import derive_max_jobs as derive_jobs
 from builders.preflight.runner import gpu_plan, run_preflight
-from builders.preflight.source_facts import read_pins
 from builders.render import render
 from builders.report import BuildReport
 from builders.repro.integration import lock_phase, sbom_phase

@@ -15,7 +15,8 @@ import pytest
 from builders.config import Project
 from builders.container import Engine, connect
 from builders.container.select import chosen
-from builders.preflight import host, runner
+from builders.gates import host
+from builders.preflight import runner
 from builders.router.native import ENV_SWITCH, NativeRelay
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -89,7 +89,7 @@ def _torch_pin(project: Project, target: Target, args: argparse.Namespace) -> st
         return None
     if not (recipe.source and recipe.source.pypi):
         return None  # the planner then refuses, naming --torch-version
-    from builders.preflight.source_facts import read_pins
+    from builders.engines.vllm.source_facts import read_pins
     from builders.sources import cache_dir, fetch_sdist
 
     pin = recipe.source.pypi

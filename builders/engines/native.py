@@ -12,9 +12,9 @@ if TYPE_CHECKING:
     from builders.config.models import Distro, Recipe
     from builders.container import Engine
     from builders.engines.checks import CheckResult
+    from builders.gates.context import PreflightInputs
+    from builders.gates.findings import Finding
     from builders.plan import BuildPlan, PlanOptions
-    from builders.preflight.findings import Finding
-    from builders.preflight.inputs import PreflightInputs
 
 
 class NativeEngine(Protocol):

@@ -4,10 +4,10 @@ Gates come from the vLLM source itself (file and line), the distro file, the rea
 has it, the build host and the torch index; each finding says what to do instead.
 """
 
-from builders.preflight.findings import Finding, PreflightReport, render_table
-from builders.preflight.host import derive_max_jobs
+from builders.engines.vllm.source_facts import SourceFacts, read_source_facts
+from builders.gates.findings import Finding, PreflightReport, render_table
+from builders.gates.host import derive_max_jobs
 from builders.preflight.runner import default_source_path, run_preflight
-from builders.preflight.source_facts import SourceFacts, read_source_facts
 
 __all__ = [
     "Finding",

@@ -13,12 +13,12 @@ from builders.config import Project
 from builders.config.models import TorchIndex
 from builders.container import Engine, connect
 from builders.errors import EngineError, PreflightBlocked, PreflightIncomplete, UsageError
+from builders.gates.findings import render_table
+from builders.gates.host import parse_cpu_flags
 from builders.log import Log
 from builders.options import add_gpu_args, gpu_args_apply, pep440_version, positive_int
 from builders.platforms import for_platform, parse_platforms
-from builders.preflight.findings import render_table
 from builders.preflight.gpu_gate import add_gpu_gate_args, gate_input, preflight_finding, with_finding
-from builders.preflight.host import parse_cpu_flags
 from builders.preflight.runner import run_preflight
 from builders.target import Target
 

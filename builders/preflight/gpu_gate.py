@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builders.errors import ConfigError, GpuUnsupported, UsageError
+from builders.gates.findings import Finding, PreflightReport, blocker, passed
 from builders.gpu_archs import Capability, LibraryArchs, core, declared_library
-from builders.preflight.findings import Finding, PreflightReport, blocker, passed
 
 
 @dataclass(frozen=True, kw_only=True)

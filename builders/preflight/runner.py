@@ -13,22 +13,9 @@ from pathlib import Path
 from builders.config import Project
 from builders.config.models import Distro, GpuMode, Recipe, Role, TorchIndex
 from builders.container import Engine
-from builders.errors import SourceUnavailable
-from builders.plan import CudaPlan, PlanOptions, cuda_torch, make_plan, native_module, torch_spec
-from builders.platforms import isa_for
-from builders.preflight import gates
-from builders.preflight.arm_gates import arm_gates
-from builders.preflight.findings import Finding, PreflightReport, passed, unchecked, warning
-from builders.preflight.host import (
-    GIB,
-    HostFacts,
-    derive_max_jobs,
-    free_bytes,
-    mount_for,
-    read_host_facts,
-)
-from builders.preflight.inputs import PreflightInputs
-from builders.preflight.probe import (
+from builders.engines.vllm import gates
+from builders.engines.vllm.arm_gates import arm_gates
+from builders.engines.vllm.probe import (
     NUMA_HEADER,
     ProbeResult,
     ProbeUnavailable,
@@ -36,8 +23,21 @@ from builders.preflight.probe import (
     probe_nvcc_max_gcc,
     probe_packages,
 )
-from builders.preflight.source_facts import SourceFacts, read_source_facts, read_source_files
-from builders.preflight.torch_index import IndexListing, fetch_listing, local_listing, project_url
+from builders.engines.vllm.source_facts import SourceFacts, read_source_facts, read_source_files
+from builders.engines.vllm.torch_index import IndexListing, fetch_listing, local_listing, project_url
+from builders.errors import SourceUnavailable
+from builders.gates.context import PreflightInputs
+from builders.gates.findings import Finding, PreflightReport, passed, unchecked, warning
+from builders.gates.host import (
+    GIB,
+    HostFacts,
+    derive_max_jobs,
+    free_bytes,
+    mount_for,
+    read_host_facts,
+)
+from builders.plan import CudaPlan, PlanOptions, cuda_torch, make_plan, native_module, torch_spec
+from builders.platforms import isa_for
 from builders.sources import cache_dir, fetch_sdist, resolve_fetched
 from builders.target import Target
 
@@ -740,7 +740,7 @@ def _rsqrt_finding(distro: Distro, probe: ProbeResult | None) -> Finding:
 def _nvcc_finding(distro: Distro, engine: Engine | None, toolchain: Toolchain, cuda: CudaPlan) -> Finding:
     assert distro.cuda is not None
     max_major: int | None = None
-    max_source = f"CUDA {distro.cuda.version} → newest GCC table (builders/preflight/gates.py CUDA_MAX_GCC)"
+    max_source = f"CUDA {distro.cuda.version} → newest GCC table (builders/engines/vllm/gates.py CUDA_MAX_GCC)"
     # The devel base's own header decides where the base carries the toolkit (NVIDIA's images); a base whose
     # build stage installs it from NVIDIA's repository (Fedora) has none to read, and the table answers.
     base = cuda.devel_ref or distro.cuda.base_image

@@ -21,9 +21,9 @@ from builders.bootstrap import DEFAULT_EPOCH
 from builders.config import Project
 from builders.config.models import Distro, Recipe, TorchIndex
 from builders.container import Engine
+from builders.engines.vllm.source_facts import read_pins
 from builders.errors import SourceUnavailable
 from builders.plan import PlanOptions, torch_spec
-from builders.preflight.source_facts import read_pins
 from builders.repro.image_export import image_rootfs
 from builders.repro.lockfile import ArchiveLock, BaseLock, PairLock, RequirementsLock, TreeLock, WheelLock
 from builders.sources import cache_dir, resolve_fetched, sha256_file, wheelhouse_dir

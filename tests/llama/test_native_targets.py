@@ -13,8 +13,8 @@ import pytest
 
 from builders.config import Project
 from builders.errors import ConfigError
+from builders.gates.host import read_host_facts
 from builders.plan import PlanOptions, make_plan
-from builders.preflight.host import read_host_facts
 from builders.preflight.runner import run_preflight
 from builders.render import render
 

@@ -18,7 +18,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("foundations", {"errors", "interrupt", "log", "output", "cpusets", "emulation", "gpu_archs", "locks"}),
     ("config and data", {"config", "distros", "platforms", "target", "registry", "diagnose"}),
     ("container engines", {"container"}),
-    ("planning", {"plan", "options", "render", "serving_dtype", "sources", "trust", "bootstrap", "rebuild"}),
+    ("planning", {"plan", "options", "render", "serving_dtype", "sources", "trust", "bootstrap", "rebuild", "gates"}),
     ("serving engines", {"engines", "preflight"}),
     ("build", {"build", "context", "devloop", "report", "repro", "publish", "verify"}),
     ("runtime", {"router", "traffic", "kvlab", "smoke", "sweep", "deploy"}),

@@ -11,10 +11,10 @@ import pytest
 
 from builders.config import Project
 from builders.config.models import Distro, FetchedSource
-from builders.preflight import gates
-from builders.preflight.host import GIB, Memory, derive_max_jobs, mount_for, parse_mounts
-from builders.preflight.source_facts import SourceFacts, read_source_facts
-from builders.preflight.torch_index import IndexListing, matching_wheels, parse_listing
+from builders.engines.vllm import gates
+from builders.engines.vllm.source_facts import SourceFacts, read_source_facts
+from builders.engines.vllm.torch_index import IndexListing, matching_wheels, parse_listing
+from builders.gates.host import GIB, Memory, derive_max_jobs, mount_for, parse_mounts
 
 FIXTURE = Path(__file__).parent / "fixtures" / "vllm-0.33.0"
 

@@ -14,8 +14,7 @@ from builders.cli import main
 from builders.config import Project
 from builders.config.models import Distro
 from builders.errors import PreflightBlocked, PreflightIncomplete
-from builders.preflight import PreflightReport, render_table, run_preflight
-from builders.preflight.host import (
+from builders.gates.host import (
     GIB,
     HostFacts,
     Memory,
@@ -25,6 +24,7 @@ from builders.preflight.host import (
     read_host_facts,
     read_memory,
 )
+from builders.preflight import PreflightReport, render_table, run_preflight
 
 FIXTURE = Path(__file__).parent / "fixtures" / "vllm-0.33.0"
 JSON_FINDING_KEYS = {"gate", "found", "required", "source", "blocking", "remedy"}

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from builders.engines.llama_cpp.tree import GGML_ISA_FLAGS, VENDORED, read_member
 from builders.engines.native import find_line
-from builders.preflight.findings import Finding, blocker, passed, unchecked, warning
-from builders.preflight.inputs import PreflightInputs
+from builders.gates.context import PreflightInputs
+from builders.gates.findings import Finding, blocker, passed, unchecked, warning
 
 # The oldest GCC whose libstdc++ gives a C++ standard in full, <filesystem> included without -lstdc++fs (GCC 9
 # release notes); llama.cpp's common library and server use std::filesystem.

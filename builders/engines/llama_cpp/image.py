@@ -18,10 +18,10 @@ from builders.engines.llama_cpp import checks as llama_cpp_checks
 from builders.engines.llama_cpp import gates as llama_cpp_gates
 from builders.engines.llama_cpp.tree import GGML_ISA_FLAGS, VENDORED
 from builders.errors import ConfigError
+from builders.gates.context import PreflightInputs
+from builders.gates.findings import Finding
 from builders.plan import BuildPlan, ContextItem, PlanOptions, image_build_args, image_labels
 from builders.platforms import platform_of
-from builders.preflight.findings import Finding
-from builders.preflight.inputs import PreflightInputs
 
 # Everything but the ISA, which comes from the recipe as build args. Why each is set:
 CMAKE_DEFINES: dict[str, str] = {

@@ -21,10 +21,10 @@ from builders.distros import family_for
 from builders.engines.checks import CheckResult
 from builders.engines.native import find_line, sdist_member
 from builders.errors import ConfigError
+from builders.gates.context import PreflightInputs
+from builders.gates.findings import Finding, blocker, passed, unchecked, warning
 from builders.plan import TORCH_INDEXES, BuildPlan, ContextItem, CudaPlan, PlanOptions, TorchSpec
 from builders.platforms import platform_of
-from builders.preflight.findings import Finding, blocker, passed, unchecked, warning
-from builders.preflight.inputs import PreflightInputs
 from builders.target import Target
 
 # sgl-kernel's CPU build, read where it lives (not reachable from build hosts here, hence pinned as data):

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from builders.config.models import Distro, Recipe
-    from builders.preflight.host import HostFacts
+    from builders.gates.host import HostFacts
 
 
 @dataclass(frozen=True, kw_only=True)

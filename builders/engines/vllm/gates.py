@@ -14,10 +14,10 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from builders.config.models import FetchedSource
-from builders.preflight.findings import Finding, blocker, passed, unchecked, warning
-from builders.preflight.host import GIB, Memory, Mount, derive_max_jobs
-from builders.preflight.source_facts import CompilerGate, FetchedDependency, SourceFacts
-from builders.preflight.torch_index import IndexListing, matching_wheels, pythons_offered, versions_offered
+from builders.engines.vllm.source_facts import CompilerGate, FetchedDependency, SourceFacts
+from builders.engines.vllm.torch_index import IndexListing, matching_wheels, pythons_offered, versions_offered
+from builders.gates.findings import Finding, blocker, passed, unchecked, warning
+from builders.gates.host import GIB, Memory, Mount, derive_max_jobs
 from builders.serving_dtype import NATIVE_BF16_FLAGS, CpuHost, choose_dtype
 
 
