@@ -18,7 +18,7 @@ import nox
 ROOT = Path(__file__).parent
 sys.path.insert(0, str(ROOT))
 
-from builders.config import Project  # noqa: E402
+from builders.project import Project  # noqa: E402
 from builders.target import Target  # noqa: E402
 
 # `nox` alone is the quick run: no root, no apt, no engine, minutes. `nox -s suite` is the full one CI runs.

@@ -15,11 +15,11 @@ from pathlib import Path
 
 from builders.bootstrap import ensure_base
 from builders.build import BuildOptions, build
-from builders.config import Project
 from builders.container import connect
 from builders.container.select import chosen
 from builders.errors import BuildFailed
 from builders.preflight import run_preflight
+from builders.project import Project
 from builders.sources import fetch_debian_source, fetch_wheelhouse, resolve_sdist
 
 

@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any, get_args
 
 from builders.build import BuildOptions, build
-from builders.config import Project
 from builders.config.models import TorchIndex
 from builders.errors import ForgeError
+from builders.project import Project
 from builders.sources import resolve_sdist
 
 Edit = Callable[[Path], None]

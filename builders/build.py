@@ -19,9 +19,8 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
-from builders import devloop, interrupt
+from builders import interrupt
 from builders.bootstrap import BaseResult, ensure_base, ensure_image, registry_of
-from builders.config import Project
 from builders.config.models import Distro, FetchedSource, Recipe
 from builders.container import BuildRequest, Engine, choose_builder, connect
 from builders.container.base import RunSpec
@@ -30,18 +29,18 @@ from builders.context import Context
 from builders.diagnose import diagnose_file
 from builders.diagnose.diagnosis import diagnose_text
 from builders.emulation import describe as describe_stand_in
+from builders.engines import cuda_plan, make_plan
 from builders.engines.checks import CheckResult, status_text
-from builders.engines.vllm.gpu_wheel import run_gpu_wheel_checks
-from builders.engines.vllm.image_tests import run_checks
-from builders.engines.vllm.source_facts import read_pins
 from builders.errors import BaseUnavailable, BuildFailed, PreflightBlocked, SourceUnavailable
 from builders.gates.host import derive_max_jobs as derive_jobs
 from builders.log import Log, as_log
 from builders.options import BuildOptions as BuildOptions  # re-exported: callers build with it from here
 from builders.options import plan_options
-from builders.plan import BuildPlan, PlanOptions, make_plan
+from builders.plan import BuildPlan, PlanOptions
 from builders.platforms import platform_of
-from builders.preflight.runner import gpu_plan, run_preflight
+from builders.preflight.runner import run_preflight
+from builders.project import Project
+from builders.rebuild.devtree import read_manifest, write_manifest
 from builders.render import render
 from builders.report import BuildReport
 from builders.repro.integration import lock_phase, sbom_phase
@@ -58,26 +57,23 @@ def derive_max_jobs(recipe: Recipe) -> int:
     return derive_jobs(per_job_gb=recipe.resources.ram_per_job_gb)
 
 
-def _stage_context(
-    ctx: Path,
-    project: Project,
-    plan_items: list[tuple[str, str]],
-    sources: dict[str, ResolvedSource],
-    wheelhouse: Path | None,
-    ca_bundle: Path | None,
-    buildkit: bool,
-) -> None:
+def _stage_context(ctx: Context) -> None:
     """Put into the context exactly what the plan names: hard links where possible, so a 5 GB wheelhouse is free."""
-    shutil.copytree(project.containers_dir / "scripts", ctx / "scripts")
-    for name, kind in plan_items:
-        dest = ctx / name
+    folder, project, wheelhouse = ctx.context_dir, ctx.project, ctx.wheelhouse
+    assert folder is not None
+    shutil.copytree(project.containers_dir / "scripts", folder / "scripts")
+    for item in ctx.plan.context:
+        dest = folder / item.name
         dest.parent.mkdir(parents=True, exist_ok=True)
-        if kind == "sdist":
-            _link_or_copy(sources["vllm"].path, dest)
-        elif kind == "source-dir":
-            src = sources[Path(name).name].path
-            shutil.copytree(src, dest, symlinks=True, ignore=shutil.ignore_patterns(".git", ".forge-origin"))
-        elif kind == "wheelhouse":
+        if item.kind == "sdist":
+            assert ctx.source is not None, "the sources phase resolves the pinned source the plan stages"
+            _link_or_copy(ctx.source.path, dest)
+        elif item.kind == "source-dir":
+            # A fetched source by its name, else the recipe's own source given as a git checkout.
+            found = ctx.sources.get(dest.name) or ctx.source
+            assert found is not None, f"the sources phase resolves {item.name}"
+            shutil.copytree(found.path, dest, symlinks=True, ignore=shutil.ignore_patterns(".git", ".forge-origin"))
+        elif item.kind == "wheelhouse":
             if wheelhouse is None:
                 raise SourceUnavailable(
                     "this build needs a wheelhouse and none was given",
@@ -86,16 +82,18 @@ def _stage_context(
             dest.mkdir(exist_ok=True)
             for wheel in sorted(wheelhouse.glob("*.whl")):
                 _link_or_copy(wheel, dest / wheel.name)
-        elif kind == "package":
+        elif item.kind == "package":
             shutil.copytree(
                 project.root / "builders",
                 dest / "builders",
                 # A module compiled here (the router's C relay) is for this host's Python: the image builds its own.
                 ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so"),
             )
-    if ca_bundle and not buildkit:
-        (ctx / "trust").mkdir()
-        shutil.copy2(ca_bundle, ctx / "trust" / "ca_bundle.pem")
+    if ctx.ca_bundle and not ctx.builder.supports_secrets:
+        (folder / "trust").mkdir()
+        shutil.copy2(ctx.ca_bundle, folder / "trust" / "ca_bundle.pem")
+    if ctx.tree is not None:
+        ctx.engine_of.stage_tree(ctx.tree, folder)
 
 
 def _link_or_copy(src: Path, dest: Path) -> None:
@@ -311,16 +309,15 @@ def _preflight(ctx: Context) -> None:
 
 
 def _sources(ctx: Context) -> None:
-    project, distro, recipe, report = ctx.project, ctx.distro, ctx.recipe, ctx.report
-    if ctx.target.native:
-        # Another engine's pinned archive: staged as the plan's sdist, its version read by the engine's module.
-        sdist = ctx.sources["vllm"] = resolve_sdist(recipe, project.root, ctx.options.source_overrides)
-        report.source = {"origin": sdist.origin, "sha256": sdist.sha256, "path": str(sdist.path)}
-    if ctx.compiles:
-        vllm = ctx.sources["vllm"] = resolve_sdist(recipe, project.root, ctx.options.source_overrides)
-        report.source = {"origin": vllm.origin, "sha256": vllm.sha256, "path": str(vllm.path)}
-        if vllm.path.is_dir():
-            ctx.tree = tree = devloop.split_source(vllm.path)
+    """What the plan stages from the source cache: the recipe's pinned source (a tree given with --source split
+    into the parts a rebuild reuses, where the engine builds one in layers), the sources CMake would fetch, and
+    what the pinned source says about the build (its torch pin, its version)."""
+    project, distro, recipe, report, engine = ctx.project, ctx.distro, ctx.recipe, ctx.report, ctx.engine_of
+    if engine.stages_source(ctx.target):
+        source = ctx.source = resolve_sdist(recipe, project.root, ctx.options.source_overrides)
+        report.source = {"origin": source.origin, "sha256": source.sha256, "path": str(source.path)}
+        ctx.tree = tree = engine.split_tree(source.path)
+        if tree is not None:
             report.source |= {"requirements_hash": tree.requirements_hash, "package_hash": tree.package_hash}
         for fetched in recipe.fetched_sources:
             resolved = _fetched_source(project, distro, fetched, ctx.engine, ctx.options, ctx.log)
@@ -333,8 +330,10 @@ def _sources(ctx: Context) -> None:
                     "cmake_var": fetched.cmake_var,
                 }
             )
-        ctx.torch_pin, ctx.source_version = read_pins(vllm.path, distro, ctx.target.device)
-    ctx.log.info(f"sources {', '.join(f'{k} ({v.origin})' for k, v in ctx.sources.items()) or 'none needed'}")
+        pins = engine.source_pins(ctx.target, source.path)
+        ctx.torch_pin, ctx.source_version = pins.torch, pins.version
+    staged = ([(recipe.engine, ctx.source)] if ctx.source else []) + list(ctx.sources.items())
+    ctx.log.info(f"sources {', '.join(f'{k} ({v.origin})' for k, v in staged) or 'none needed'}")
     ctx.wheelhouse = wheelhouse = _wheelhouse_at_hand(ctx)
     if ctx.options.wheelhouse is None and wheelhouse is not None and not any(wheelhouse.glob("*.whl")):
         raise SourceUnavailable(
@@ -389,17 +388,7 @@ def _context(ctx: Context) -> None:
     (folder / plan.containerfile).write_text(text)
     (ctx.reports_dir / "Containerfile").write_text(text)
     ctx.report.containerfile = str(ctx.reports_dir / "Containerfile")
-    _stage_context(
-        folder,
-        ctx.project,
-        [(i.name, i.kind) for i in plan.context],
-        ctx.sources,
-        ctx.wheelhouse,
-        ctx.ca_bundle,
-        ctx.builder.supports_secrets,
-    )
-    if ctx.tree is not None:
-        devloop.stage_tree(ctx.tree, folder)
+    _stage_context(ctx)
 
 
 def _secrets(ctx: Context) -> dict[str, Path]:
@@ -435,6 +424,26 @@ def _build(ctx: Context) -> None:
     ctx.image_id = result.image_id
 
 
+def _reuse(ctx: Context) -> None:
+    """What each layer of a tree build reused (the engine reads it from the build's log), then this build's
+    manifest for the next one in the same reports folder to compare with."""
+    tree, plan = ctx.tree, ctx.plan
+    assert tree is not None
+    log = ctx.log_path.read_text(errors="replace") if ctx.log_path.exists() else ""
+    ctx.report.reuse = section = ctx.engine_of.reuse(
+        tree,
+        log=log,
+        plan=plan,
+        base_image_id=str(ctx.report.base.get("image_id", "")),
+        cache_mounted=plan.buildkit and ctx.builder.supports_cache_mounts,
+        previous=read_manifest(ctx.reports_dir),
+    )
+    for layer, part in section.items():
+        if isinstance(part, dict) and "verdict" in part:
+            ctx.log.info(f"{layer}: {part['verdict']}")
+    write_manifest(ctx.reports_dir, tree, started=ctx.report.started)
+
+
 def _inspect_toolchain(ctx: Context) -> None:
     if ctx.compiles and ctx.context_dir is not None:
         ctx.report.versions.update(_toolchain_versions(ctx))
@@ -442,21 +451,11 @@ def _inspect_toolchain(ctx: Context) -> None:
 
 def _test(ctx: Context) -> None:
     assert ctx.image_id is not None
-    if ctx.target.native:
-        from builders.engines import native_engine
-
-        checks = native_engine(ctx.recipe).checks(ctx.engine, ctx.image_id, ctx.plan)
-    else:
-        checks = run_checks(ctx.engine, ctx.image_id, ctx.plan)
-    if ctx.target.cuda and ctx.target.from_wheelhouse:
-        checks += run_gpu_wheel_checks(ctx.engine, ctx.image_id, ctx.plan)
+    checks = ctx.engine_of.checks(ctx.engine, ctx.image_id, ctx.plan)
     ctx.report.tests = [c.as_report() for c in checks]
     for entry in ctx.report.tests:
         ctx.log.info(f"test {entry['name']}: {status_text(entry)}")
-    imported = next((c for c in checks if c.name == "import-vllm" and c.ok), None)
-    if imported:
-        vllm_v, torch_v = ([*imported.detail.split(), "", ""])[:2]
-        ctx.report.versions.update({"vllm": vllm_v, "torch": torch_v})
+    ctx.report.versions.update(ctx.engine_of.versions(checks))
     judge_checks(checks, ctx.report)
 
 
@@ -486,8 +485,7 @@ def _tag(ctx: Context) -> None:
     engine.tag(image_id, tag.rsplit(":", 1)[0] + ":latest")
     info = engine.image_info(image_id)
     ctx.report.image = {"id": info.id, "tags": list(info.tags), "size": info.size}
-    if not ctx.target.native:
-        # A native engine's runtime has no Python to ask (llama-server's image is one binary).
+    if ctx.engine_of.runtime_python:
         ctx.report.versions.setdefault("python", _python_version(engine, tag))
 
 
@@ -516,7 +514,7 @@ PHASES: tuple[tuple[str, Phase, Callable[[Context], bool]], ...] = (
     ("plan", _plan, _always),
     ("context", _context, _always),
     ("build", _build, _always),
-    ("reuse", devloop.record_reuse, _tree),
+    ("reuse", _reuse, _tree),
     ("inspect-toolchain", _inspect_toolchain, _always),
     ("test", _test, lambda ctx: not ctx.options.skip_tests),
     ("tag", _tag, _always),
@@ -548,7 +546,7 @@ def _ensure_gpu_bases(ctx: Context) -> BaseResult:
     """The plan's BASE_IMAGE and RUNTIME_IMAGE in the engine: the distro's own base as `forge bootstrap` makes it,
     a CUDA base local or pulled. Every missing one is named before the build stops; returns the runtime base."""
     distro, recipe, options, engine, report, sink = ctx.distro, ctx.recipe, ctx.options, ctx.engine, ctx.report, ctx.log
-    cuda = gpu_plan(distro, recipe, options.gpu_mode)
+    cuda = cuda_plan(distro, recipe, options.gpu_mode)
     if cuda is None:  # no cuda section: the plan's own error names the fix
         make_plan(distro, recipe, PlanOptions(max_jobs=1, gpu_mode=options.gpu_mode))
         raise AssertionError("make_plan accepted a GPU target on a distro without a cuda section")

@@ -8,12 +8,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from builders.bootstrap import BaseResult
-from builders.config import Project
 from builders.config.models import Distro, Recipe
 from builders.container import Builder, Engine
+from builders.engines import ENGINES, ServingEngine
 from builders.log import Log
 from builders.options import BuildOptions
 from builders.plan import BuildPlan
+from builders.project import Project
 from builders.rebuild.devtree import TreeSplit
 from builders.report import BuildReport
 from builders.sources import ResolvedSource
@@ -39,7 +40,8 @@ class Context:
     builder_: Builder | None = None
     base: BaseResult | None = None
     wheelhouse: Path | None = None
-    sources: dict[str, ResolvedSource] = field(default_factory=dict)
+    source: ResolvedSource | None = None  # the recipe's pinned source (its sdist, or a tree given with --source)
+    sources: dict[str, ResolvedSource] = field(default_factory=dict)  # the sources CMake would fetch, by name
     tree: TreeSplit | None = None  # a source tree, split into the parts a rebuild reuses
     torch_pin: str | None = None
     source_version: str | None = None  # the engine's version as its source states it
@@ -49,6 +51,11 @@ class Context:
     image_id: str | None = None  # built but not yet proven: removed unless the build gets to keep it
     running: str | None = None  # the phase under way, and since when
     phase_started: float = 0.0
+
+    @property
+    def engine_of(self) -> ServingEngine:
+        """The serving engine the recipe builds (not the container engine, `engine`)."""
+        return ENGINES.of(self.recipe)
 
     @property
     def compiles(self) -> bool:

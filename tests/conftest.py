@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from builders.config import Project
 from builders.container import Engine, connect
 from builders.container.select import chosen
-from builders.gates import host
-from builders.preflight import runner
+from builders.gates import common, host
+from builders.project import Project
 from builders.router.native import ENV_SWITCH, NativeRelay
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,7 +39,7 @@ def ample_disk(monkeypatch: pytest.MonkeyPatch) -> None:
     """Preflight's disk gates read statvfs of the engine's data root and the scratch dir. Tests whose subject is
     another gate pin a roomy disk, so their verdict does not depend on how full the machine running them is (a
     CI machine with under ~35 GB free used to turn their clear/incomplete into blocked)."""
-    monkeypatch.setattr(runner, "free_bytes", lambda path: (2**40, host.existing_ancestor(path)))
+    monkeypatch.setattr(common, "free_bytes", lambda path: (2**40, host.existing_ancestor(path)))
 
 
 @pytest.fixture(scope="session")

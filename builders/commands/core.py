@@ -11,16 +11,17 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from builders.config import Project
 from builders.container import connect
 from builders.container.base import EngineChoice
+from builders.engines import ENGINES, make_plan
 from builders.errors import SourceUnavailable, UsageError
 from builders.log import Log, print_table
 from builders.log import console as wide_console
 from builders.options import BuildOptions, add_flags, cli_options, gpu_args_apply, plan_options
 from builders.output import output_dir, write_output
-from builders.plan import PlanOptions, make_plan
+from builders.plan import PlanOptions
 from builders.platforms import PLATFORMS, Platform, for_platform, parse_platforms
+from builders.project import Project
 from builders.registry import parse_reference
 from builders.render import render
 from builders.target import Target
@@ -82,14 +83,13 @@ def _plan_options(args: argparse.Namespace) -> PlanOptions:
 
 
 def _torch_pin(project: Project, target: Target, args: argparse.Namespace) -> str | None:
-    """vLLM's torch pin, read from the pinned sdist (fetched, sha256-checked, when the cache lacks it) so a
+    """The torch pin the engine's pinned sdist states (fetched, sha256-checked, when the cache lacks it) so a
     Containerfile rendered without a build names the torch a build would install; never a placeholder."""
     recipe = target.recipe
-    if args.torch_version or recipe.torch.version or not target.runs_vllm:
+    if args.torch_version or recipe.torch.version or not target.installs_torch:
         return None
     if not (recipe.source and recipe.source.pypi):
         return None  # the planner then refuses, naming --torch-version
-    from builders.engines.vllm.source_facts import read_pins
     from builders.sources import cache_dir, fetch_sdist
 
     pin = recipe.source.pypi
@@ -104,7 +104,7 @@ def _torch_pin(project: Project, target: Target, args: argparse.Namespace) -> st
             )
         print(f"forge: fetching {sdist.name} to read vLLM's torch pin (--no-fetch: refuse instead)", file=sys.stderr)
         sdist = fetch_sdist(recipe, project.root).path
-    return read_pins(sdist, target.distro, target.device)[0]
+    return ENGINES.of(recipe).source_pins(target, sdist).torch
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -393,9 +393,3 @@ def _platform_arg(p: argparse.ArgumentParser) -> None:
         help=f"comma-separated, of {', '.join(PLATFORMS)} (default: linux/amd64); "
         "arm64 runs under qemu-user-static on an x86_64 host",
     )
-
-
-def main() -> None:  # pragma: no cover - convenience for `python -m builders.commands.core`
-    from builders.cli import main as cli_main
-
-    sys.exit(cli_main())

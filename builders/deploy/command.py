@@ -9,11 +9,11 @@ from typing import Any
 import yaml
 
 from builders import log
-from builders.config.project import find_root
 from builders.deploy.manifests import DeployOptions, Object, kustomization, render
 from builders.errors import UsageError
 from builders.output import output_dir, write_output
 from builders.preflight.gpu_gate import add_gpu_gate_args, gate_from_args
+from builders.project import find_root
 from builders.smoke.profile import load_profile
 
 DEFAULT_ROUTER_IMAGE = "forge/debian-12-router:latest"

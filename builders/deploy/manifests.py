@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from builders.cpusets import parse_cpuset
+from builders.engines import serving_engine
 from builders.engines.args import SERVE_ENTRIES
 from builders.engines.tiny_model import ModelShape, write_tiny_model
 from builders.errors import ConfigError, UsageError
@@ -151,11 +152,11 @@ def render(profile: StackProfile, source: str, options: DeployOptions) -> Render
     if host and options.router_replicas != 1:
         raise UsageError("--network host runs one router: two would listen on the same host port")
     for name, settings in profile.pools.items():
-        if not settings.serving.deployable:
+        serving = serving_engine(settings.engine)
+        if not serving.deployable:
             # The manifests start `vllm serve` on a model ConfigMap; another server needs its own pod spec.
             raise UsageError(
-                f"{source}: pools.{name}: forge deploy renders vLLM pools only, and this pool runs "
-                f"{settings.serving.title}",
+                f"{source}: pools.{name}: forge deploy renders vLLM pools only, and this pool runs {serving.title}",
                 hint="deploy a profile whose pools all run engine: vllm",
             )
     plan = plan_stack(profile, run_id="deploy", base_port=options.base_port)

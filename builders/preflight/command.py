@@ -9,7 +9,6 @@ import tempfile
 from pathlib import Path
 from typing import get_args
 
-from builders.config import Project
 from builders.config.models import TorchIndex
 from builders.container import Engine, connect
 from builders.errors import EngineError, PreflightBlocked, PreflightIncomplete, UsageError
@@ -20,6 +19,7 @@ from builders.options import add_gpu_args, gpu_args_apply, pep440_version, posit
 from builders.platforms import for_platform, parse_platforms
 from builders.preflight.gpu_gate import add_gpu_gate_args, gate_input, preflight_finding, with_finding
 from builders.preflight.runner import run_preflight
+from builders.project import Project
 from builders.target import Target
 
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import yaml
 
-from builders.config import Project
 from builders.config.models import Distro, Recipe
 from builders.options import flag
 from builders.platforms import PLATFORMS, for_platform
+from builders.project import Project
 from builders.target import Target
 
 GITHUB_PATH = ".github/workflows/forge.yml"

@@ -8,10 +8,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from builders import log
-from builders.config import Project
 from builders.config.models import Distro, Recipe
 from builders.errors import UsageError
 from builders.options import parse_sources
+from builders.project import Project
 from builders.repro.errors import LockDrift, StaleRender
 
 Handler = Callable[[argparse.Namespace], int]

@@ -29,6 +29,7 @@ from rich.console import Console
 from rich.table import Table
 
 from builders import interrupt
+from builders.config.profile import StackProfile, check_cpus_available, explain
 from builders.engines import ServerProbe, ServingEngine
 from builders.engines.args import ArgProblem, raise_for_problems
 from builders.errors import ConfigError, ForgeError, SmokeFailed, UsageError
@@ -38,7 +39,6 @@ from builders.router.config import RouterConfig, config_from_mapping
 from builders.serving_dtype import choose_dtype, this_host
 from builders.smoke.judge import compare_slow_clients, judge_kill
 from builders.smoke.plan import ReplicaPlan, RuntimeGroup, StackPlan, plan_stack
-from builders.smoke.profile import StackProfile, check_cpus_available, explain
 from builders.smoke.runtimes import Launched, ReplicaRuntime, RouterRuntime
 from builders.traffic.plan import TrafficPlan
 from builders.traffic.results import TrafficResult
@@ -381,13 +381,13 @@ class SmokeRun:
                     # One runtime per serving engine and image: each reads its own server's help once.
                     for group in plan.runtime_groups():
                         serving = group.serving
-                        model_dir = workdir / f"model-{serving.kind}"
+                        model_dir = workdir / f"model-{serving.name}"
                         if not model_dir.exists():
                             serving.write_model(model_dir, profile, dtype=plan.dtype.dtype)
                             # Replicas may run as another user (the images use uid 1000): all they read is public.
                             for path in (workdir, model_dir, *model_dir.iterdir()):
                                 path.chmod(0o755 if path.is_dir() else 0o644)
-                        runtime = self.replicas_runtime_factory(serving.kind, group.image, model_dir, logs_dir)
+                        runtime = self.replicas_runtime_factory(serving.name, group.image, model_dir, logs_dir)
                         replica_runtimes[group] = runtime
                     router_runtime = self.router_runtime_factory(logs_dir)
                     self.report["replicas_from"] = "; ".join(r.description for r in replica_runtimes.values())
@@ -453,7 +453,7 @@ class SmokeRun:
         self.report["ended_in"] = self.running
 
     def _record_probe(self, serving: ServingEngine, probe: ServerProbe, problems: list[ArgProblem]) -> None:
-        self.report.setdefault("servers", {})[serving.kind] = {
+        self.report.setdefault("servers", {})[serving.name] = {
             "entry": list(probe.entry),
             "flags_known": len({id(o) for o in probe.spec.options.values()}),
             "notes": list(probe.notes),

@@ -19,9 +19,9 @@ from typing import Any
 
 from builders import interrupt
 from builders.build import BuildOptions, build
-from builders.config import Project
 from builders.config.models import Distro, Recipe
 from builders.container import Engine, connect
+from builders.project import Project
 from builders.repro.compare import ReproComparison, compare_images
 from builders.repro.errors import InsufficientSpace
 from builders.repro.image_export import export_image, extract_paths, image_rootfs

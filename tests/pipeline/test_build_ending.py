@@ -10,9 +10,9 @@ import pytest
 
 from builders import build as build_module
 from builders.build import BuildOptions, build
-from builders.config import Project
 from builders.context import Context
 from builders.errors import BuildFailed, PreflightBlocked
+from builders.project import Project
 
 
 def _run(

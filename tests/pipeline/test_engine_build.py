@@ -10,9 +10,9 @@ import pytest
 
 from builders.bootstrap import bootstrap, ensure_base
 from builders.build import BuildOptions, build
-from builders.config import Project
 from builders.container import Engine, RunSpec
 from builders.errors import BaseUnavailable, BuildFailed
+from builders.project import Project
 
 pytestmark = pytest.mark.engine
 

@@ -10,9 +10,9 @@ from rich.console import Console
 from rich.table import Table
 
 from builders.cli import main
-from builders.config import Project
 from builders.log import Log, ci_system, print_table
 from builders.log import console as wide_console
+from builders.project import Project
 from builders.router.classes import RequestClass
 from builders.smoke.stack import summary_table
 from builders.sweep.report import class_rows, table_rows

@@ -133,11 +133,11 @@ def test_the_engine_is_chosen_once_and_carried_down(monkeypatch: pytest.MonkeyPa
     # --engine wins over FORGE_ENGINE, and the options carry it to the build's one connect.
     given = build_parser().parse_args(["build", "debian-12", "cpu", "--engine", "docker"])
     assert BuildOptions.from_args(given).engine == "docker"
-    assert Runtimes.choose(image="forge/x:1", local_vllm=None, router_image=None, engine="docker").engine_choice == (
-        "docker"
-    )
+    assert Runtimes.choose(
+        images={"vllm": "forge/x:1"}, local={}, router_image=None, engine="docker"
+    ).engine_choice == ("docker")
     # Without the flag (and for a caller that builds without the CLI) FORGE_ENGINE is the default, as for the CLI.
     assert BuildOptions.from_args(build_parser().parse_args(["build", "debian-12", "cpu"])).engine == "podman"
-    assert Runtimes.choose(image="forge/x:1", local_vllm=None, router_image=None).engine_choice == "podman"
+    assert Runtimes.choose(images={"vllm": "forge/x:1"}, local={}, router_image=None).engine_choice == "podman"
     monkeypatch.delenv("FORGE_ENGINE")
     assert BuildOptions().engine == "auto"

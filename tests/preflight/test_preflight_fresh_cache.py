@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from builders.cli import main
-from builders.config import Project
 from builders.errors import PreflightBlocked, PreflightIncomplete
+from builders.project import Project
 from builders.report import BuildReport
 from builders.repro.ci import render_github, render_gitlab
 from builders.sources import sha256_file

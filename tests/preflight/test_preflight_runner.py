@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from builders.cli import main
-from builders.config import Project
 from builders.config.models import Distro
 from builders.errors import PreflightBlocked, PreflightIncomplete
 from builders.gates.host import (
@@ -25,6 +24,7 @@ from builders.gates.host import (
     read_memory,
 )
 from builders.preflight import PreflightReport, render_table, run_preflight
+from builders.project import Project
 
 FIXTURE = Path(__file__).parent / "fixtures" / "vllm-0.33.0"
 JSON_FINDING_KEYS = {"gate", "found", "required", "source", "blocking", "remedy"}

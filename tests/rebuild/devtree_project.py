@@ -34,7 +34,7 @@ def render(containers_dir: Path, *, base_ref: str, cache_mount: bool, cache_id: 
 
 
 def stage_context(tree: Path, context: Path, containerfile: str) -> TreeSplit:
-    """Split the tree and stage its parts beside the Containerfile, as builders/devloop.py does for vLLM."""
+    """Split the tree and stage its parts beside the Containerfile, as builders/engines/vllm/devloop.py does for vLLM."""
     split = split_tree(tree, LAYOUT)
     stage_parts(split, {part: context / TREE / FOLDERS[part] for part in PARTS})
     (context / "Containerfile").write_text(containerfile)

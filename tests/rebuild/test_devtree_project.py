@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from devtree_project import LAYOUT, PROJECT, render, stage_context
 
-from builders.config import Project
+from builders.project import Project
 from builders.rebuild.ccache_stats import BEGIN, END
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from builders.config import Project
-from builders.devloop import MANIFEST, read_manifest, reuse_section, toolchain_identity
+from builders.engines.vllm.devloop import reuse_section, toolchain_identity
 from builders.engines.vllm.devtree import VLLM_LAYOUT
+from builders.project import Project
 from builders.rebuild.ccache_stats import BEGIN, END
-from builders.rebuild.devtree import split_tree
+from builders.rebuild.devtree import MANIFEST, read_manifest, split_tree
 from builders.report import BuildReport
 
 FIXTURES = Path(__file__).parent / "fixtures"

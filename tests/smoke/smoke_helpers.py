@@ -41,8 +41,8 @@ def local_vllm() -> Path:
 
 @functools.cache
 def _wheelhouse_venv() -> Path:
-    from builders.config import Project
     from builders.locks import exclusive
+    from builders.project import Project
     from builders.sources import fetch_wheelhouse
 
     project = Project.load(ROOT)
@@ -133,8 +133,8 @@ def _build_for_tests(
     naming the gate's numbers: it says this machine is too small for the image, which the same gate's own tests
     prove is the right answer (tests/reproductions/test_small_disk.py), not that the code is broken."""
     from builders.build import BuildOptions, build
-    from builders.config import Project
     from builders.errors import PreflightBlocked
+    from builders.project import Project
     from builders.sources import fetch_wheelhouse
 
     project = Project.load(ROOT)
@@ -173,7 +173,7 @@ def podman_base() -> str:
     """Debian 12's base in Podman's storage, carried over from Docker's (which Forge bootstraps when missing):
     Podman cannot pull here, and a second mmdebstrap would cost a minute for the same tree."""
     from builders.bootstrap import ensure_base
-    from builders.config import Project
+    from builders.project import Project
 
     distro = Project.load(ROOT).distro("debian-12")
     podman = connect("podman")

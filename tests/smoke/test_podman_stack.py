@@ -23,10 +23,10 @@ import pytest
 from smoke_helpers import ROOT, free_base_port, marked_ca_bundle, podman_base, podman_image
 
 from builders.cli import main
-from builders.config import Project
 from builders.container import Engine, RunSpec, connect
 from builders.errors import EngineError
 from builders.preflight import run_preflight
+from builders.project import Project
 from builders.repro.image_export import export_image
 from builders.smoke.plan import RUN_LABEL
 from builders.smoke.profile import load_profile

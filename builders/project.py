@@ -1,4 +1,5 @@
-"""The project's data: every distro and recipe, loaded once and cross-checked."""
+"""The project's data: every distro and recipe, loaded once and cross-checked. A recipe is validated by its serving
+engine's model (the registry's, builders/engines/), so the project sits above the engines."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from functools import cached_property
 from pathlib import Path
 from typing import TypeVar
 
+from builders.config.by_engine import ByEngine
 from builders.config.loading import load_model
 from builders.config.models import Distro, Recipe
+from builders.engines import ENGINES
 from builders.errors import ConfigError, UsageError
 
 
@@ -39,7 +42,7 @@ def _suggest(name: str, choices: list[str]) -> str:
 M = TypeVar("M", Distro, Recipe)
 
 
-def _load_dir(folder: Path, model: type[M]) -> dict[str, M]:
+def _load_dir(folder: Path, model: type[M] | ByEngine[M]) -> dict[str, M]:
     items: dict[str, M] = {}
     for path in sorted(folder.glob("*.yaml")):
         item = load_model(model, path, defaults={"name": path.stem})
@@ -69,7 +72,8 @@ class Project:
 
     @cached_property
     def recipes(self) -> dict[str, Recipe]:
-        recipes = _load_dir(self.root / "recipes", Recipe)
+        # Each recipe by its serving engine's model: the common keys, and that engine's own.
+        recipes = _load_dir(self.root / "recipes", ENGINES.recipe_models())
         targets: dict[str, str] = {}
         for recipe in recipes.values():
             if recipe.target in targets:
