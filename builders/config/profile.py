@@ -29,6 +29,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from builders.config.by_engine import POOL_MODELS, ByEngine
 from builders.cpusets import format_cpuset, parse_cpuset
@@ -130,7 +131,7 @@ class PoolSettings(_Strict):
         # Reached with the common model only when no engine's model took the pool: its engine is unknown.
         known: ByEngine[PoolSettings] | None = (info.context or {}).get(POOL_MODELS)
         if known is not None and name not in known.models:
-            raise ValueError(f"Input should be {_either(known.names)}")
+            raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": _either(known.names)})
         return name
 
     def problems(self, profile: StackProfile, name: str) -> list[str]:
