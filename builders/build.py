@@ -69,9 +69,14 @@ def _stage_context(ctx: Context) -> None:
             assert ctx.source is not None, "the sources phase resolves the pinned source the plan stages"
             _link_or_copy(ctx.source.path, dest)
         elif item.kind == "source-dir":
-            # A fetched source by its name, else the recipe's own source given as a git checkout.
-            found = ctx.sources.get(dest.name) or ctx.source
-            assert found is not None, f"the sources phase resolves {item.name}"
+            # A fetched source by its name, else the recipe's own source given as a checkout.
+            own = ctx.source if ctx.source is not None and ctx.source.path.is_dir() else None
+            found = ctx.sources.get(dest.name) or own
+            if found is None:
+                raise SourceUnavailable(
+                    f"the plan stages {item.name} ({item.origin}), and no such source was resolved",
+                    hint=f"pass --source {dest.name}=PATH to a checkout of it",
+                )
             shutil.copytree(found.path, dest, symlinks=True, ignore=shutil.ignore_patterns(".git", ".forge-origin"))
         elif item.kind == "wheelhouse":
             if wheelhouse is None:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:  # the helpers import Forge where they need it: a test that never calls them stays light
-    from builders.container import Engine, connect
+    from builders.container import Engine
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -173,6 +173,7 @@ def podman_base() -> str:
     """Debian 12's base in Podman's storage, carried over from Docker's (which Forge bootstraps when missing):
     Podman cannot pull here, and a second mmdebstrap would cost a minute for the same tree."""
     from builders.bootstrap import ensure_base
+    from builders.container import connect
     from builders.project import Project
 
     distro = Project.load(ROOT).distro("debian-12")
@@ -228,6 +229,7 @@ def podman_image(target: str) -> str:
 
 
 def _podman_copy(target: str) -> str:
+    from builders.container import connect
 
     source = _forge_image(target)
     tag = f"forge/debian-12-{target}:podman-test"
@@ -247,6 +249,7 @@ def release_image(key: str) -> str | None:
     tag = _BUILT.pop(key, None)
     if tag is None or os.environ.get(RECLAIM_ENV) != "1":
         return None
+    from builders.container import connect
     from builders.errors import EngineError
 
     engine = connect("docker" if key.startswith("docker:") else "podman")
