@@ -1,6 +1,6 @@
-"""The executor: a list of phases over one Context (builders/context.py; PHASES: engine → base → preflight → sources → lock → plan →
-context → build → reuse (a source tree only) → inspect-toolchain → test → tag → sbom), cheapest first, each
-`phase(ctx) -> None`.
+"""The executor: a list of phases over one Context (builders/context.py; PHASES: engine → base → preflight → sources →
+lock → plan → caches → context → build → reuse (a source tree only) → cache-stats → inspect-toolchain → test → tag →
+cache-export → sbom), cheapest first, each `phase(ctx) -> None`.
 
 Only this module (through builders.container) changes engine state. A failed or interrupted build leaves no
 container and no tag: the image is built untagged and tagged only after its test stage passed.
@@ -21,6 +21,7 @@ from pathlib import Path
 
 from builders import interrupt
 from builders.bootstrap import BaseResult, ensure_base, ensure_image, registry_of
+from builders.cache import phase as caches
 from builders.config.models import Distro, FetchedSource, Recipe
 from builders.container import BuildRequest, Engine, choose_builder, connect
 from builders.container.base import RunSpec
@@ -30,7 +31,7 @@ from builders.diagnose import diagnose_file
 from builders.diagnose.diagnosis import diagnose_text
 from builders.emulation import describe as describe_stand_in
 from builders.engines import cuda_plan, make_plan
-from builders.engines.checks import CheckResult, status_text
+from builders.engines.checks import CheckResult
 from builders.errors import BaseUnavailable, BuildFailed, PreflightBlocked, SourceUnavailable
 from builders.gates.host import derive_max_jobs as derive_jobs
 from builders.log import Log, as_log
@@ -42,7 +43,20 @@ from builders.preflight.runner import run_preflight
 from builders.project import Project
 from builders.rebuild.devtree import read_manifest, write_manifest
 from builders.render import render
-from builders.report import BuildReport
+from builders.report import (
+    BaseImageRecord,
+    BaseRecord,
+    BuilderRecord,
+    BuildReport,
+    CheckRecord,
+    EngineRecord,
+    FetchedSourceRecord,
+    ImageRecord,
+    PlatformRecord,
+    PreflightSkipped,
+    SourceRecord,
+    TorchRecord,
+)
 from builders.repro.integration import lock_phase, sbom_phase
 from builders.repro.sbom import SBOM_NAME, sbom_label
 from builders.sources import ResolvedSource, fetch_debian_source, resolve_fetched, resolve_sdist, wheelhouse_dir
@@ -116,13 +130,17 @@ def start(project: Project, distro: Distro, recipe: Recipe, options: BuildOption
     ca_bundle, ca_origin = find_ca_bundle(options.ca_bundle)
     report.ca_bundle = f"{ca_bundle} ({ca_origin})" if ca_bundle else ca_origin
     if options.skip_preflight:
-        report.preflight = {"verdict": "skipped", "complete": False, "why": "--skip-preflight: no gate evaluated"}
+        report.preflight = PreflightSkipped(
+            verdict="skipped", complete=False, why="--skip-preflight: no gate evaluated"
+        )
     host = platform.machine()
     # Under emulation every RUN and every test-stage check is an arm64 process interpreted by qemu-user-static.
-    report.platform = {"name": platform_of(distro).name, "host": host, "emulated": host != distro.arch}
-    stand_in = describe_stand_in(distro.arch, host)
-    if stand_in:
-        report.platform["stand_in"] = stand_in
+    report.platform = PlatformRecord(
+        name=platform_of(distro).name,
+        host=host,
+        emulated=host != distro.arch,
+        stand_in=describe_stand_in(distro.arch, host) or None,
+    )
     return Context(
         project=project,
         distro=distro,
@@ -175,7 +193,7 @@ def _close(ctx: Context) -> None:
     unproven = ctx.image_id is not None and ctx.engine_ is not None
     if unproven:
         # Removed below: the report must not name it, nor its SBOM (written, if at all, for a tag now undone).
-        report.image, report.sbom = {}, None
+        report.image, report.sbom = None, None
         (ctx.reports_dir / SBOM_NAME).unlink(missing_ok=True)
     # Written before the engine is asked for anything: a second signal, which ends at once, leaves it true.
     report.write(ctx.reports_dir)
@@ -241,8 +259,8 @@ def clear_report(folder: Path) -> None:
 def _engine(ctx: Context) -> None:
     ctx.engine_ = engine = connect(ctx.options.engine)
     ctx.builder_ = builder = choose_builder(engine, ctx.options.builder)
-    ctx.report.engine = engine.facts.as_report()
-    ctx.report.builder = describe(builder)
+    ctx.report.engine = EngineRecord.model_validate(engine.facts.as_report())
+    ctx.report.builder = BuilderRecord.model_validate(describe(builder))
     # A container that cannot start here fails now, named, not 90 s into the build or at its test stage.
     engine.check()
     version = f" {builder.version}" if builder.version else ""
@@ -258,13 +276,13 @@ def _base(ctx: Context) -> None:
         ctx.base = _ensure_gpu_bases(ctx)
         return
     ctx.base = base = ensure_base(distro, ctx.engine)
-    ctx.report.base = {
-        "ref": base.ref,
-        "image_id": base.image_id,
-        "how": base.how,
-        "rootfs_sha256": base.rootfs_sha256,
-        "declared": distro.base.pinned_ref,
-    }
+    ctx.report.base = BaseRecord(
+        ref=base.ref,
+        image_id=base.image_id,
+        how=base.how,
+        rootfs_sha256=base.rootfs_sha256,
+        declared=distro.base.pinned_ref,
+    )
     ctx.log.info(f"base {base.ref} ({base.how})")
 
 
@@ -295,7 +313,7 @@ def _preflight(ctx: Context) -> None:
         fetch=True,
         progress=log.info,
     )
-    ctx.report.preflight = pre.model_dump(mode="json")
+    ctx.report.preflight = pre
     for finding in pre.findings:
         log.info(f"preflight {finding.gate}: {finding.found} vs {finding.required} ({finding.verdict})")
     log.info(f"{pre.summary()}")
@@ -320,20 +338,17 @@ def _sources(ctx: Context) -> None:
     project, distro, recipe, report, engine = ctx.project, ctx.distro, ctx.recipe, ctx.report, ctx.engine_of
     if engine.stages_source(ctx.target):
         source = ctx.source = resolve_sdist(recipe, project.root, ctx.options.source_overrides)
-        report.source = {"origin": source.origin, "sha256": source.sha256, "path": str(source.path)}
+        report.source = record = SourceRecord(origin=source.origin, sha256=source.sha256, path=str(source.path))
         ctx.tree = tree = engine.split_tree(source.path)
         if tree is not None:
-            report.source |= {"requirements_hash": tree.requirements_hash, "package_hash": tree.package_hash}
+            record.requirements_hash, record.package_hash = tree.requirements_hash, tree.package_hash
         for fetched in recipe.fetched_sources:
             resolved = _fetched_source(project, distro, fetched, ctx.engine, ctx.options, ctx.log)
             ctx.sources[fetched.name] = resolved
             report.fetched_sources.append(
-                {
-                    "name": fetched.name,
-                    "origin": resolved.origin,
-                    "path": str(resolved.path),
-                    "cmake_var": fetched.cmake_var,
-                }
+                FetchedSourceRecord(
+                    name=fetched.name, origin=resolved.origin, path=str(resolved.path), cmake_var=fetched.cmake_var
+                )
             )
         pins = engine.source_pins(ctx.target, source.path)
         ctx.torch_pin, ctx.source_version = pins.torch, pins.version
@@ -346,10 +361,9 @@ def _sources(ctx: Context) -> None:
             hint=f"run `forge fetch {distro.name} {recipe.target}` or pass --wheelhouse DIR",
         )
     if wheelhouse is not None:
-        report.source = {
-            "origin": f"wheelhouse {wheelhouse}",
-            "wheels": sorted(p.name for p in wheelhouse.glob("*.whl")),
-        }
+        report.source = SourceRecord(
+            origin=f"wheelhouse {wheelhouse}", wheels=sorted(p.name for p in wheelhouse.glob("*.whl"))
+        )
 
 
 def _lock(ctx: Context) -> None:
@@ -378,18 +392,18 @@ def _plan(ctx: Context) -> None:
     ctx.report.build_args = dict(plan.build_args)
     ctx.report.compile_env = dict(plan.compile_env)
     if plan.torch:
-        ctx.report.torch = {
-            "requirement": plan.torch.requirement,
-            "index": plan.torch.index,
-            "index_url": plan.torch.index_url,
-            "cuda_build_on_cpu": plan.torch.cuda_build_on_cpu,
-        }
+        ctx.report.torch = TorchRecord(
+            requirement=plan.torch.requirement,
+            index=plan.torch.index,
+            index_url=plan.torch.index_url,
+            cuda_build_on_cpu=plan.torch.cuda_build_on_cpu,
+        )
 
 
 def _context(ctx: Context) -> None:
     plan = ctx.plan
     ctx.context_dir = folder = Path(tempfile.mkdtemp(prefix="forge-context-", dir=ctx.options.scratch_dir))
-    text = render(plan, ctx.project.containers_dir)
+    text = render(plan, ctx.project.containers_dir, compiler_cache=caches.template_launcher(ctx))
     (folder / plan.containerfile).write_text(text)
     (ctx.reports_dir / "Containerfile").write_text(text)
     ctx.report.containerfile = str(ctx.reports_dir / "Containerfile")
@@ -403,17 +417,20 @@ def _secrets(ctx: Context) -> dict[str, Path]:
 def _build(ctx: Context) -> None:
     plan, builder, folder = ctx.plan, ctx.builder, ctx.context_dir
     assert folder is not None
-    result = builder.build(
+    result = caches.run_build(
+        ctx,
+        builder,
         BuildRequest(
             context_dir=folder,
             containerfile=folder / plan.containerfile,
             target=plan.final_stage,
             build_args=plan.build_args,
-            secrets=_secrets(ctx),
+            secrets={**_secrets(ctx), **caches.build_secrets(ctx)},
             labels={**plan.labels, **sbom_label(ctx.distro.name, ctx.recipe.target)},
             no_cache=ctx.options.no_cache,
             log_path=ctx.log_path,
             platform=plan.platform,
+            **caches.request_fields(ctx),
         ),
         ctx.log,
     )
@@ -423,7 +440,7 @@ def _build(ctx: Context) -> None:
         _diagnose_into(ctx.report, ctx.log_path)
         raise BuildFailed(
             f"the {builder.name} build exited {result.returncode}; log: {ctx.log_path}",
-            hint=(ctx.report.diagnosis or {}).get("remedy") or "read the log's last error",
+            hint=ctx.report.diagnosis.remedy if ctx.report.diagnosis else "read the log's last error",
         )
     assert result.image_id is not None
     ctx.image_id = result.image_id
@@ -439,13 +456,17 @@ def _reuse(ctx: Context) -> None:
         tree,
         log=log,
         plan=plan,
-        base_image_id=str(ctx.report.base.get("image_id", "")),
+        base_image_id=ctx.report.base.image_id if ctx.report.base else "",
         cache_mounted=plan.buildkit and ctx.builder.supports_cache_mounts,
         previous=read_manifest(ctx.reports_dir),
     )
-    for layer, part in section.items():
-        if isinstance(part, dict) and "verdict" in part:
-            ctx.log.info(f"{layer}: {part['verdict']}")
+    for layer, part in (
+        ("environment", section.environment),
+        ("extension", section.extension),
+        ("package", section.package),
+    ):
+        if part is not None:
+            ctx.log.info(f"{layer}: {part.verdict}")
     write_manifest(ctx.reports_dir, tree, started=ctx.report.started)
 
 
@@ -457,9 +478,9 @@ def _inspect_toolchain(ctx: Context) -> None:
 def _test(ctx: Context) -> None:
     assert ctx.image_id is not None
     checks = ctx.engine_of.checks(ctx.engine, ctx.image_id, ctx.plan)
-    ctx.report.tests = [c.as_report() for c in checks]
+    ctx.report.tests = [CheckRecord.model_validate(c.as_report()) for c in checks]
     for entry in ctx.report.tests:
-        ctx.log.info(f"test {entry['name']}: {status_text(entry)}")
+        ctx.log.info(f"test {entry.name}: {entry.status_text()}")
     ctx.report.versions.update(ctx.engine_of.versions(checks))
     judge_checks(checks, ctx.report)
 
@@ -473,7 +494,7 @@ def judge_checks(checks: Sequence[CheckResult], report: BuildReport) -> None:
         return
     detail = failed[0].detail.strip()
     diagnosis = diagnose_text("\n".join(c.detail for c in failed))
-    report.diagnosis = diagnosis.to_dict()
+    report.diagnosis = diagnosis
     known = diagnosis.category != "unknown"
     raise BuildFailed(
         f"test stage failed: {', '.join(c.name for c in failed)}"
@@ -489,7 +510,7 @@ def _tag(ctx: Context) -> None:
     # `:latest` names the newest proven image of this distro × target: smoke sessions start from it.
     engine.tag(image_id, tag.rsplit(":", 1)[0] + ":latest")
     info = engine.image_info(image_id)
-    ctx.report.image = {"id": info.id, "tags": list(info.tags), "size": info.size}
+    ctx.report.image = ImageRecord(id=info.id, tags=list(info.tags), size=info.size)
     if ctx.engine_of.runtime_python:
         ctx.report.versions.setdefault("python", _python_version(engine, tag))
 
@@ -517,12 +538,15 @@ PHASES: tuple[tuple[str, Phase, Callable[[Context], bool]], ...] = (
     ("sources", _sources, _always),
     ("lock", _lock, _always),
     ("plan", _plan, _always),
+    ("caches", caches.prepare, _always),
     ("context", _context, _always),
     ("build", _build, _always),
     ("reuse", _reuse, _tree),
+    ("cache-stats", caches.record, _always),
     ("inspect-toolchain", _inspect_toolchain, _always),
     ("test", _test, lambda ctx: not ctx.options.skip_tests),
     ("tag", _tag, _always),
+    ("cache-export", caches.export, _always),
     ("sbom", _sbom, lambda ctx: ctx.options.sbom),
 )
 
@@ -544,7 +568,7 @@ def _fetched_source(
 
 
 def _diagnose_into(report: BuildReport, log_path: Path) -> None:
-    report.diagnosis = diagnose_file(log_path).to_dict()
+    report.diagnosis = diagnose_file(log_path)
 
 
 def _ensure_gpu_bases(ctx: Context) -> BaseResult:
@@ -575,16 +599,16 @@ def _ensure_gpu_bases(ctx: Context) -> BaseResult:
     for arg, ref in wanted.items():
         sink(f"forge: {arg} {ref} ({got[ref].how})")
     runtime = got[wanted["RUNTIME_IMAGE"]]
-    report.base = {
-        "ref": runtime.ref,
-        "image_id": runtime.image_id,
-        "how": runtime.how,
-        "rootfs_sha256": runtime.rootfs_sha256,
-        "declared": wanted["RUNTIME_IMAGE"],
-        "images": {
-            arg: {"ref": ref, "image_id": got[ref].image_id, "how": got[ref].how} for arg, ref in wanted.items()
+    report.base = BaseRecord(
+        ref=runtime.ref,
+        image_id=runtime.image_id,
+        how=runtime.how,
+        rootfs_sha256=runtime.rootfs_sha256,
+        declared=wanted["RUNTIME_IMAGE"],
+        images={
+            arg: BaseImageRecord(ref=ref, image_id=got[ref].image_id, how=got[ref].how) for arg, ref in wanted.items()
         },
-    }
+    )
     return runtime
 
 

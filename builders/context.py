@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from builders.bootstrap import BaseResult
+from builders.cache.phase import CachePlan
 from builders.config.models import Distro, Recipe
 from builders.container import Builder, Engine
 from builders.engines import ENGINES, ServingEngine
@@ -51,6 +52,7 @@ class Context:
     image_id: str | None = None  # built but not yet proven: removed unless the build gets to keep it
     running: str | None = None  # the phase under way, and since when
     phase_started: float = 0.0
+    cache: CachePlan | None = None  # --compiler-cache / --cache-registry: builders/cache/phase.py
 
     @property
     def engine_of(self) -> ServingEngine:

@@ -10,9 +10,12 @@ from functools import cached_property
 from pathlib import Path
 from typing import TypeVar
 
+from pydantic import TypeAdapter, ValidationError
+
 from builders.config.by_engine import ByEngine
 from builders.config.loading import load_model
 from builders.config.models import Distro, Recipe
+from builders.config.types import Name
 from builders.engines import ENGINES
 from builders.errors import ConfigError, UsageError
 
@@ -42,9 +45,23 @@ def _suggest(name: str, choices: list[str]) -> str:
 M = TypeVar("M", Distro, Recipe)
 
 
+_NAME = TypeAdapter(Name)
+
+
+def file_name(path: Path) -> str:
+    """The name a file's stem gives (a distro, a recipe, a profile): it becomes part of image tags, report folders
+    and session names, so it is held to the Name type before anything reads the file."""
+    try:
+        return _NAME.validate_python(path.stem)
+    except ValidationError as exc:
+        reason = exc.errors()[0]["msg"].removeprefix("Value error, ")
+        raise ConfigError(f"{path}: the file name {path.stem!r} is no name: {reason}", hint="rename the file") from None
+
+
 def _load_dir(folder: Path, model: type[M] | ByEngine[M]) -> dict[str, M]:
     items: dict[str, M] = {}
     for path in sorted(folder.glob("*.yaml")):
+        file_name(path)
         item = load_model(model, path, defaults={"name": path.stem})
         if item.name != path.stem:
             raise ConfigError(f"{path}: name {item.name!r} differs from the file name {path.stem!r}")
@@ -60,7 +77,23 @@ class Project:
 
     @classmethod
     def load(cls, root: str | Path | None = None) -> Project:
-        return cls(Path(root).resolve() if root else find_root())
+        if not root:
+            return cls(find_root())
+        path = Path(root).resolve()
+        # Said of --root itself: "no *.yaml files in /nonexistent/distros" hid that the folder was not there.
+        if not path.exists():
+            raise UsageError(
+                f"--root {root}: no such folder", hint="name a Forge checkout (it holds distros/, recipes/)"
+            )
+        if not path.is_dir():
+            raise UsageError(f"--root {root}: not a folder", hint="name a Forge checkout (it holds distros/, recipes/)")
+        missing = [name for name in ("distros", "recipes") if not (path / name).is_dir()]
+        if missing:
+            raise UsageError(
+                f"--root {root}: no {' and no '.join(f'{m}/' for m in missing)} folder in it",
+                hint="name a Forge checkout, or a copy of its distros/, recipes/ and containers/",
+            )
+        return cls(path)
 
     @property
     def containers_dir(self) -> Path:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import re
 import sys
@@ -103,7 +104,15 @@ def _torch_pin(project: Project, target: Target, args: argparse.Namespace) -> st
                 "--torch-version VERSION",
             )
         print(f"forge: fetching {sdist.name} to read vLLM's torch pin (--no-fetch: refuse instead)", file=sys.stderr)
-        sdist = fetch_sdist(recipe, project.root).path
+        try:
+            sdist = fetch_sdist(recipe, project.root).path
+        except SourceUnavailable as exc:
+            # The fetch's own hint names build's --source, which render and plan do not take.
+            raise SourceUnavailable(
+                f"{recipe.target}'s torch version is read from vLLM's sdist, which cannot be had: {exc.message}",
+                hint=f"`forge fetch {target.distro.name} {recipe.target} vllm` where PyPI is reachable, or pass "
+                "--torch-version VERSION",
+            ) from None
     return ENGINES.of(recipe).source_pins(target, sdist).torch
 
 
@@ -111,7 +120,12 @@ def cmd_render(args: argparse.Namespace) -> int:
     project = _project(args)
     out = output_dir(Path(args.output))
     texts = {}
-    for distro, recipe in _selection(project, args.distro, args.target):
+    pairs = _selection(project, args.distro, args.target)
+    targets = [Target.resolve(distro, recipe) for distro, recipe in pairs]
+    if not any(target.cuda for target in targets):
+        # --gpu-mode / --cuda-arch-list shape GPU pairs only: with none selected they would change nothing.
+        gpu_args_apply(targets[0], args)
+    for distro, recipe in pairs:
         options = _plan_options(args)
         pin = _torch_pin(project, Target.resolve(distro, recipe), args)
         if pin:
@@ -152,6 +166,19 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     distro = for_platform(project.distro(args.distro), plat)
     recipe = project.recipe_for(args.target)
     wanted = set(args.sources or [])
+    known = [
+        *(["vllm"] if recipe.source and recipe.source.pypi else []),
+        *(["wheelhouse"] if recipe.wheelhouse else []),
+        *(f.name for f in recipe.fetched_sources),
+    ]
+    unknown = sorted(wanted - set(known))
+    if unknown:
+        # A typo (onedn) would otherwise fetch nothing and exit 0 without a word.
+        close = difflib.get_close_matches(unknown[0], known, n=1, cutoff=0.6)
+        raise UsageError(
+            f"{recipe.target} has no source {unknown[0]!r}" + (f" — did you mean {close[0]!r}?" if close else ""),
+            hint=f"{recipe.target}'s sources: {', '.join(known) or 'none'} (recipes/{recipe.name}.yaml)",
+        )
     if recipe.source and recipe.source.pypi and (not wanted or "vllm" in wanted):
         got = fetch_sdist(recipe, project.root)
         print(f"{recipe.source.pypi.name}: {got.path} ({got.origin})")
@@ -230,7 +257,7 @@ def _push(
     ref: Any,
     platforms: tuple[Platform, ...],
     report_dir: Path | None,
-    engine_choice: EngineChoice,
+    engine_choice: EngineChoice | None,
 ) -> int:
     from builders.build import default_reports_dir
     from builders.publish import proven, publish
@@ -259,7 +286,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         digests[plat.name] = digest
     # Progress to stderr: stdout is the index alone (`forge index … --json > index.json`).
     index = index_of_digests(ref, digests, Log(lambda line: print(line, file=sys.stderr, flush=True)))
-    print(json.dumps(index, indent=2) if args.json else f"{index['ref']}@{index['digest']}")
+    print(index.to_json() if args.json else f"{index.ref}@{index.digest}")
     return 0
 
 

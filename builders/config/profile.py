@@ -32,6 +32,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from builders.config.by_engine import POOL_MODELS, ByEngine
+from builders.config.types import EnvName, ImageRef, OneLine
 from builders.cpusets import format_cpuset, parse_cpuset
 from builders.errors import ConfigError
 from builders.router.classes import ALL_CLASSES, RequestClass
@@ -70,7 +71,7 @@ class ModelSettings(_Strict):
         pattern=r"^\d+(\.\d+)?[kKmMgG]?$",
         description="KV cache size per replica (vLLM's --kv-cache-memory-bytes, human-readable: 128M = 128 MiB).",
     )
-    served_model_name: str = Field(default="forge-tiny", min_length=1, description="Model name clients send.")
+    served_model_name: OneLine = Field(default="forge-tiny", min_length=1, description="Model name clients send.")
     hidden_size: int = Field(
         default=128,
         ge=64,
@@ -93,7 +94,7 @@ class PoolSettings(_Strict):
         description="The serving engine its replicas run (default: the registry's default engine). Each has its "
         "own knobs; setting another's is an error."
     )
-    image: str | None = Field(
+    image: ImageRef | None = Field(
         default=None,
         description="Image the replicas run from; default the image given on the command line for this engine "
         "(`forge smoke --help` lists each engine's option).",
@@ -102,11 +103,11 @@ class PoolSettings(_Strict):
     max_model_len: int | None = Field(
         default=None, ge=64, description="Context length of this pool; default from model."
     )
-    extra_args: tuple[str, ...] = Field(
+    extra_args: tuple[OneLine, ...] = Field(
         default=(),
         description="Further server arguments, checked against the server's own help in the image before start.",
     )
-    env: dict[str, str] = Field(default_factory=dict, description="Extra environment of each replica.")
+    env: dict[EnvName, OneLine] = Field(default_factory=dict, description="Extra environment of each replica.")
     cpus: tuple[str, ...] = Field(
         default=(),
         description="CPU set of each replica in Linux cpuset syntax ('1', '0-3', '0,2'): one entry per replica, "
@@ -248,8 +249,8 @@ class Timeouts(_Strict):
 class StackProfile(_Strict):
     """A whole smoke-test stack: model, pools, class map, router settings, traffic plan, checks."""
 
-    name: str = Field(description="Profile name; the file's stem.")
-    description: str = Field(default="", description="What this profile is for.")
+    name: OneLine = Field(description="Profile name; the file's stem.")
+    description: OneLine = Field(default="", description="What this profile is for.")
     model: ModelSettings = Field(default_factory=lambda: ModelSettings(), description="Model settings.")
     ports: PortSettings = Field(default_factory=lambda: PortSettings(), description="Loopback ports.")
     cpu_bind: Literal["round_robin", "auto", "nobind"] = Field(

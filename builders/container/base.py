@@ -40,6 +40,10 @@ class BuildRequest:
     log_path: Path | None = None
     # linux/arm64 on an x86_64 host runs each RUN under qemu-user-static (binfmt_misc); None: the engine's own.
     platform: str | None = None
+    # A registry layer cache (builders/cache/layers.py), spelled by each builder its own way (Builder.layer_cache):
+    # buildah takes one repository both ways; BuildKit imports images and, with cache_to set, embeds an inline cache.
+    cache_from: tuple[str, ...] = ()
+    cache_to: str | None = None
 
     def cli_flags(self) -> list[str]:
         """The flags `docker build` and `podman build` spell alike, sorted so the same request gives the same
@@ -88,10 +92,16 @@ class BuildResult:
         )
 
 
+# How a builder shares layers through a registry: buildah pushes and pulls each step itself (`registry`), BuildKit
+# without buildx embeds an inline cache in the images it builds (`inline`), the legacy builder does neither.
+LayerCache = Literal["registry", "inline", "none"]
+
+
 class Builder(Protocol):
     name: str
     supports_secrets: bool
     supports_cache_mounts: bool
+    layer_cache: LayerCache
     version: str | None
 
     def build(self, request: BuildRequest, sink: LineSink) -> BuildResult: ...

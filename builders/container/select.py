@@ -42,8 +42,9 @@ def docker_cli_is_podman() -> bool:
     return out.lower().startswith("podman")
 
 
-def connect(choice: EngineChoice) -> Engine:
-    """The engine `choice` names: docker, podman, or auto (whatever answers here)."""
+def connect(choice: EngineChoice | None = None) -> Engine:
+    """The engine `choice` names: docker, podman, or auto (whatever answers here); None: FORGE_ENGINE, else auto,
+    read now (a command that connects no engine never reads FORGE_ENGINE)."""
     # Checked again: a caller outside the CLI (a test, a benchmark) may hand in any text.
     value = chosen(choice)
     if value == "podman":

@@ -19,7 +19,7 @@ import abc
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from builders.config.models import Distro, Recipe, TorchIndex
 from builders.config.profile import PoolSettings, StackProfile
@@ -30,7 +30,8 @@ from builders.gates.common import check_ram, count_jobs, fetch_source, measure_d
 from builders.gates.context import PreflightContext
 from builders.gates.findings import Finding
 from builders.plan import BuildPlan, PlanOptions
-from builders.rebuild.devtree import TreeSplit
+from builders.rebuild.devtree import TreeManifest, TreeSplit
+from builders.rebuild.records import ReuseRecord
 from builders.target import Target
 
 ModelFormat = Literal["hf-dir", "gguf"]
@@ -162,10 +163,10 @@ class ServingEngine(abc.ABC):
         plan: BuildPlan,
         base_image_id: str,
         cache_mounted: bool,
-        previous: dict[str, Any] | None,
-    ) -> dict[str, Any]:
+        previous: TreeManifest | None,
+    ) -> ReuseRecord:
         """The report's `reuse` section of a tree build: what each layer reused, read from the build's log."""
-        return {}
+        return ReuseRecord()
 
     def locked_requirements(
         self,

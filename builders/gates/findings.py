@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, TextIO
+from typing import Any, Literal, TextIO, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rich.text import Text
@@ -83,6 +83,39 @@ def unchecked(gate: str, found: str, required: str, source: str, remedy: str, me
     )
 
 
+class FindingJson(TypedDict):
+    """A finding as `forge preflight --json` prints it."""
+
+    gate: str
+    found: str
+    required: str
+    source: str
+    blocking: bool
+    evaluated: bool
+    remedy: str
+    message: str
+
+
+class PreflightJson(TypedDict):
+    """`forge preflight --json`: what CI jobs read (issue 9's shape), the findings first."""
+
+    distro: str
+    target: str
+    verdict: ReportVerdict
+    blocked: bool
+    complete: bool
+    not_evaluated: list[str]
+    findings: list[FindingJson]
+    mode: Literal["probed", "declared"]
+    recipe: str
+    passed: list[FindingJson]
+    seconds: float
+    vllm_version: str | None
+    source: str | None
+    max_jobs: int | None
+    probe_image: str | None
+
+
 class PreflightReport(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -135,11 +168,11 @@ class PreflightReport(BaseModel):
                 return item
         return None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> PreflightJson:
         """`distro`, `target`, `verdict`, `blocked`, `complete`, `not_evaluated` (gate ids), `findings` (each: gate,
         found, required, source, blocking, evaluated, remedy), plus mode, passed checks, timing and what was read."""
 
-        def item(f: Finding) -> dict[str, Any]:
+        def item(f: Finding) -> FindingJson:
             return {
                 "gate": f.gate,
                 "found": f.found,

@@ -35,6 +35,20 @@ ON_MAIN = "github.event_name == 'push' && github.ref == 'refs/heads/main'"
 RUNNER_FREE_GB = 14
 # native: a llama-server compile, about 10 min on 2 cores with tests and tools off.
 TIMEOUT_MINUTES = {"source": 360, "wheel": 60, "python-app": 20, "native": 60}
+# Caches that outlive the runner (builders/cache/, docs/ci-caches.md): where they are comes from the repository's
+# configuration (GitHub: repository variables; GitLab: CI/CD variables), the credentials from its secrets, handed
+# to the build step alone. Image jobs import only; one job on the default branch exports, so a pull request can
+# never write what main builds from.
+CACHE_SECRETS = (
+    "SCCACHE_REDIS_USERNAME",
+    "SCCACHE_REDIS_PASSWORD",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "SCCACHE_WEBDAV_USERNAME",
+    "SCCACHE_WEBDAV_PASSWORD",
+    "SCCACHE_WEBDAV_TOKEN",
+)
+WARMED_KINDS = ("source", "native")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -242,9 +256,10 @@ def _image_job(project: Project, e: MatrixEntry, platform: str, cmd: dict[str, s
         steps.append({"name": f"free runner disk (the recipe needs {e.disk_gb:g} GB)", "run": cmd["free_disk"]})
     steps += [
         *_setup_steps(),
+        *_cache_steps(),
         {"name": "base image", "run": lines["base"]},
         {"name": "fetch sources", "run": lines["fetch"]},
-        {"name": "build, test stage, tag, SBOM", "run": _entry(lines["build"])},
+        {"name": "build, test stage, tag, SBOM", "env": _cache_secrets(), "run": _entry(lines["build"])},
     ]
     if e.smoke:
         steps.append({"name": "smoke", "run": _entry(lines["smoke"])})
@@ -270,6 +285,86 @@ def _image_job(project: Project, e: MatrixEntry, platform: str, cmd: dict[str, s
         "permissions": {"contents": "read", "packages": "write"},
         "env": {"FORGE_DISTRO": e.distro, "FORGE_TARGET": e.target},
         "outputs": {"digest": "${{ steps.push.outputs.digest }}"},
+        "steps": steps,
+    }
+
+
+def _cache_secrets() -> dict[str, str]:
+    """The compiler cache's credentials, from the repository's secrets of the same names: an unset one is empty,
+    which Forge reads as absent."""
+    return {name: f"${{{{ secrets.{name} }}}}" for name in CACHE_SECRETS}
+
+
+def _cache_steps() -> list[dict[str, Any]]:
+    """Before a build: a login to the cache registry where one is configured, and GitHub's cache service handed to
+    sccache where the compiler cache is `gha` (GitHub gives its URL and token to actions only)."""
+    return [
+        {
+            "name": "log in to the cache registry",
+            "if": "env.FORGE_CACHE_REGISTRY != ''",
+            "env": {
+                "REGISTRY_USER": "${{ secrets.FORGE_CACHE_REGISTRY_USER || github.actor }}",
+                "REGISTRY_TOKEN": "${{ secrets.FORGE_CACHE_REGISTRY_TOKEN || secrets.GITHUB_TOKEN }}",
+            },
+            "run": 'echo "$REGISTRY_TOKEN" | docker login "${FORGE_CACHE_REGISTRY%%/*}" -u "$REGISTRY_USER" '
+            "--password-stdin\n",
+        },
+        {
+            "name": "hand GitHub's cache service to sccache",
+            "if": "env.FORGE_COMPILER_CACHE == 'gha'",
+            "uses": "actions/github-script@v8",
+            "with": {
+                "script": "core.exportVariable('ACTIONS_RESULTS_URL', process.env.ACTIONS_RESULTS_URL || '');\n"
+                "core.exportVariable('ACTIONS_RUNTIME_TOKEN', process.env.ACTIONS_RUNTIME_TOKEN || '');\n"
+            },
+        },
+    ]
+
+
+def _warm_job(project: Project, runs_on: str, *, locked: bool) -> dict[str, Any] | None:
+    """One job on the default branch that builds every compiled pair with the export on, so the next pull
+    request's runners find the layers and the objects; a pair that fails here fails no one."""
+    entries = [e for e in matrix(project) if e.kind in WARMED_KINDS]
+    if not entries:
+        return None
+    steps: list[dict[str, Any]] = []
+    if any(e.disk_gb > RUNNER_FREE_GB for e in entries):
+        free = _command_lines(entries[0], locked=locked, allow_incomplete=False)["free_disk"]
+        steps.append({"name": "free runner disk", "run": free})
+    steps += [*_setup_steps(), *_cache_steps()]
+    for e in entries:
+        cmd = _command_lines(e, locked=locked, allow_incomplete=False)
+        env = {"FORGE_DISTRO": e.distro, "FORGE_TARGET": e.target}
+        build = cmd["build"].rstrip("\n") + " --skip-tests\n"
+        steps += [
+            {
+                "name": f"{e.distro} {e.target}: base and sources",
+                "continue-on-error": True,
+                "env": env,
+                "run": cmd["base"] + cmd["fetch"],
+            },
+            {
+                "name": f"warm {e.distro} {e.target}",
+                "continue-on-error": True,
+                "env": {**env, **_cache_secrets()},
+                "run": _entry(build),
+            },
+        ]
+    steps.append(
+        {
+            "name": "upload reports",
+            "if": "always()",
+            "uses": "actions/upload-artifact@v6",
+            "with": {"name": "reports-warm-caches", "path": "reports/", "if-no-files-found": "warn"},
+        }
+    )
+    return {
+        "name": "warm the caches (default branch)",
+        "if": ON_MAIN,
+        "runs-on": runs_on,
+        "timeout-minutes": TIMEOUT_MINUTES["source"],
+        "permissions": {"contents": "read", "packages": "write"},
+        "env": {"FORGE_CACHE_EXPORT": "1"},
         "steps": steps,
     }
 
@@ -300,6 +395,16 @@ def _manifest_job(e: MatrixEntry) -> dict[str, Any]:
     }
 
 
+# By default the caches are the repository's configuration, not the workflow's: variables that may be unset.
+GITHUB_COMPILER_CACHE = "${{ vars.FORGE_COMPILER_CACHE }}"
+GITHUB_CACHE_REGISTRY = "${{ vars.FORGE_CACHE_REGISTRY }}"
+GITHUB_CACHES = [
+    "Caches (docs/ci-caches.md): repository variables FORGE_COMPILER_CACHE (redis://…, s3://…, webdav+https://…, gha)",
+    "and FORGE_CACHE_REGISTRY (HOST/REPO); the backend's credentials are secrets of sccache's own names, given to the",
+    "build steps alone. Image jobs import; the warm-caches job on the default branch exports.",
+]
+
+
 def render_github(
     project: Project,
     *,
@@ -307,6 +412,8 @@ def render_github(
     locked: bool = False,
     allow_incomplete: bool = False,
     registry: str = DEFAULT_REGISTRY,
+    compiler_cache: str = GITHUB_COMPILER_CACHE,
+    cache_registry: str = GITHUB_CACHE_REGISTRY,
 ) -> str:
     jobs: dict[str, Any] = {}
     for e in matrix(project):
@@ -328,6 +435,9 @@ def render_github(
             jobs[platform_job(e, platform)] = _image_job(project, e, platform, cmd, runs_on)
         if len(e.platforms) > 1:
             jobs[f"manifest-{e.job}"] = _manifest_job(e)
+    warm = _warm_job(project, runs_on, locked=locked)
+    if warm is not None:
+        jobs["warm-caches"] = warm
     data: dict[str, Any] = {
         "name": "forge images",
         "on": {"push": {"branches": ["main"]}, "pull_request": None, "workflow_dispatch": None},
@@ -339,16 +449,21 @@ def render_github(
             "PYTHONUNBUFFERED": "1",
             "FORGE_REGISTRY": registry,
             "FORGE_TAG": "${{ github.sha }}",
+            "FORGE_COMPILER_CACHE": compiler_cache,
+            "FORGE_CACHE_REGISTRY": cache_registry,
+            "FORGE_CACHE_EXPORT": "0",
         },
         "jobs": jobs,
     }
     options = (
         (f" --runs-on {runs_on}" if runs_on != DEFAULT_RUNS_ON else "")
         + (f" --registry {registry}" if registry != DEFAULT_REGISTRY else "")
+        + (f" --compiler-cache {compiler_cache}" if compiler_cache != GITHUB_COMPILER_CACHE else "")
+        + (f" --cache-registry {cache_registry}" if cache_registry != GITHUB_CACHE_REGISTRY else "")
         + _options(locked, allow_incomplete)
     )
     return (
-        _dump(data, [*_header("github", GITHUB_PATH, options), *GITHUB_CANCELLATION])
+        _dump(data, [*_header("github", GITHUB_PATH, options), *GITHUB_CANCELLATION, *GITHUB_CACHES])
         .replace("pull_request: null", "pull_request:")
         .replace("workflow_dispatch: null", "workflow_dispatch:")
     )
@@ -367,15 +482,22 @@ def render_gitlab(
     registry: str = GITLAB_REGISTRY,
 ) -> str:
     """A pipeline for a runner whose jobs reach a Docker engine with host networking (a shell executor)."""
+    # GitLab hands every CI/CD variable to every job: FORGE_COMPILER_CACHE, FORGE_CACHE_REGISTRY and the backend's
+    # credentials (masked variables of sccache's own names) need no line here. Image jobs import only.
+    cache_login = (
+        'if [ -n "${FORGE_CACHE_REGISTRY:-}" ]; then echo "$CI_REGISTRY_PASSWORD" | docker login "$CI_REGISTRY" '
+        '-u "$CI_REGISTRY_USER" --password-stdin; fi'
+    )
     data: dict[str, Any] = {
-        "stages": ["preflight", "image", "manifest"],
+        "stages": ["preflight", "image", "manifest", "warm"],
         "variables": {
             "PIP_DISABLE_PIP_VERSION_CHECK": "1",
             "PYTHONUNBUFFERED": "1",
             "FORGE_REGISTRY": registry,
             "FORGE_TAG": "$CI_COMMIT_SHA",
+            "FORGE_CACHE_EXPORT": "0",
         },
-        ".forge": {"before_script": ["python3 -m pip install -e '.[dev]'"]},
+        ".forge": {"before_script": ["python3 -m pip install -e '.[dev]'", cache_login]},
     }
     if tags:
         data[".forge"]["tags"] = list(tags)
@@ -437,6 +559,26 @@ def render_gitlab(
                 "variables": variables,
                 "script": [login, f"forge index {push_ref(e, None, '$FORGE_REGISTRY')} {images}\n"],
             }
+    warmed = [e for e in matrix(project) if e.kind in WARMED_KINDS]
+    if warmed:
+        script = []
+        for e in warmed:
+            cmd = _command_lines(e, locked=locked, allow_incomplete=False)
+            build = f"forge build {e.distro} {e.target} --quiet --skip-tests" + (" --locked" if locked else "")
+            script.append(
+                cmd["base"]
+                + f"forge fetch {e.distro} {e.target}\n"
+                + f'{build} || echo "warming {e.distro} {e.target} failed: the next pipeline builds it"\n'
+            )
+        data["warm-caches"] = {
+            "stage": "warm",
+            "extends": ".forge",
+            "needs": [],
+            "rules": [{"if": GITLAB_ON_MAIN}],
+            "timeout": f"{TIMEOUT_MINUTES['source']}m",
+            "variables": {"FORGE_CACHE_EXPORT": "1"},
+            "script": script,
+        }
     options = (
         (" " + " ".join(f"--gitlab-tag {t}" for t in tags) if tags else "")
         + (f" --registry {registry}" if registry != GITLAB_REGISTRY else "")

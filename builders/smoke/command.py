@@ -14,7 +14,7 @@ from builders.engines.args import raise_for_problems
 from builders.errors import UsageError
 from builders.preflight.gpu_gate import add_gpu_gate_args, gate_from_args
 from builders.project import find_root
-from builders.smoke.endpoint import EndpointOptions, smoke_endpoint
+from builders.smoke.endpoint import EndpointOptions, check_api_key, check_url, smoke_endpoint
 from builders.smoke.profile import load_profile
 from builders.smoke.runtimes import Runtimes, add_serving_options, serving_options_given
 from builders.smoke.stack import SmokeOptions, SmokeRun, summary_table, validate_profile
@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     )
     report = smoke.execute()
     console.print(summary_table(report))
-    console.print(f"[green]smoke passed[/green]: profile {profile.name}, report {report.get('report_file', '(none)')}")
+    console.print(f"[green]smoke passed[/green]: profile {profile.name}, report {report.report_file or '(none)'}")
     return 0
 
 
@@ -151,19 +151,26 @@ def run_endpoint(args: argparse.Namespace, root: Path, console: Console) -> int:
             f"--endpoint judges a stack Forge did not start: {', '.join(given)} cannot go with it",
             hint="drop them, or drop --endpoint to have Forge start the stack",
         )
+    check_url(args.endpoint)
+    if args.api_key is not None:
+        api_key: str | None = check_api_key(args.api_key, where="--api-key")
+    elif os.environ.get("FORGE_API_KEY"):
+        api_key = check_api_key(os.environ["FORGE_API_KEY"], where="FORGE_API_KEY")
+    else:
+        api_key = None
     profile, path = load_profile(args.profile, root=root)
     options = EndpointOptions(
         profile=profile,
         profile_path=path,
         url=args.endpoint,
-        api_key=args.api_key if args.api_key is not None else os.environ.get("FORGE_API_KEY") or None,
+        api_key=api_key,
         model=args.model,
         report_dir=args.report,
     )
     report = smoke_endpoint(options, console)
     console.print(summary_table(report))
     console.print(
-        f"[green]smoke passed[/green]: profile {profile.name} against {report['endpoint']}, "
-        f"report {report.get('report_file', '(none)')}"
+        f"[green]smoke passed[/green]: profile {profile.name} against {report.endpoint}, "
+        f"report {report.report_file or '(none)'}"
     )
     return 0

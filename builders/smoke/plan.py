@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from builders.config.profile import PoolSettings, StackProfile
 from builders.engines import ENGINES, ServingEngine, serving_engine
@@ -101,7 +100,7 @@ class StackPlan:
     def group_of(self, replica: ReplicaPlan) -> RuntimeGroup:
         return next(g for g in self.runtime_groups() if replica.pool in g.pools)
 
-    def router_config(self, *, api_key: str, upstream_api_key: str) -> dict[str, Any]:
+    def router_config(self, *, api_key: str, upstream_api_key: str) -> dict[str, object]:
         """The router's config mapping: the profile's router section plus what this run decides."""
         keep_alive = all(serving_engine(kind).reuses_connections for kind in self.engines())
         return {

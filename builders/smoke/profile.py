@@ -11,6 +11,8 @@ from builders.config.profile import PoolSettings, StackProfile, _suggest
 from builders.config.profile import profile_from_mapping as _validated
 from builders.engines import ENGINES
 from builders.errors import UsageError
+from builders.input_files import refuse_special
+from builders.project import file_name
 
 __all__ = ["PoolSettings", "StackProfile", "_suggest", "available_profiles", "load_profile", "profile_from_mapping"]
 
@@ -36,11 +38,15 @@ def load_profile(name_or_path: str, *, root: Path) -> tuple[StackProfile, Path]:
         path = candidate
     else:
         path = profiles_dir(root) / f"{name_or_path}.yaml"
+    if path.exists() and not path.is_file():
+        # /dev/zero is there, but no profile: say what it is rather than that it is missing.
+        refuse_special(path, what="profile", hint="pass a profile name or the path of a YAML file")
     if not path.is_file():
         known = available_profiles(root)
         raise UsageError(
             f"no profile {name_or_path!r} (looked for {path}){_suggest(name_or_path, known)}",
             hint=f"known profiles: {', '.join(known) or 'none'}; or pass a path to a YAML file",
         )
-    profile = profile_from_mapping(load_yaml(path), source=str(path), name=path.stem)
+    # The stem names the containers, reports and Kubernetes objects of a run: held to the names distros get.
+    profile = profile_from_mapping(load_yaml(path), source=str(path), name=file_name(path))
     return profile, path

@@ -9,7 +9,6 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from builders import log
 from builders.engines import ENGINES
@@ -117,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--load-fraction {args.load_fraction}: give a fraction of capacity in (0, 4]")
     runtimes = Runtimes.from_args(args)
     names = available_sweep_profiles(root) if args.profiles == "all" else [n for n in args.profiles.split(",") if n]
-    changes: dict[str, Any] = {}
+    changes: dict[str, object] = {}
     if args.duration_s is not None:
         if args.duration_s <= 0:
             raise UsageError(f"--duration-s {args.duration_s}: give a positive number of seconds")
@@ -126,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
         if args.startup_s <= 0:
             raise UsageError(f"--startup-s {args.startup_s}: give a positive number of seconds")
         changes["timeouts"] = {"startup_s": args.startup_s}
-    sweep_changes: dict[str, Any] = {}
+    sweep_changes: dict[str, object] = {}
     if args.model_size is not None:
         changes["model"] = _model_size(args.model_size)
         sweep_changes["resize_model"] = False
@@ -161,22 +160,22 @@ def run(args: argparse.Namespace) -> int:
             console=console,
         )
     console.print(render_table(report))
-    for name, why in report["failed_profiles"].items():
+    for name, why in report.failed_profiles.items():
         console.print(f"[red]profile {name} did not run:[/red] {why}")
-    if report["goal"] is not None:
-        console.print(f"work-conserving vs shared: {report['goal']}")
-    for line in claim_lines(report["claims"]):
+    if report.goal is not None:
+        console.print(f"work-conserving vs shared: {report.goal.as_json()}")
+    for line in claim_lines(report.claims or []):
         console.print(line)
     for line in summary_lines(report):
         console.print(line)
     console.print(f"report: {args.report / 'sweep.json'}")
     # A sweep where nothing ran is a failed sweep (exit 1, reasons above), not an overloaded one.
-    if report["profiles"] and not report["validity"]["valid"]:
+    if report.profiles and report.validity is not None and not report.validity.valid:
         raise SweepInvalid(
-            report["validity"]["why"],
+            report.validity.why,
             hint="run where the model fits (or lower sweep.load_fraction); do not read this table as a ranking",
         )
-    return 1 if report["failed_profiles"] else 0
+    return 1 if report.failed_profiles else 0
 
 
 @contextlib.contextmanager

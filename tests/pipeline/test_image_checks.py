@@ -142,8 +142,8 @@ def test_a_failed_check_is_diagnosed_into_the_report_and_its_remedy_is_the_hint(
         judge_checks(checks, report)
     assert caught.value.message.startswith("test stage failed: cpu-kernels (torch-mismatch: ")
     assert "+cpu" in (caught.value.hint or "")
-    assert report.diagnosis is not None and report.diagnosis["category"] == "torch-mismatch"
-    assert "sbgemm_" in (report.diagnosis["line"] or "")
+    assert report.diagnosis is not None and report.diagnosis.category == "torch-mismatch"
+    assert "sbgemm_" in (report.diagnosis.line or "")
 
 
 def test_a_failure_no_rule_knows_keeps_the_checks_own_line_and_says_unknown() -> None:
@@ -157,5 +157,5 @@ def test_a_failure_no_rule_knows_keeps_the_checks_own_line_and_says_unknown() ->
     with pytest.raises(BuildFailed) as caught:
         judge_checks([failed], report)
     assert caught.value.message == "test stage failed: router-relay" and caught.value.hint == "python"
-    assert report.diagnosis is not None and report.diagnosis["category"] == "unknown"
+    assert report.diagnosis is not None and report.diagnosis.category == "unknown"
     judge_checks([CheckResult(name="entrypoint-help", ok=True, detail="usage", seconds=0)], report)  # no raise

@@ -15,11 +15,31 @@ from test_imports import PACKAGE, import_graph
 ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
 
 LAYERS: list[tuple[str, set[str]]] = [
-    ("foundations", {"errors", "interrupt", "log", "output", "cpusets", "emulation", "gpu_archs", "locks"}),
+    (
+        "foundations",
+        {
+            "errors",
+            "interrupt",
+            "log",
+            "output",
+            "cpusets",
+            "emulation",
+            "gpu_archs",
+            "locks",
+            "redact",
+            "input_files",
+            "runs",
+            "records",
+            "results",
+        },
+    ),
     ("router", {"router"}),
     ("config and data", {"config", "distros", "platforms", "target", "registry", "diagnose"}),
     ("container engines", {"container"}),
-    ("planning", {"plan", "options", "render", "serving_dtype", "sources", "trust", "bootstrap", "rebuild", "gates"}),
+    (
+        "planning",
+        {"plan", "options", "render", "serving_dtype", "sources", "trust", "bootstrap", "rebuild", "gates", "cache"},
+    ),
     ("serving engines", {"engines"}),
     ("build", {"project", "preflight", "build", "context", "report", "repro", "publish", "verify"}),
     ("runtime", {"traffic", "kvlab", "smoke", "sweep", "deploy"}),

@@ -129,10 +129,24 @@ def test_fedora_44_with_its_gcc14_host_compiler_passes(project: Project, facts: 
 
 
 def test_vllm_cuda_gate_needs_gcc_13(facts: SourceFacts) -> None:
-    found = gates.gcc_gates(facts, gcc="12.4", gcc_origin="yaml", device="cuda", arch="x86_64", distro_name="x")
+    found = gates.gcc_gates(
+        facts,
+        gcc="12.4",
+        gcc_origin="yaml",
+        device="cuda",
+        arch="x86_64",
+        distro_name="x",
+        alternatives=[("fedora-44", "14.3"), ("ubuntu-22.04", "11.4"), ("x", "12.4")],
+        compiler_key="cuda.host_compiler",
+    )
     (block,) = [f for f in found if f.blocking]
     assert block.required == "≥ 13" and block.source.startswith("CMakeLists.txt:")
-    assert "cuda.host_compiler" not in block.remedy or "compiler" in block.remedy
+    # The distro that passes is offered, the one that does not and the distro itself are not; the key named is the
+    # one a CUDA build's compiler is declared under.
+    assert block.remedy == (
+        "use fedora-44 (GCC 14.3), or a newer compiler: install GCC 13 or later and declare it as "
+        "cuda.host_compiler in distros/x.yaml"
+    )
 
 
 # The shape of nvcc 13.0's crt/host_config.h around its GCC check: an earlier __GNUC__ comparison that is not

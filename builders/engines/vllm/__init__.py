@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from builders.config.models import Distro, Recipe, TorchIndex
 from builders.container import Engine
@@ -27,7 +27,8 @@ from builders.engines.vllm.serve import VllmServer
 from builders.engines.vllm.source_facts import read_pins
 from builders.gates.context import PreflightContext
 from builders.plan import BuildPlan, PlanOptions
-from builders.rebuild.devtree import TreeSplit
+from builders.rebuild.devtree import TreeManifest, TreeSplit
+from builders.rebuild.records import ReuseRecord
 from builders.target import Target
 
 
@@ -76,8 +77,8 @@ class Vllm(VllmServer):
         plan: BuildPlan,
         base_image_id: str,
         cache_mounted: bool,
-        previous: dict[str, Any] | None,
-    ) -> dict[str, Any]:
+        previous: TreeManifest | None,
+    ) -> ReuseRecord:
         return devloop.reuse_section(
             tree,
             log=log,

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from builders.engines.vllm.devtree import VLLM_LAYOUT
 from builders.engines.vllm.plan import TREE_DIR, TREE_PARTS
 from builders.rebuild.ccache_stats import stats_from_log
-from builders.rebuild.devtree import PARTS, TreeSplit, changed_files, split_tree, stage_parts
+from builders.rebuild.devtree import PARTS, Part, TreeManifest, TreeSplit, changed_files, split_tree, stage_parts
+from builders.rebuild.records import CcacheRecord, EnvironmentReuse, ExtensionReuse, PackageReuse, ReuseRecord
 from builders.rebuild.reuse import verdict
 
 
@@ -39,40 +39,45 @@ def reuse_section(
     compile_env: Mapping[str, str],
     toolchain: str,
     cache_mounted: bool,
-    previous: dict[str, Any] | None,
-) -> dict[str, Any]:
+    previous: TreeManifest | None,
+) -> ReuseRecord:
     """The report's `reuse` section: per layer whether the engine reused it, the hash that keys it and the files
     changed since the previous build; ccache's counters when the compile ran with its cache mounted."""
     old_files: dict[str, dict[str, str]] = previous["files"] if previous else {}
 
-    def changed(part: str) -> list[str] | None:
-        return changed_files(old_files.get(part, {}), split.files(part)) if previous else None  # type: ignore[arg-type]
+    def changed(part: Part) -> list[str] | None:
+        return changed_files(old_files.get(part, {}), split.files(part)) if previous else None
 
     extension = verdict(log, "extension")
-    ccache: dict[str, Any] | str
+    ccache: CcacheRecord | str
     if not cache_mounted:
         ccache = "not mounted (the builder has no cache mounts: every compile starts from an empty cache)"
     elif extension == "reused":
         ccache = "not run (the extension stage came from the engine's cache: nothing was compiled)"
     else:
         stats = stats_from_log(log)
-        ccache = stats.as_report() if stats else "no counters in the log (the compile did not finish)"
-    return {
-        "environment": {
-            "verdict": verdict(log, "env"),
-            "requirements_hash": split.requirements_hash,
-            "changed_files": changed("requirements"),
-        },
-        "extension": {
-            "verdict": extension,
-            "compiler_input_hash": split.compiler_input_hash(compile_env, toolchain),
-            "changed_files": changed("compiler_inputs"),
-        },
-        "package": {
-            "verdict": verdict(log, "venv"),
-            "package_hash": split.package_hash,
-            "changed_files": changed("package"),
-        },
-        "ccache": ccache,
-        "previous_build": previous.get("started") if previous else None,
-    }
+        ccache = (
+            CcacheRecord.model_validate(stats.as_report())
+            if stats
+            else "no counters in the log (the compile did not finish)"
+        )
+    return ReuseRecord(
+        environment=EnvironmentReuse(
+            verdict=verdict(log, "env"),
+            requirements_hash=split.requirements_hash,
+            changed_files=changed("requirements"),
+        ),
+        extension=ExtensionReuse(
+            verdict=extension,
+            compiler_input_hash=split.compiler_input_hash(compile_env, toolchain),
+            changed_files=changed("compiler_inputs"),
+        ),
+        package=PackageReuse(
+            # The wheel and the package go over the venv's copy in the runtime stage (containers/_devloop.j2).
+            verdict=verdict(log, "runtime"),
+            package_hash=split.package_hash,
+            changed_files=changed("package"),
+        ),
+        ccache=ccache,
+        previous_build=previous["started"] if previous else None,
+    )

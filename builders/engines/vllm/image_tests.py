@@ -16,7 +16,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import requests
 
@@ -373,7 +373,7 @@ def skipped(name: str, reason: str) -> CheckResult:
     return CheckResult(name=name, ok=True, skipped=True, detail=reason, seconds=0.0)
 
 
-def _probe_json(out: str, prefix: str) -> dict[str, Any] | None:
+def _probe_json(out: str, prefix: str) -> dict[str, object] | None:
     line = next((ln for ln in out.splitlines() if ln.startswith(prefix + " ")), None)
     if line is None:
         return None

@@ -9,11 +9,12 @@ from typing import Annotated, Literal
 from pydantic import Field, StringConstraints
 
 from builders.config.models import Recipe
+from builders.config.types import OneLine
 
 
 class VllmRecipe(Recipe):
     engine: Literal["vllm"] = Field(default="vllm", description="vLLM (the default when a recipe names none)")
-    entrypoint: tuple[str, ...] = Field(default=("vllm", "serve"), description="image entrypoint")
+    entrypoint: tuple[OneLine, ...] = Field(default=("vllm", "serve"), description="image entrypoint")
     cmake_from_pip: bool = Field(default=False, description="allow `pip install cmake>=gate` when the distro's is old")
     runtime_jit_compiler: bool = Field(
         default=False,
