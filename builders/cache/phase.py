@@ -14,13 +14,13 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypedDict
+from typing import Protocol, TypedDict
 
 from builders.bootstrap import BaseResult
 from builders.cache import layers
 from builders.cache.errors import CacheCredentialsRejected, CacheRequired
 from builders.cache.probe import probe
-from builders.cache.sccache_stats import record_from_log
+from builders.cache.sccache_stats import CompilerCacheEntry, record_from_log
 from builders.cache.secret import SECRET_ID, scrub_file, sensitive, write_secret
 from builders.cache.settings import LOCAL, CacheSettings, CompilerCache, resolve
 from builders.config.models import Distro, Recipe
@@ -283,23 +283,17 @@ def run_build(ctx: Context, builder: Builder, request: BuildRequest, sink: LineS
     return result
 
 
-def _ccache_entry(log: str) -> dict[str, Any] | None:
+def _ccache_entry(log: str) -> CompilerCacheEntry | None:
     stats = stats_from_log(log)
     if stats is None:
         return None
-    counters = stats.as_report()
     return {
         "launcher": "ccache",
         "backend": "local",
         "endpoint": "",
         "fallback": [],
         "backends": {
-            "local": {
-                "hits": counters["hits"],
-                "misses": counters["misses"],
-                "errors": counters["errors"],
-                "hit_rate": counters["hit_rate"],
-            }
+            "local": {"hits": stats.hits, "misses": stats.misses, "errors": stats.errors, "hit_rate": stats.hit_rate}
         },
     }
 
@@ -320,7 +314,7 @@ def record(ctx: Context) -> None:
         if cache.compiler.shared:
             if scrub_file(log_path, sensitive(cache.compiler)):
                 ctx.log.warning("a credential of the compiler cache was in the build log: masked there")
-            for event in (compiler or {}).get("fallback", []):
+            for event in compiler["fallback"] if compiler else []:
                 _problem(ctx, cache, "compiler cache", event, "those translation units used the local folder")
         if cache.mode == "registry":
             cache.imported = [
