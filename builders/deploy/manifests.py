@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from builders.config.profile import StackProfile
 from builders.config.types import IMAGE_REFERENCE
 from builders.cpusets import parse_cpuset
 from builders.engines import serving_engine
@@ -27,7 +28,6 @@ from builders.errors import ConfigError, UsageError
 from builders.router.config import RouterConfig, config_from_mapping
 from builders.serving_dtype import AUTO
 from builders.smoke.plan import CONTAINER_MODEL_DIR, plan_stack, pool_args
-from builders.smoke.profile import StackProfile
 
 Object = dict[str, Any]
 Network = Literal["cluster", "host"]

@@ -15,11 +15,11 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from builders.config.loading import load_yaml
-from builders.config.profile import PoolSettings
+from builders.config.profile import PoolSettings, StackProfile, _suggest
 from builders.cpusets import parse_cpuset
 from builders.engines import ENGINES
 from builders.errors import ConfigError, UsageError
-from builders.smoke.profile import StackProfile, _suggest, profile_from_mapping
+from builders.smoke.profile import profile_from_mapping
 from builders.smoke.stack import merged
 
 COMMON = "common.yaml"
