@@ -20,7 +20,7 @@ import nox
 ROOT = Path(__file__).parent
 sys.path.insert(0, str(ROOT))
 
-from builders.config import Project  # noqa: E402
+from builders.project import Project  # noqa: E402
 from builders.results import Figure, LoadWatch, Result  # noqa: E402
 from builders.target import Target  # noqa: E402
 

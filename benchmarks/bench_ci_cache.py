@@ -45,10 +45,10 @@ from builders.cache.phase import TemplateLauncher
 from builders.cache.sccache_stats import record_from_log
 from builders.cache.secret import SECRET_ID, write_secret
 from builders.cache.settings import parse_compiler_cache, parse_registry
-from builders.config import Project
 from builders.config.models import TorchIndex
-from builders.container import BuildRequest, Engine, choose_builder
+from builders.container import BuildRequest, Engine, choose_builder, connect
 from builders.errors import ForgeError
+from builders.project import Project
 from builders.rebuild.devtree import PARTS, TreeLayout, split_tree, stage_parts
 from builders.rebuild.reuse import verdict
 from builders.registry import local
@@ -188,7 +188,7 @@ def fresh_runner(kind: str, root: Path) -> Iterator[Engine]:
         deadline = time.monotonic() + 60
         while True:
             try:
-                engine = Engine.connect(kind)  # type: ignore[arg-type]
+                engine = connect(kind)  # type: ignore[arg-type]
                 break
             except ForgeError:
                 if time.monotonic() > deadline:
@@ -289,7 +289,7 @@ def run_demo(args: argparse.Namespace, tree: Path, step: str, out: Path, env: di
     """The small project through the dev loop's template, built by the runner's builder with the caches wired as
     builders/cache/phase.py wires them."""
     project = Project.load()
-    engine = Engine.connect(args.engine)
+    engine = connect(args.engine)
     builder = choose_builder(engine, "auto")
     base = ensure_base(project.distro("debian-12"), engine)
     ca_bundle = find_ca_bundle()[0]
@@ -426,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
         # A run from the start: no earlier layers or objects may answer for the cold runner.
         for old in ("registry", "redis"):
             shutil.rmtree(out / old, ignore_errors=True)
-    main_engine = Engine.connect(args.engine)
+    main_engine = connect(args.engine)
     base_ref = ensure_base(project.distro("debian-12" if args.subject == "demo" else args.distro), main_engine).ref
     run = run_demo if args.subject == "demo" else run_vllm
     rows: list[dict[str, Any]] = []

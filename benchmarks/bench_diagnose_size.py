@@ -166,6 +166,7 @@ def main(argv: list[str]) -> int:
         for size_mb, runs in timed.items():
             walls, cpus = [w for w, _ in runs], [c for _, c in runs]
             figures |= {
+                f"mb{size_mb}.size": (size_mb, "MB"),
                 f"mb{size_mb}.wall.min": (round(min(walls), 1), "s"),
                 f"mb{size_mb}.wall.max": (round(max(walls), 1), "s"),
                 f"mb{size_mb}.cpu.min": (round(min(cpus), 1), "s"),

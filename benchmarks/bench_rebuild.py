@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import Any, get_args
 
 from builders.build import BuildOptions, build
-from builders.config import Project
 from builders.config.models import TorchIndex
 from builders.errors import ForgeError
+from builders.project import Project
 from builders.results import Figure, LoadWatch, Result
 from builders.sources import resolve_sdist
 

@@ -1,36 +1,45 @@
-"""The `forge` command line: one subcommand per module that registers itself."""
+"""The `forge` command line: each command module below registers its subcommands."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
 from importlib import metadata
+from types import ModuleType
 from typing import Any, NoReturn
 
-from builders import interrupt
+from builders import gpu_probe, interrupt
+from builders.commands import core, schema
 from builders.config.types import unseen_character
 from builders.container.select import CHOICES as ENGINE_CHOICES
 from builders.container.select import chosen as chosen_engine
+from builders.deploy import command as deploy_command
+from builders.diagnose import command as diagnose_command
 from builders.errors import ForgeError, UsageError
+from builders.kvlab import command as kvlab_command
+from builders.preflight import command as preflight_command
 from builders.redact import mask_urls
+from builders.repro import command as repro_command
+from builders.smoke import command as smoke_command
+from builders.sweep import command as sweep_command
+from builders.verify import command as verify_command
 
-# Each module exposes `register(subparsers)`, adding its subcommands with a `func`
-# default that takes the parsed namespace and returns an exit code.
-COMMAND_MODULES = (
-    "builders.commands.core",
-    "builders.preflight.command",
-    "builders.diagnose.command",
-    "builders.smoke.command",
-    "builders.deploy.command",
-    "builders.repro.command",
-    "builders.verify.command",
-    "builders.commands.schema",
-    "builders.sweep.command",
-    "builders.kvlab.command",
-    "builders.gpu_probe",
+# Each module exposes `register(subparsers)`, adding its subcommands with a `func` default that takes the parsed
+# namespace and returns an exit code; `forge --help` lists them in this order.
+COMMAND_MODULES: tuple[ModuleType, ...] = (
+    core,
+    preflight_command,
+    diagnose_command,
+    smoke_command,
+    deploy_command,
+    repro_command,
+    verify_command,
+    schema,
+    sweep_command,
+    kvlab_command,
+    gpu_probe,
 )
 
 Handler = Callable[[argparse.Namespace], int]
@@ -65,17 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"forge {forge_version()}")
     parser.add_argument("--root", default=None, help="project root holding distros/, recipes/, containers/")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMAND_MODULES:
-        try:
-            module: Any = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name and name.startswith(exc.name):
-                continue
-            raise
+    for module in COMMAND_MODULES:
         module.register(subparsers)
     for sub in subparsers.choices.values():
         # Every command that meets an engine takes the same choice; main() resolves it once and the command
-        # passes it down to its Engine.connect.
+        # passes it down to its connect.
         sub.add_argument(
             "--engine",
             choices=ENGINE_CHOICES,
@@ -131,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(args, "engine", None):
             # The flag is written to FORGE_ENGINE so that processes the command starts (a test stage, a nox
             # session) make the same choice. Without the flag FORGE_ENGINE is read only where an engine is
-            # connected (Engine.connect): `forge diagnose` or `forge kvlab` do not care what it says.
+            # connected (`connect()`): `forge diagnose` or `forge kvlab` do not care what it says.
             args.engine = chosen_engine(args.engine)
             os.environ["FORGE_ENGINE"] = args.engine
         # SIGTERM and SIGHUP unwind as Ctrl-C does, in every command (builders/interrupt.py).

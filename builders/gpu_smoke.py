@@ -130,7 +130,7 @@ def pack_tree(sdist: Path, dest: Path) -> int:
 
 def llama_sdist() -> Path:
     """The llama-cpp recipe's pinned sdist, from the Forge cache or PyPI, its sha256 checked (builders/sources)."""
-    from builders.config import Project
+    from builders.project import Project
     from builders.sources import fetch_sdist
 
     return fetch_sdist(Project.load(ROOT).recipe_for("llama-cpp"), ROOT).path

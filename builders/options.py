@@ -214,7 +214,7 @@ class BuildOptions:
     keep_context: bool = False
     lock_file: Path | None = None  # default: forge.lock at the project root
     sbom: bool = True  # write a CycloneDX SBOM of the tagged image beside the report
-    # The container engine: every command's --engine. None: FORGE_ENGINE, else auto, read by Engine.connect when
+    # The container engine: every command's --engine. None: FORGE_ENGINE, else auto, read by connect() when
     # the build connects one, so rendering or planning never reads FORGE_ENGINE.
     engine: EngineChoice | None = None
 

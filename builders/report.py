@@ -19,7 +19,7 @@ from builders import interrupt
 from builders.diagnose.diagnosis import Diagnosis
 from builders.engines.checks import CheckStatus
 from builders.errors import ForgeError, PreflightBlocked
-from builders.preflight.findings import PreflightReport
+from builders.gates.findings import PreflightReport
 from builders.rebuild.records import CcacheRecord, ReuseRecord
 from builders.records import Record, absent
 from builders.repro.lockfile import LockRecord, LockUnresolved
@@ -58,6 +58,8 @@ class BuilderRecord(Record):
     name: str = Field(description="the image builder: buildkit-cli, legacy-sdk, podman-build")
     secrets: bool = Field(description="it passes the CA bundle as a build secret")
     cache_mounts: bool = Field(description="it supports RUN --mount=type=cache")
+    # Absent from reports written before the registry layer cache (issue 52), which are still read back.
+    layer_cache: str | None = absent("how it shares layers through a registry: registry, inline or none")
     cli: str | None = Field(description="the CLI it drives, or null for the engine's API")
     version: str | None = Field(description="its version, where it says")
 

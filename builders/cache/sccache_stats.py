@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from builders.errors import UsageError
 
@@ -14,6 +14,28 @@ BEGIN = "FORGE-SCCACHE-STATS-BEGIN"
 END = "FORGE-SCCACHE-STATS-END"
 _BUILDKIT_PREFIX = re.compile(r"^#\d+ \d+\.\d+ ")
 _COUNTERS = ("requests", "hits", "misses", "errors", "writes", "not_cacheable")
+
+
+class BackendEntry(TypedDict):
+    """One backend's counters over the compile (the report's BackendCounters); ccache gives the first four."""
+
+    requests: NotRequired[int]
+    hits: int
+    misses: int
+    errors: int
+    writes: NotRequired[int]
+    not_cacheable: NotRequired[int]
+    hit_rate: float | None
+
+
+class CompilerCacheEntry(TypedDict):
+    """The compile's launcher and what each backend gave (the report's CompilerCacheRecord)."""
+
+    launcher: str
+    backend: str
+    endpoint: str
+    backends: dict[str, BackendEntry]
+    fallback: list[str]
 
 
 def record_block(log: str) -> str | None:
@@ -31,7 +53,7 @@ def record_block(log: str) -> str | None:
     return found
 
 
-def parse_record(text: str, *, where: str = "build log") -> dict[str, Any]:
+def parse_record(text: str, *, where: str = "build log") -> CompilerCacheEntry:
     """The record as the report keeps it: per backend its counters and hit rate, and the fallback events."""
     try:
         data = json.loads(text)
@@ -39,15 +61,24 @@ def parse_record(text: str, *, where: str = "build log") -> dict[str, Any]:
         raise UsageError(f"{where}: the compiler cache's counters are not JSON ({exc})") from exc
     if not isinstance(data, dict) or not isinstance(data.get("segments"), list):
         raise UsageError(f"{where}: the compiler cache's counters have no segments")
-    backends: dict[str, dict[str, Any]] = {}
+    sums: dict[str, dict[str, int]] = {}
     for segment in data["segments"]:
         name = str(segment.get("backend", "?"))
-        entry = backends.setdefault(name, dict.fromkeys(_COUNTERS, 0))
+        summed = sums.setdefault(name, dict.fromkeys(_COUNTERS, 0))
         for key in _COUNTERS:
-            entry[key] += int(segment.get(key) or 0)
-    for entry in backends.values():
-        total = entry["hits"] + entry["misses"]
-        entry["hit_rate"] = round(entry["hits"] / total, 4) if total else None
+            summed[key] += int(segment.get(key) or 0)
+    backends: dict[str, BackendEntry] = {}
+    for name, c in sums.items():
+        total = c["hits"] + c["misses"]
+        backends[name] = {
+            "requests": c["requests"],
+            "hits": c["hits"],
+            "misses": c["misses"],
+            "errors": c["errors"],
+            "writes": c["writes"],
+            "not_cacheable": c["not_cacheable"],
+            "hit_rate": round(c["hits"] / total, 4) if total else None,
+        }
     return {
         "launcher": "sccache",
         "backend": str(data.get("backend", "?")),
@@ -57,6 +88,6 @@ def parse_record(text: str, *, where: str = "build log") -> dict[str, Any]:
     }
 
 
-def record_from_log(log: str, *, where: str = "build log") -> dict[str, Any] | None:
+def record_from_log(log: str, *, where: str = "build log") -> CompilerCacheEntry | None:
     block = record_block(log)
     return None if block is None else parse_record(block, where=where)

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from builders.config.by_engine import ByEngine
 from builders.errors import ConfigError, UsageError
 from builders.input_files import read_small_text
 
@@ -128,10 +129,18 @@ def load_yaml(path: Path) -> Any:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
 
 
-def load_model(model: type[M], path: Path, *, defaults: Mapping[str, object] | None = None) -> M:
+def load_model(model: type[M] | ByEngine[M], path: Path, *, defaults: Mapping[str, object] | None = None) -> M:
+    """A YAML file as `model`; given each serving engine's model instead, as the one its `engine:` names."""
     data = load_yaml(path)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, found {type(data).__name__}")
+    if isinstance(model, ByEngine):
+        chosen = model.pick(data)
+        if chosen is None:
+            names = [repr(n) for n in model.names]
+            either = " or ".join(names) if len(names) < 3 else f"{', '.join(names[:-1])} or {names[-1]}"
+            raise ConfigError(f"{path}: engine: Input should be {either}", hint="name a serving engine Forge has")
+        model = chosen
     try:
         return model.model_validate({**(defaults or {}), **data})
     except ValidationError as exc:

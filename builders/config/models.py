@@ -1,13 +1,15 @@
-"""Schema of distros/*.yaml and recipes/*.yaml. Every field carries a description; unknown keys are errors."""
+"""Schema of distros/*.yaml and recipes/*.yaml. Every field carries a description; unknown keys are errors.
+
+`Recipe` holds what every serving engine's recipes share; an engine with keys of its own extends it in its package
+(builders/engines/<name>/), and builders/project.py validates each recipe by the model its `engine:` names."""
 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from builders.config.engines import EngineName
 from builders.config.types import (
     AbsolutePath,
     ArchList,
@@ -300,13 +302,13 @@ class Recipe(Strict):
     description: OneLine = Field(description="one line for `forge list` and `nox -l`")
     template: FileName = Field(description="Jinja2 template in containers/")
     kind: Literal["source", "wheel", "python-app", "native"] = Field(
-        description="how the image gets its software; native: a C/C++ server compiled from a pinned archive, "
-        "planned, preflighted and tested by its engine's module (builders/engines/)"
+        description="how the image gets its software; native: a C/C++ server compiled from a pinned archive"
     )
-    engine: EngineName = Field(
-        default="vllm", description="the inference engine the image serves with (builders/engines/ names each)"
+    engine: Name = Field(
+        description="the serving engine that plans, preflights and tests the image (builders/engines/ registers "
+        "each; the registry's default when the file names none)"
     )
-    device: Literal["cpu", "cuda", "none"] = Field(description="VLLM_TARGET_DEVICE, or none")
+    device: Literal["cpu", "cuda", "none"] = Field(description="what the image computes on: cpu, cuda, or none")
     distros: tuple[Name, ...] | Literal["all"] = Field(default="all", description="distros this recipe supports")
     source: Source | None = Field(default=None, description="vLLM source, for kind=source")
     wheelhouse: Wheelhouse | None = Field(default=None, description="wheels, for kind=wheel")
@@ -318,24 +320,12 @@ class Recipe(Strict):
         default_factory=dict, description="ISA settings, fixed so the host CPU does not decide"
     )
     max_jobs: Count | None = Field(default=None, ge=1, description="parallel compile jobs; null: derived from RAM")
-    cmake_from_pip: bool = Field(default=False, description="allow `pip install cmake>=gate` when the distro's is old")
     resources: Resources = Field(description="disk and RAM the build needs")
     serve_test: bool = Field(default=True, description="test stage serves a tiny model and asks /v1/models")
-    runtime_jit_compiler: bool = Field(
-        default=False,
-        description="ship the distro's C++ compiler and Python headers in the runtime: torch.compile (inductor) "
-        "compiles CPU kernels when vLLM starts, and dies without g++",
-    )
-    warm_model_classes: tuple[Annotated[str, StringConstraints(pattern=r"^[A-Z][A-Za-z0-9_]*$")], ...] = Field(
-        default=(),
-        description="vLLM model classes (e.g. LlamaForCausalLM) whose registry record the runtime stage writes into "
-        "the image user's cache: without it every `vllm serve` of such a model inspects the class in a subprocess "
-        "that imports torch and the model code, tens of seconds on one core",
-    )
     app_requirements: tuple[PipRequirement, ...] = Field(
         default=(), description="pip requirements, for kind=python-app"
     )
-    entrypoint: tuple[OneLine, ...] = Field(default=("vllm", "serve"), description="image entrypoint")
+    entrypoint: tuple[OneLine, ...] = Field(description="image entrypoint")
 
     @model_validator(mode="after")
     def _kind_fields(self) -> Recipe:

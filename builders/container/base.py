@@ -1,8 +1,8 @@
 """The Engine interface: what Forge asks of a container engine, whichever one answers.
 
 One module per engine implements it (docker_engine.py over the Docker Engine API, podman_engine.py over the
-`podman` CLI); `Engine.connect(choice)` opens the one the CLI chose from `--engine` / FORGE_ENGINE
-(builders/container/select.py). No code
+`podman` CLI); `connect(choice)` in select.py (builders.container.connect) opens the one the CLI chose from
+`--engine` / FORGE_ENGINE. No code
 outside builders/container/ asks which engine it has: what differs is a capability, recorded once in `facts`.
 """
 
@@ -23,7 +23,7 @@ LineSink = Callable[[str], None]
 BuilderChoice = Literal["auto", "buildkit", "legacy", "buildah"]
 
 # --engine: auto finds what is there (select.py). The CLI resolves it once, FORGE_ENGINE its default, and passes it
-# down to the one `Engine.connect` of the command.
+# down to the one `connect` of the command.
 EngineChoice = Literal["auto", "docker", "podman"]
 
 
@@ -107,15 +107,6 @@ class Builder(Protocol):
     def build(self, request: BuildRequest, sink: LineSink) -> BuildResult: ...
 
 
-# select.py registers how `Engine.connect(choice)` opens an engine: the implementations import this module, so this
-# module cannot import them.
-_CONNECT: list[Callable[[EngineChoice | None], Engine]] = []
-
-
-def register_connector(connect: Callable[[EngineChoice | None], Engine]) -> None:
-    _CONNECT[:] = [connect]
-
-
 # Every container Forge starts carries this label, so a cleanup can find what a crashed run left behind.
 OWNER_LABEL = "forge.owner"
 
@@ -193,17 +184,10 @@ class EngineFacts:
 
 
 class Engine(ABC):
-    """A connected engine. Construct with `Engine.connect(choice)`."""
+    """A connected engine. Open one with `connect(choice)` (select.py): this module cannot, since each engine's
+    module imports it."""
 
     facts: EngineFacts
-
-    @classmethod
-    def connect(cls, choice: EngineChoice | None) -> Engine:
-        """The engine `choice` names: docker, podman, or auto (whatever answers here; select.py); None: FORGE_ENGINE,
-        else auto, read now (a command that connects no engine never reads FORGE_ENGINE)."""
-        # Importing any module of builders.container runs the package's __init__ first, which imports select.py.
-        assert _CONNECT, "builders/container/select.py registers the connector when builders.container is imported"
-        return _CONNECT[0](choice)
 
     @property
     def kind(self) -> str:

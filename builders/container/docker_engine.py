@@ -87,7 +87,7 @@ def is_podman_service(version: DockerVersion) -> bool:
 
 
 class DockerEngine(Engine):
-    """Docker through its Engine API. Construct with `Engine.connect("docker")`."""
+    """Docker through its Engine API. Opened by `connect("docker")` (select.py)."""
 
     def __init__(self, client: Any, *, facts: EngineFacts) -> None:
         self.client = client

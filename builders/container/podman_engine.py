@@ -148,7 +148,7 @@ def explain_start_failure(output: str) -> tuple[str, str]:
 
 
 class PodmanEngine(Engine):
-    """Podman through its CLI. Construct with `Engine.connect("podman")`."""
+    """Podman through its CLI. Opened by `connect("podman")` (select.py)."""
 
     def __init__(self, cli: str, *, facts: EngineFacts) -> None:
         self.cli = cli

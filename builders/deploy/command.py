@@ -11,13 +11,13 @@ from typing import Any
 import yaml
 
 from builders import log
-from builders.config.project import find_root
 from builders.config.types import INT32_MAX
 from builders.deploy.manifests import DeployOptions, GpuPlacement, Object, check_image, kustomization, render
 from builders.errors import UsageError
 from builders.gpu_image import ImageFacts, LabelsRead, image_facts, image_facts_from_labels, read_image_labels
 from builders.output import output_dir, write_output
 from builders.preflight.gpu_gate import add_gpu_gate_args, gate_from_args
+from builders.project import find_root
 from builders.smoke.profile import load_profile
 from builders.smoke.stack import check_traffic
 
@@ -151,9 +151,9 @@ def run_render(args: argparse.Namespace) -> int:
 
 def _labels_of(args: argparse.Namespace) -> Callable[[str], Mapping[str, str]]:
     def labels_of(ref: str) -> Mapping[str, str]:
-        from builders.container import Engine
+        from builders.container import connect
 
-        return Engine.connect(getattr(args, "engine", None)).image_info(ref).labels
+        return connect(getattr(args, "engine", None)).image_info(ref).labels
 
     return labels_of
 

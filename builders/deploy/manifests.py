@@ -19,9 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from builders.config.profile import StackProfile
 from builders.config.types import IMAGE_REFERENCE
 from builders.cpusets import parse_cpuset
 from builders.cuda_driver import MINOR_COMPAT_MINIMUM, SHIPPED_WITH, CudaVersion, DriverVersion
+from builders.engines import serving_engine
 from builders.engines.args import SERVE_ENTRIES
 from builders.engines.tiny_model import ModelShape, write_tiny_model
 from builders.errors import ConfigError, UsageError
@@ -29,7 +31,6 @@ from builders.gpu_archs import Capability, LibraryArchs, core
 from builders.router.config import RouterConfig, config_from_mapping
 from builders.serving_dtype import AUTO
 from builders.smoke.plan import CONTAINER_MODEL_DIR, plan_stack, pool_args
-from builders.smoke.profile import StackProfile
 
 Object = dict[str, Any]
 Network = Literal["cluster", "host"]
@@ -203,11 +204,11 @@ def render(profile: StackProfile, source: str, options: DeployOptions) -> Render
     if host and options.router_replicas != 1:
         raise UsageError("--network host runs one router: two would listen on the same host port")
     for name, settings in profile.pools.items():
-        if not settings.serving.deployable:
+        serving = serving_engine(settings.engine)
+        if not serving.deployable:
             # The manifests start `vllm serve` on a model ConfigMap; another server needs its own pod spec.
             raise UsageError(
-                f"{source}: pools.{name}: forge deploy renders vLLM pools only, and this pool runs "
-                f"{settings.serving.title}",
+                f"{source}: pools.{name}: forge deploy renders vLLM pools only, and this pool runs {serving.title}",
                 hint="deploy a profile whose pools all run engine: vllm",
             )
     plan = plan_stack(profile, run_id="deploy", base_port=options.base_port)

@@ -24,9 +24,9 @@ import platform
 import statistics
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 
@@ -94,6 +94,133 @@ DRY_SCENARIOS = (
 )
 
 
+class DeviceInfo(TypedDict):
+    """What ran: the versions, the CPU, and on a GPU its name, driver, size and datasheet peak."""
+
+    torch: str
+    torch_cuda: str | None
+    triton: str
+    numpy: str
+    python: str
+    cpu: str
+    cpu_cores: int | None
+    gpu: NotRequired[str | None]
+    driver: NotRequired[str | None]
+    multiprocessors: NotRequired[int]
+    memory_gib: NotRequired[float]
+    peak_tbps: NotRequired[float | None]
+    peak_source: NotRequired[str]
+
+
+class CopyRow(TypedDict):
+    bytes_moved: int
+    ms: float
+    gbps: float
+
+
+class Row(TypedDict, total=False):
+    """One layout's or anchor's row: its oracle check, what it moved and how fast, or why it was not timed."""
+
+    oracle_max_error: float
+    oracle_checked: list[str]
+    splits: int
+    launches: int
+    kv_bytes: int
+    metadata_bytes_per_request: float
+    indirections_per_request: float
+    copy_bytes_setup: int
+    ms: float
+    bytes_moved: int
+    gbps: float
+    share_of_peak: float | None
+    effective_gbps: float
+    failed: str
+    skipped: str
+
+
+class Layouts(TypedDict):
+    """What the bars and the rank read of a scenario."""
+
+    layouts: dict[str, Row]
+
+
+class ScenarioRow(Layouts):
+    name: str
+    batch: int
+    context: int
+    shared: float
+    logical_kv_bytes: int
+    shared_slots: float
+    anchors: dict[str, Row]
+
+
+class HeadlineVerdict(TypedDict):
+    layout: str
+    share_of_peak: float | None
+    bar: float
+    met: bool
+
+
+class CascadeVerdict(TypedDict):
+    speedup: float
+    bar: float
+    met: bool
+
+
+class Verdicts(TypedDict, total=False):
+    best_layout_at_headline: HeadlineVerdict
+    cascade_vs_paged_at_90: CascadeVerdict
+
+
+class RankRow(TypedDict):
+    layout: str
+    geomean_ms: float | None
+    scenarios: int
+    gate: bool
+    place: NotRequired[int | None]
+
+
+class KernelRun(TypedDict):
+    case: str
+    layout: str
+    passed: bool
+    detail: str
+
+
+class CaughtRun(TypedDict):
+    bug: str
+    layout: str
+    caught_by: str | None
+    detail: str
+
+
+class CaseRuns(TypedDict):
+    runs: list[KernelRun]
+    skipped: list[str]
+
+
+class MutantRuns(TypedDict):
+    runs: list[CaughtRun]
+
+
+class BenchReport(TypedDict):
+    """run_bench's report; the prepared GPU run (gpu_check.py) adds the kernel cases, the planted bugs and when."""
+
+    device: DeviceInfo
+    spec: dict[str, object]
+    page: int
+    scenarios: dict[str, ScenarioRow]
+    skipped: list[str]
+    copy: NotRequired[CopyRow]
+    verdicts: NotRequired[Verdicts]
+    ranking: NotRequired[list[RankRow]]
+    cases: NotRequired[CaseRuns]
+    mutants: NotRequired[MutantRuns]
+    when: NotRequired[str]
+    seconds: NotRequired[float]
+    mode: NotRequired[str]
+
+
 def unavailable() -> str | None:
     """Why the GPU timing cannot run here, or None when it can."""
     try:
@@ -130,11 +257,11 @@ def _driver() -> str:
         return f"unknown (nvidia-smi: {type(exc).__name__})"
 
 
-def device_info(device: str) -> dict[str, Any]:
+def device_info(device: str) -> DeviceInfo:
     import torch
     import triton
 
-    info: dict[str, Any] = {
+    info: DeviceInfo = {
         "torch": torch.__version__,
         "torch_cuda": torch.version.cuda,
         "triton": triton.__version__,
@@ -144,19 +271,17 @@ def device_info(device: str) -> dict[str, Any]:
         "cpu_cores": os.cpu_count(),
     }
     if device == "cpu":
-        info.update(gpu=None, driver=None, peak_tbps=None, peak_source="no GPU: a dry run under Triton's interpreter")
+        info["gpu"], info["driver"], info["peak_tbps"] = None, None, None
+        info["peak_source"] = "no GPU: a dry run under Triton's interpreter"
         return info
     props = torch.cuda.get_device_properties(torch.device(device))
     name = torch.cuda.get_device_name(torch.device(device))
     peak = peak_for(name)
-    info.update(
-        gpu=name,
-        driver=_driver(),
-        multiprocessors=props.multi_processor_count,
-        memory_gib=round(props.total_memory / 2**30, 1),
-        peak_tbps=peak[0] if peak else None,
-        peak_source=f"datasheet, {peak[1]}" if peak else f"no row for {name!r} in PEAK_TBPS",
-    )
+    info["gpu"], info["driver"] = name, _driver()
+    info["multiprocessors"] = props.multi_processor_count
+    info["memory_gib"] = round(props.total_memory / 2**30, 1)
+    info["peak_tbps"] = peak[0] if peak else None
+    info["peak_source"] = f"datasheet, {peak[1]}" if peak else f"no row for {name!r} in PEAK_TBPS"
     return info
 
 
@@ -192,7 +317,7 @@ class Timer:
         return float(statistics.median(times))
 
 
-def measure_copy(device: str, timer: Timer, nbytes: int) -> dict[str, Any]:
+def measure_copy(device: str, timer: Timer, nbytes: int) -> CopyRow:
     """A device-to-device copy: bytes read plus bytes written, over the median time."""
     import torch
 
@@ -275,8 +400,8 @@ FP16_TOLERANCE = 1e-3 + 1e-3
 
 def bench_layouts(
     batch: Batch, scenario: GpuScenario, spec: AttnSpec, device: str, timer: Timer, peak_tbps: float | None
-) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+) -> dict[str, Row]:
+    out: dict[str, Row] = {}
     picks = sorted({0, len(batch.entries) - 1})
     logical = sum(e.seq_len for e in batch.entries) * 2 * spec.num_kv_heads * spec.head_size * 2
     for name in TRITON_LAYOUTS:
@@ -292,7 +417,7 @@ def bench_layouts(
         result = layout.run(plan).float().cpu().numpy()
         outs = [result[f : f + n] for f, n in zip(plan.q_first, plan.q_count, strict=True)]
         error = oracle_error(batch, outs, picks)
-        row: dict[str, Any] = {
+        row: Row = {
             "oracle_max_error": error,
             "oracle_checked": [batch.entries[i].req_id for i in picks],
             "splits": plan.splits,
@@ -309,18 +434,14 @@ def bench_layouts(
         ms = timer(functools.partial(layout.run, plan))
         q_out = 2 * sum(e.query.size for e in batch.entries) * (2 + 4)
         moved = plan.kv_bytes + plan.metadata_bytes + q_out
-        row.update(
-            ms=ms,
-            bytes_moved=moved,
-            gbps=moved / ms / 1e6,
-            share_of_peak=(moved / ms / 1e6) / (peak_tbps * 1000) if peak_tbps else None,
-            effective_gbps=logical / ms / 1e6,
-        )
+        row["ms"], row["bytes_moved"], row["gbps"] = ms, moved, moved / ms / 1e6
+        row["share_of_peak"] = (moved / ms / 1e6) / (peak_tbps * 1000) if peak_tbps else None
+        row["effective_gbps"] = logical / ms / 1e6
         out[name] = row
     return out
 
 
-def bench_sdpa(batch: Batch, spec: AttnSpec, device: str, timer: Timer, peak_tbps: float | None) -> dict[str, Any]:
+def bench_sdpa(batch: Batch, spec: AttnSpec, device: str, timer: Timer, peak_tbps: float | None) -> Row:
     """torch's scaled_dot_product_attention on each request's K and V laid out contiguously (built outside the
     timing), every request as long as the longest."""
     import torch
@@ -356,7 +477,7 @@ def bench_sdpa(batch: Batch, spec: AttnSpec, device: str, timer: Timer, peak_tbp
 
 def bench_flashinfer(
     batch: Batch, scenario: GpuScenario, spec: AttnSpec, device: str, timer: Timer, peak_tbps: float | None
-) -> dict[str, Any]:
+) -> dict[str, Row]:
     """FlashInfer's paged decode on the same block tables and cache, and its two-level cascade where the batch
     shares a prefix. Untested here: written from FlashInfer's documented API, run where the package imports."""
     if device == "cpu":
@@ -373,7 +494,7 @@ def bench_flashinfer(
         }
     import torch
 
-    results: dict[str, Any] = {}
+    results: dict[str, Row] = {}
     page = batch.cache.page
     q = torch.as_tensor(np.concatenate([e.query for e in batch.entries])).to(device, torch.float16)
     logical = sum(e.seq_len for e in batch.entries) * 2 * spec.num_kv_heads * spec.head_size * 2
@@ -433,32 +554,29 @@ def bench_flashinfer(
     return results
 
 
-def scenario_json(scenario: GpuScenario) -> dict[str, Any]:
-    return asdict(scenario)
-
-
-def verdicts(scenarios: dict[str, dict[str, Any]], peak_tbps: float | None) -> dict[str, Any]:
+def verdicts(scenarios: Mapping[str, Layouts], peak_tbps: float | None) -> Verdicts:
     """The issue's two bars, from the measured rows (None where a row is missing)."""
-    out: dict[str, Any] = {}
-    head = scenarios.get(HEADLINE, {}).get("layouts", {})
+    out: Verdicts = {}
+    head = scenarios[HEADLINE]["layouts"] if HEADLINE in scenarios else {}
     timed = {name: row for name, row in head.items() if "ms" in row}
     if timed and peak_tbps:
         best = max(timed, key=lambda n: timed[n]["gbps"])
         share = timed[best]["share_of_peak"]
-        out["best_layout_at_headline"] = {"layout": best, "share_of_peak": share, "bar": 0.6, "met": share >= 0.6}
-    shared = scenarios.get(CASCADE_AT[0], {}).get("layouts", {})
+        met = share is not None and share >= 0.6
+        out["best_layout_at_headline"] = {"layout": best, "share_of_peak": share, "bar": 0.6, "met": met}
+    shared = scenarios[CASCADE_AT[0]]["layouts"] if CASCADE_AT[0] in scenarios else {}
     if "ms" in shared.get("hybrid", {}) and "ms" in shared.get("paged", {}):
         speedup = shared["paged"]["ms"] / shared["hybrid"]["ms"]
         out["cascade_vs_paged_at_90"] = {"speedup": speedup, "bar": 3.0, "met": speedup >= 3.0}
     return out
 
 
-def ranking(scenarios: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+def ranking(scenarios: Mapping[str, Layouts]) -> list[RankRow]:
     """Layouts by the geometric mean of their step times over every scenario where all four were timed; a
     layout that failed a check anywhere has no place."""
     complete = [s for s in scenarios.values() if all("ms" in r for r in s["layouts"].values())]
     failed = {n for s in scenarios.values() for n, r in s["layouts"].items() if "failed" in r}
-    rows = []
+    rows: list[RankRow] = []
     for name in TRITON_LAYOUTS:
         times = [s["layouts"][name]["ms"] for s in complete]
         mean = math.exp(sum(math.log(t) for t in times) / len(times)) if times else None
@@ -478,7 +596,7 @@ def run_bench(
     copy_bytes: int,
     deadline: float,
     progress: Callable[[str], None],
-) -> dict[str, Any]:
+) -> BenchReport:
     """Every scenario until the deadline (time.monotonic()); those left are listed as skipped."""
     import torch
 
@@ -486,7 +604,7 @@ def run_bench(
     peak = info.get("peak_tbps")
     # Under the interpreter a run takes seconds and its time means nothing: no warm-up.
     timer = Timer(device, reps=reps, warmup=0 if device == "cpu" else 3)
-    report: dict[str, Any] = {"device": info, "spec": asdict(spec), "page": PAGE, "scenarios": {}, "skipped": []}
+    report: BenchReport = {"device": info, "spec": asdict(spec), "page": PAGE, "scenarios": {}, "skipped": []}
     if device != "cpu":
         report["copy"] = measure_copy(device, timer, copy_bytes)
         progress(f"device-to-device copy: {report['copy']['gbps']:.0f} GB/s (datasheet peak {peak} TB/s)")
@@ -496,15 +614,23 @@ def run_bench(
             continue
         progress(f"scenario {scenario.name}: building the pool and the cache")
         batch = build(scenario, spec, device)
-        row: dict[str, Any] = {
-            **scenario_json(scenario),
-            "logical_kv_bytes": sum(e.seq_len for e in batch.entries) * 2 * spec.num_kv_heads * spec.head_size * 2,
-            "shared_slots": sum(1 for r in batch.requests for b in r.blocks if b.ref_cnt > 1)
-            / max(1, sum(len(r.blocks) for r in batch.requests)),
+        logical = sum(e.seq_len for e in batch.entries) * 2 * spec.num_kv_heads * spec.head_size * 2
+        slots = sum(1 for r in batch.requests for b in r.blocks if b.ref_cnt > 1) / max(
+            1, sum(len(r.blocks) for r in batch.requests)
+        )
+        layouts = bench_layouts(batch, scenario, spec, device, timer, peak)
+        anchors = {"sdpa": bench_sdpa(batch, spec, device, timer, peak)}
+        anchors.update(bench_flashinfer(batch, scenario, spec, device, timer, peak))
+        row: ScenarioRow = {
+            "name": scenario.name,
+            "batch": scenario.batch,
+            "context": scenario.context,
+            "shared": scenario.shared,
+            "logical_kv_bytes": logical,
+            "shared_slots": slots,
+            "layouts": layouts,
+            "anchors": anchors,
         }
-        row["layouts"] = bench_layouts(batch, scenario, spec, device, timer, peak)
-        row["anchors"] = {"sdpa": bench_sdpa(batch, spec, device, timer, peak)}
-        row["anchors"].update(bench_flashinfer(batch, scenario, spec, device, timer, peak))
         report["scenarios"][scenario.name] = row
         timed = ", ".join(f"{n} {r['ms']:.3f} ms" for n, r in row["layouts"].items() if "ms" in r)
         progress(f"scenario {scenario.name}: {timed}")
@@ -516,7 +642,7 @@ def run_bench(
     return report
 
 
-def render(report: dict[str, Any]) -> str:
+def render(report: BenchReport) -> str:
     """Markdown: the device, the copy, each scenario's layouts and anchors, the verdicts and the ranking."""
     info = report["device"]
     dry = info.get("gpu") is None

@@ -27,7 +27,11 @@ import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    # Types only: gpu_bench is imported where it runs, after the kernels are built for the GPU or the interpreter.
+    from builders.kvlab.gpu_bench import CaseRuns, CaughtRun, GpuScenario, KernelRun, MutantRuns
 
 
 class _Log:
@@ -64,13 +68,13 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def _cases(device: str, deadline: float, quick: bool, say: _Log) -> tuple[dict[str, Any], dict[str, Any]]:
+def _cases(device: str, deadline: float, quick: bool, say: _Log) -> tuple[CaseRuns, MutantRuns]:
     from builders.kvlab.kernel_cases import CATCHERS, KERNEL_CASES, run_kernel_case, run_kernel_mutant
     from builders.kvlab.triton_layouts import TRITON_LAYOUTS
 
     # The quick form's one case is a cheap one that still takes fp8 through the whole path.
     cases = [c for c in KERNEL_CASES if c.name == "fp8-e4m3-scales"] if quick else KERNEL_CASES
-    runs: list[dict[str, Any]] = []
+    runs: list[KernelRun] = []
     skipped: list[str] = []
     for case in cases:
         for layout in TRITON_LAYOUTS:
@@ -83,7 +87,7 @@ def _cases(device: str, deadline: float, quick: bool, say: _Log) -> tuple[dict[s
                 say(f"FAIL {case.name} on {layout}: {o.detail}")
     say(f"kernel cases: {sum(r['passed'] for r in runs)} of {len(runs)} passed, {len(skipped)} skipped")
     bugs = list(CATCHERS.items())[:1] if quick else list(CATCHERS.items())
-    caught: list[dict[str, Any]] = []
+    caught: list[CaughtRun] = []
     for bug, catcher in bugs:
         case = next(c for c in KERNEL_CASES if c.name == catcher)
         for layout in TRITON_LAYOUTS:
@@ -96,7 +100,7 @@ def _cases(device: str, deadline: float, quick: bool, say: _Log) -> tuple[dict[s
     return {"runs": runs, "skipped": skipped}, {"runs": caught}
 
 
-def _scenarios(args: argparse.Namespace) -> Any:
+def _scenarios(args: argparse.Namespace) -> Sequence[GpuScenario]:
     from builders.kvlab import gpu_bench
 
     if not args.dry_run:

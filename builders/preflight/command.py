@@ -9,18 +9,18 @@ import tempfile
 from pathlib import Path
 from typing import get_args
 
-from builders.config import Project
 from builders.config.models import TorchIndex
-from builders.container import Engine
+from builders.container import Engine, connect
 from builders.errors import EngineError, PreflightBlocked, PreflightIncomplete, UsageError
+from builders.gates.findings import render_table
+from builders.gates.host import parse_cpu_flags
 from builders.input_files import read_bounded
 from builders.log import Log
 from builders.options import add_gpu_args, gpu_args_apply, pep440_version, positive_int
 from builders.platforms import for_platform, parse_platforms
-from builders.preflight.findings import render_table
 from builders.preflight.gpu_gate import add_gpu_gate_args, gate_input, preflight_findings, with_finding
-from builders.preflight.host import parse_cpu_flags
 from builders.preflight.runner import run_preflight
+from builders.project import Project
 from builders.target import Target
 
 FLAGS_LIMIT_BYTES = 4 * 2**20
@@ -61,7 +61,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     run_flags = read_flags_file(Path(args.run_host_flags)) if args.run_host_flags else None
     engine: Engine | None
     try:
-        engine = Engine.connect(args.engine)
+        engine = connect(args.engine)
     except EngineError:
         engine = None  # preflight then runs on declared facts and says so
     source = Path(args.source) if args.source else None

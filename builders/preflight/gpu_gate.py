@@ -34,6 +34,7 @@ from builders.cuda_driver import (
     is_datacentre,
 )
 from builders.errors import ConfigError, GpuDriverTooOld, GpuUnsupported, PreflightIncomplete, UsageError
+from builders.gates.findings import Finding, PreflightReport, blocker, passed, unchecked
 from builders.gpu_archs import Capability, LibraryArchs, core
 from builders.gpu_image import (
     LABEL_ARCHS,
@@ -45,7 +46,6 @@ from builders.gpu_image import (
     image_facts_from_labels,
 )
 from builders.input_files import read_small_text
-from builders.preflight.findings import Finding, PreflightReport, blocker, passed, unchecked
 
 CSV_LIMIT_BYTES = 2**20
 """nvidia-smi's CSV is a line per GPU: a file larger than this is not one."""

@@ -1,5 +1,5 @@
 """What a build reused, as its report records it: for a source tree each layer's verdict, the parts' hashes and the
-files changed (builders/devloop.py), and for any build the compiler cache's counters per backend and the registry
+files changed (builders/engines/vllm/devloop.py), and for any build the compiler cache's counters per backend and the registry
 layer cache (builders/cache/). Here, below the build and the caches, so that both fill the section they own."""
 
 from __future__ import annotations

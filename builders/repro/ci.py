@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TypedDict
 
 import yaml
 
-from builders.config import Project
 from builders.config.models import Distro, Recipe
 from builders.options import flag
 from builders.platforms import PLATFORMS, for_platform
+from builders.project import Project
 from builders.target import Target
 
 GITHUB_PATH = ".github/workflows/forge.yml"
@@ -164,10 +165,81 @@ def _command_lines(e: MatrixEntry, *, locked: bool, allow_incomplete: bool) -> d
     }
 
 
+# The documents both formats render, keyed as GitHub Actions and GitLab CI name the keys (Step and Job in the
+# functional form: `if`, `with` and hyphenated keys are no Python names).
+Step = TypedDict(
+    "Step",
+    {
+        "name": str,
+        "id": str,
+        "if": str,
+        "uses": str,
+        "with": dict[str, str],
+        "env": dict[str, str],
+        "run": str,
+        "continue-on-error": bool,
+    },
+    total=False,
+)
+Job = TypedDict(
+    "Job",
+    {
+        "name": str,
+        "needs": str | list[str],
+        "if": str,
+        "runs-on": str,
+        "timeout-minutes": int,
+        "permissions": dict[str, str],
+        "env": dict[str, str],
+        "outputs": dict[str, str],
+        "steps": list[Step],
+    },
+    total=False,
+)
+
+
+class Workflow(TypedDict):
+    """A GitHub Actions workflow."""
+
+    name: str
+    on: dict[str, dict[str, list[str]] | None]
+    permissions: dict[str, str]
+    concurrency: dict[str, str | bool]
+    defaults: dict[str, dict[str, str]]
+    env: dict[str, str]
+    jobs: dict[str, Job]
+
+
+class Artifacts(TypedDict, total=False):
+    when: str
+    paths: list[str]
+    expire_in: str
+    reports: dict[str, str]
+
+
+class GitlabJob(TypedDict, total=False):
+    """A GitLab CI job, or the hidden job (`.forge`) the others extend."""
+
+    stage: str
+    extends: str
+    needs: list[str]
+    rules: list[dict[str, str]]
+    timeout: str
+    variables: dict[str, str]
+    before_script: list[str]
+    script: list[str]
+    artifacts: Artifacts
+    tags: list[str]
+
+
+Pipeline = dict[str, GitlabJob | list[str] | dict[str, str]]
+"""A GitLab pipeline: `stages`, `variables`, then the jobs by name (`.forge` the one they extend)."""
+
+
 class _Dumper(yaml.SafeDumper):
     """Block scalars for multi-line shell and no anchors, so the rendered file reads like a hand-written one."""
 
-    def ignore_aliases(self, data: Any) -> bool:
+    def ignore_aliases(self, data: object) -> bool:
         return True
 
 
@@ -179,7 +251,7 @@ def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
 _Dumper.add_representer(str, _str)
 
 
-def _dump(data: dict[str, Any], header: list[str]) -> str:
+def _dump(data: Mapping[str, object], header: list[str]) -> str:
     body = yaml.dump(data, Dumper=_Dumper, sort_keys=False, width=120, default_flow_style=False)
     # `on` is a YAML 1.1 boolean to PyYAML, which quotes it; GitHub reads either, people expect it bare.
     body = body.replace("'on':", "on:", 1)
@@ -194,7 +266,7 @@ def _header(fmt: str, path: str, options: str) -> list[str]:
     ]
 
 
-def _setup_steps() -> list[dict[str, Any]]:
+def _setup_steps() -> list[Step]:
     return [
         {"uses": "actions/checkout@v5"},
         {"uses": "actions/setup-python@v6", "with": {"python-version": PYTHON}},
@@ -202,7 +274,7 @@ def _setup_steps() -> list[dict[str, Any]]:
     ]
 
 
-def _upload(e: MatrixEntry, what: str) -> dict[str, Any]:
+def _upload(e: MatrixEntry, what: str) -> Step:
     return {
         "name": f"upload {what}",
         "if": "always()",
@@ -234,7 +306,7 @@ def _options(locked: bool, allow_incomplete: bool) -> str:
     return (" --locked" if locked else "") + (" --allow-incomplete-preflight" if allow_incomplete else "")
 
 
-def _login_step() -> dict[str, Any]:
+def _login_step() -> Step:
     return {
         "name": "log in to the registry",
         "if": ON_MAIN,
@@ -246,12 +318,12 @@ def _login_step() -> dict[str, Any]:
     }
 
 
-def _image_job(project: Project, e: MatrixEntry, platform: str, cmd: dict[str, str], runs_on: str) -> dict[str, Any]:
+def _image_job(project: Project, e: MatrixEntry, platform: str, cmd: dict[str, str], runs_on: str) -> Job:
     """One platform's image job: build, test stage, smoke on cpu, and on main the push by digest."""
     native = platform == PLATFORMS["linux/amd64"].name
     lines = dict(cmd) if native else {**cmd, **_platform_lines(e, platform, project, cmd)}
     report = f"reports/{e.distro}-{e.target}" if native else lines["report"]
-    steps: list[dict[str, Any]] = []
+    steps: list[Step] = []
     if e.disk_gb > RUNNER_FREE_GB:
         steps.append({"name": f"free runner disk (the recipe needs {e.disk_gb:g} GB)", "run": cmd["free_disk"]})
     steps += [
@@ -295,7 +367,7 @@ def _cache_secrets() -> dict[str, str]:
     return {name: f"${{{{ secrets.{name} }}}}" for name in CACHE_SECRETS}
 
 
-def _cache_steps() -> list[dict[str, Any]]:
+def _cache_steps() -> list[Step]:
     """Before a build: a login to the cache registry where one is configured, and GitHub's cache service handed to
     sccache where the compiler cache is `gha` (GitHub gives its URL and token to actions only)."""
     return [
@@ -321,13 +393,13 @@ def _cache_steps() -> list[dict[str, Any]]:
     ]
 
 
-def _warm_job(project: Project, runs_on: str, *, locked: bool) -> dict[str, Any] | None:
+def _warm_job(project: Project, runs_on: str, *, locked: bool) -> Job | None:
     """One job on the default branch that builds every compiled pair with the export on, so the next pull
     request's runners find the layers and the objects; a pair that fails here fails no one."""
     entries = [e for e in matrix(project) if e.kind in WARMED_KINDS]
     if not entries:
         return None
-    steps: list[dict[str, Any]] = []
+    steps: list[Step] = []
     if any(e.disk_gb > RUNNER_FREE_GB for e in entries):
         free = _command_lines(entries[0], locked=locked, allow_incomplete=False)["free_disk"]
         steps.append({"name": "free runner disk", "run": free})
@@ -373,7 +445,7 @@ def platform_job(e: MatrixEntry, platform: str) -> str:
     return f"image-{e.job}" if platform == "linux/amd64" else f"{PLATFORMS[platform].oci_arch}-{e.job}"
 
 
-def _manifest_job(e: MatrixEntry) -> dict[str, Any]:
+def _manifest_job(e: MatrixEntry) -> Job:
     """After every platform's image job: one name for all of them, the index digest in the summary."""
     needs = [platform_job(e, p) for p in e.platforms]
     images = " ".join(f"{p}=${{{{ needs.{platform_job(e, p)}.outputs.digest }}}}" for p in e.platforms)
@@ -415,7 +487,7 @@ def render_github(
     compiler_cache: str = GITHUB_COMPILER_CACHE,
     cache_registry: str = GITHUB_CACHE_REGISTRY,
 ) -> str:
-    jobs: dict[str, Any] = {}
+    jobs: dict[str, Job] = {}
     for e in matrix(project):
         cmd = _command_lines(e, locked=locked, allow_incomplete=allow_incomplete)
         env = {"FORGE_DISTRO": e.distro, "FORGE_TARGET": e.target}
@@ -438,7 +510,7 @@ def render_github(
     warm = _warm_job(project, runs_on, locked=locked)
     if warm is not None:
         jobs["warm-caches"] = warm
-    data: dict[str, Any] = {
+    data: Workflow = {
         "name": "forge images",
         "on": {"push": {"branches": ["main"]}, "pull_request": None, "workflow_dispatch": None},
         "permissions": {"contents": "read"},
@@ -488,7 +560,10 @@ def render_gitlab(
         'if [ -n "${FORGE_CACHE_REGISTRY:-}" ]; then echo "$CI_REGISTRY_PASSWORD" | docker login "$CI_REGISTRY" '
         '-u "$CI_REGISTRY_USER" --password-stdin; fi'
     )
-    data: dict[str, Any] = {
+    forge: GitlabJob = {"before_script": ["python3 -m pip install -e '.[dev]'", cache_login]}
+    if tags:
+        forge["tags"] = list(tags)
+    data: Pipeline = {
         "stages": ["preflight", "image", "manifest", "warm"],
         "variables": {
             "PIP_DISABLE_PIP_VERSION_CHECK": "1",
@@ -497,15 +572,13 @@ def render_gitlab(
             "FORGE_TAG": "$CI_COMMIT_SHA",
             "FORGE_CACHE_EXPORT": "0",
         },
-        ".forge": {"before_script": ["python3 -m pip install -e '.[dev]'", cache_login]},
+        ".forge": forge,
     }
-    if tags:
-        data[".forge"]["tags"] = list(tags)
     login = 'echo "$CI_REGISTRY_PASSWORD" | docker login "$CI_REGISTRY" -u "$CI_REGISTRY_USER" --password-stdin\n'
     for e in matrix(project):
         cmd = _command_lines(e, locked=locked, allow_incomplete=allow_incomplete)
         variables = {"FORGE_DISTRO": e.distro, "FORGE_TARGET": e.target}
-        artifacts = {"when": "always", "paths": [f"reports/{e.distro}-{e.target}/"], "expire_in": "30 days"}
+        artifacts: Artifacts = {"when": "always", "paths": [f"reports/{e.distro}-{e.target}/"], "expire_in": "30 days"}
         preflight = f"preflight:{e.distro}:{e.target}"
         data[preflight] = {
             "stage": "preflight",
@@ -530,7 +603,7 @@ def render_gitlab(
             )
             script = [lines["base"], lines["fetch"], lines["build"]] + ([lines["smoke"]] if e.smoke else [])
             name = f"image:{e.distro}:{e.target}" + ("" if native else f":{arch}")
-            data[name] = {
+            job: GitlabJob = {
                 "stage": "image",
                 "extends": ".forge",
                 "needs": [preflight],
@@ -544,7 +617,8 @@ def render_gitlab(
                 },
             }
             if not native:
-                data[name]["tags"] = [*tags, arch]
+                job["tags"] = [*tags, arch]
+            data[name] = job
         if len(e.platforms) > 1:
             needs = [
                 f"image:{e.distro}:{e.target}" + ("" if p == "linux/amd64" else f":{PLATFORMS[p].oci_arch}")

@@ -8,10 +8,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from builders import log
-from builders.config import Project
 from builders.config.models import Distro, Recipe
 from builders.errors import UsageError
 from builders.options import parse_sources
+from builders.project import Project
 from builders.repro.errors import LockDrift, StaleRender
 
 Handler = Callable[[argparse.Namespace], int]
@@ -32,7 +32,7 @@ def pair_from(project: Project, distro_name: str, target: str) -> tuple[Distro, 
 
 
 def cmd_lock(args: argparse.Namespace) -> int:
-    from builders.container import Engine
+    from builders.container import connect
     from builders.errors import SourceUnavailable
     from builders.repro.integration import check_drift
     from builders.repro.lockfile import LOCK_NAME, LockFile, PairLock, merge, notes, read_lock, write_lock
@@ -48,7 +48,7 @@ def cmd_lock(args: argparse.Namespace) -> int:
     pairs = explicit or project.pairs()
     path = Path(args.lock_file) if args.lock_file else project.root / LOCK_NAME
     existing = read_lock(path) if path.exists() else LockFile()
-    engine = Engine.connect(args.engine)
+    engine = connect(args.engine)
     console = log.console(highlight=False)
     resolved: list[PairLock] = []
     skipped: list[str] = []
@@ -98,11 +98,11 @@ def cmd_lock(args: argparse.Namespace) -> int:
 
 
 def cmd_sbom(args: argparse.Namespace) -> int:
-    from builders.container import Engine
+    from builders.container import connect
     from builders.repro.sbom import write_sbom
 
     result = write_sbom(
-        Engine.connect(args.engine),
+        connect(args.engine),
         args.image,
         Path(args.output),
         distro=args.distro or "",

@@ -11,11 +11,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Protocol
 
-from builders.config import Project
 from builders.config.models import Distro, Recipe, TorchIndex
 from builders.container import Engine
 from builders.errors import ForgeError
 from builders.platforms import platform_of
+from builders.project import Project
 from builders.repro.errors import LockDrift
 from builders.repro.lockfile import (
     LOCK_NAME,

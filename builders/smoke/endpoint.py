@@ -22,11 +22,11 @@ from urllib.parse import urlsplit
 import requests
 from rich.console import Console
 
+from builders.config.profile import StackProfile
 from builders.config.types import unseen_character
 from builders.errors import SmokeFailed, UsageError
 from builders.records import write_text
 from builders.redact import mask_url, mask_urls
-from builders.smoke.profile import StackProfile
 from builders.smoke.report import ClassRecord, EndpointInfo, EndpointReport, Gates, TrafficRecord, TrafficRecords
 from builders.smoke.stack import traffic_plan
 from builders.traffic.results import TrafficResult

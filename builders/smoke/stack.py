@@ -30,6 +30,7 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from builders import interrupt
+from builders.config.profile import StackProfile, check_cpus_available, explain
 from builders.engines import ServerProbe, ServingEngine
 from builders.engines.args import ArgProblem, raise_for_problems
 from builders.errors import ConfigError, ForgeError, SmokeFailed, UsageError
@@ -40,7 +41,6 @@ from builders.runs import Phase, ended_by_signal, run_phases
 from builders.serving_dtype import choose_dtype, this_host
 from builders.smoke.judge import compare_slow_clients, judge_kill
 from builders.smoke.plan import ReplicaPlan, RuntimeGroup, StackPlan, plan_stack
-from builders.smoke.profile import StackProfile, check_cpus_available, explain
 from builders.smoke.report import (
     ArgumentProblem,
     Checks,
@@ -392,7 +392,7 @@ class SmokeRun:
 
     def _record_probe(self, serving: ServingEngine, probe: ServerProbe, problems: list[ArgProblem]) -> None:
         servers = self.report.servers if self.report.servers is not None else {}
-        servers[serving.kind] = ServerRecord(
+        servers[serving.name] = ServerRecord(
             entry=list(probe.entry),
             flags_known=len({id(o) for o in probe.spec.options.values()}),
             notes=list(probe.notes),
@@ -749,13 +749,13 @@ def _probe(ctx: SmokeContext) -> None:
     logs_dir.mkdir()
     for group in plan.runtime_groups():
         serving = group.serving
-        model_dir = ctx.workdir / f"model-{serving.kind}"
+        model_dir = ctx.workdir / f"model-{serving.name}"
         if not model_dir.exists():
             serving.write_model(model_dir, profile, dtype=plan.dtype.dtype)
             # Replicas may run as another user (the images use uid 1000): all they read is public.
             for path in (ctx.workdir, model_dir, *model_dir.iterdir()):
                 path.chmod(0o755 if path.is_dir() else 0o644)
-        ctx.replica_runtimes[group] = run.replicas_runtime_factory(serving.kind, group.image, model_dir, logs_dir)
+        ctx.replica_runtimes[group] = run.replicas_runtime_factory(serving.name, group.image, model_dir, logs_dir)
     router_runtime = ctx.router_runtime = run.router_runtime_factory(logs_dir)
     run.report.replicas_from = "; ".join(r.description for r in ctx.replica_runtimes.values())
     run.report.router_from = router_runtime.description

@@ -11,10 +11,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from builders import log
-from builders.config.project import find_root
+from builders.engines import ENGINES
 from builders.errors import SweepInvalid, UsageError
-from builders.smoke.command import add_llama_options
-from builders.smoke.runtimes import Runtimes
+from builders.project import find_root
+from builders.smoke.runtimes import Runtimes, add_serving_options
 from builders.sweep.claims import claim_lines
 from builders.sweep.definition import available_sweep_profiles, load_sweep, load_sweep_settings
 from builders.sweep.report import render_table, summary_lines
@@ -29,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "of profiles/sweep/common.yaml through the router, and write one report: a profile × class table "
         "(TTFT/ITL p50/p99, goodput, gate, useful throughput), sweep.json, sweep.md and PNG plots.",
     )
-    parser.add_argument("image", nargs="?", help="image with vLLM (omit with --local-vllm)")
+    default = ENGINES.default
     parser.add_argument(
         "--profiles",
         default="all",
@@ -42,9 +42,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "one table; a profile's `engines.<engine>` section gives its knobs there (default: as each is written)",
     )
     parser.add_argument("--report", type=Path, default=Path("reports/sweep"), metavar="DIR", help="output folder")
-    parser.add_argument("--local-vllm", type=Path, default=None, metavar="PATH", help="run replicas on this host")
+    add_serving_options(
+        parser,
+        image_help=f"image with {default.title} (omit with {default.local_option})",
+        local_help="run replicas on this host",
+        which="positional",
+    )
     parser.add_argument("--router-image", default=None, metavar="IMAGE", help="run the router from this image")
-    add_llama_options(parser)
+    add_serving_options(parser, image_help="", which="others")
     parser.add_argument("--base-port", type=int, default=None, help="router port; replicas use the ports after it")
     parser.add_argument(
         "--duration-s", type=float, default=None, help="override the traffic's duration (traffic.deadline_s)"

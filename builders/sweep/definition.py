@@ -15,10 +15,11 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from builders.config.loading import load_yaml
+from builders.config.profile import PoolSettings, StackProfile, _suggest
 from builders.cpusets import parse_cpuset
-from builders.engines import SERVING_ENGINES
+from builders.engines import ENGINES
 from builders.errors import ConfigError, UsageError
-from builders.smoke.profile import StackProfile, _suggest, profile_from_mapping
+from builders.smoke.profile import profile_from_mapping
 from builders.smoke.stack import merged
 
 COMMON = "common.yaml"
@@ -131,13 +132,15 @@ def on_engine(data: Parsed, kind: str, *, source: str) -> Parsed:
     changes = sections.get(kind, {})
     if not isinstance(changes, dict):
         raise ConfigError(f"{source}: {ENGINES_KEY}.{kind}: must be a mapping of profile changes")
-    serving = SERVING_ENGINES.get(kind)
-    if serving is None:
+    models = ENGINES.pool_models().models
+    own = models.get(kind)
+    if own is None:
         raise UsageError(
-            f"--engines: no serving engine {kind!r}{_suggest(kind, SERVING_ENGINES)}",
-            hint=f"serving engines: {', '.join(SERVING_ENGINES)}",
+            f"--engines: no serving engine {kind!r}{_suggest(kind, models)}",
+            hint=f"serving engines: {', '.join(models)}",
         )
-    foreign = {k for other in SERVING_ENGINES.values() if other is not serving for k in other.knobs} - serving.knobs
+    foreign = {k for name, model in models.items() if name != kind for k in model.model_fields} - set(own.model_fields)
+    foreign -= set(PoolSettings.model_fields)
     given = data.get("pools") or {}
     if not isinstance(given, dict):
         raise ConfigError(f"{source}: pools: must be a mapping of pool name to its settings")

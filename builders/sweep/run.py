@@ -119,7 +119,7 @@ class LoadSizer:
 
     def batch_sizes(self) -> tuple[int, ...]:
         # The largest batch every profile's pools allow (interactive-tuned pools take 16), and one stream.
-        seqs = [p.max_num_seqs for sp in self.profiles for p in sp.profile.pools.values() if p.max_num_seqs]
+        seqs = [p.max_sequences for sp in self.profiles for p in sp.profile.pools.values() if p.max_sequences]
         return (1, min(seqs) if seqs else 16)
 
     def __call__(self, plan: StackPlan, api_key: str, traffic: TrafficPlan) -> TrafficPlan:

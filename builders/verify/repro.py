@@ -21,9 +21,9 @@ from typing import Literal
 
 from builders import interrupt
 from builders.build import BuildOptions, build
-from builders.config import Project
 from builders.config.models import Distro, Recipe
-from builders.container import Engine
+from builders.container import Engine, connect
+from builders.project import Project
 from builders.records import write_text
 from builders.repro.compare import ReproComparison, compare_images
 from builders.repro.errors import InsufficientSpace
@@ -253,7 +253,7 @@ PHASES: tuple[Phase[VerifyRun], ...] = (
 
 
 def verify_repro(project: Project, distro: Distro, recipe: Recipe, options: VerifyOptions, sink: Sink) -> VerifyResult:
-    engine = Engine.connect(options.build.engine)
+    engine = connect(options.build.engine)
     out = options.build.reports_dir or project.root / "reports" / f"{distro.name}-{recipe.target}" / "repro"
     out.mkdir(parents=True, exist_ok=True)
     # A verdict of an earlier run must not sit beside this run's build reports, whatever ends this one.

@@ -13,17 +13,19 @@ from pathlib import Path
 
 import pytest
 
-from builders.build import BuildOptions, Context
+from builders.build import BuildOptions, start
 from builders.cache import phase
 from builders.cache.errors import CacheCredentialsRejected, CacheRequired
 from builders.cache.probe import probe
 from builders.cache.secret import SECRET_ID
 from builders.cache.settings import LOCAL, parse_compiler_cache
-from builders.config import Project
 from builders.container.image_builders import BuildKitCliBuilder, LegacySdkBuilder
+from builders.context import Context
+from builders.engines import make_plan
 from builders.engines.vllm.devtree import VLLM_LAYOUT
 from builders.log import as_log
-from builders.plan import PlanOptions, make_plan
+from builders.plan import PlanOptions
+from builders.project import Project
 from builders.rebuild.devtree import split_tree
 from builders.registry.local import free_port
 
@@ -79,7 +81,7 @@ def _context(
         (tree / rel).parent.mkdir(parents=True, exist_ok=True)
         (tree / rel).write_text(text)
     lines: list[str] = []
-    ctx = Context.start(
+    ctx = start(
         project,
         project.distro("debian-12"),
         project.recipe_for("cpu"),

@@ -33,9 +33,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from builders.config import Distro, Project, Recipe, validation_error_to_config_error
+from builders.config import Distro, Recipe, validation_error_to_config_error
+from builders.engines import ENGINES, make_plan
 from builders.errors import ConfigError, ForgeError
-from builders.plan import PlanOptions, make_plan
+from builders.plan import PlanOptions
+from builders.project import Project
 from builders.render import render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -215,7 +217,10 @@ class Crafted:
         data = copy.deepcopy(self.data[file])
         for path, value in values.items():
             put(data, path, value)
-        model = Distro if file.startswith("distros/") else Recipe
+        # A recipe by its serving engine's model, as the project loads it.
+        model: type[Distro] | type[Recipe] = (
+            Distro if file.startswith("distros/") else ENGINES.recipe_models().pick(data) or Recipe
+        )
         try:
             model.model_validate({"name": Path(file).stem, **data})
             return True

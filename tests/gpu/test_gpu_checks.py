@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from builders.bootstrap import ensure_base
-from builders.config import Project
 from builders.container import Engine, RunSpec
 from builders.container.docker_engine import gpu_device_requests
+from builders.engines import make_plan
 from builders.engines.checks import CheckResult
 from builders.engines.vllm.image_tests import (
     TOOLCHAIN_PROBE,
@@ -29,7 +29,8 @@ from builders.engines.vllm.image_tests import (
     skipped,
 )
 from builders.errors import EngineError
-from builders.plan import PlanOptions, make_plan
+from builders.plan import PlanOptions
+from builders.project import Project
 from builders.report import CheckRecord
 
 H200 = "GPU 0: NVIDIA H200 (UUID: GPU-5a0c0d2e-0000-0000-0000-000000000000)"

@@ -10,12 +10,13 @@ from typing import Any
 import pytest
 from gpu_data import ARCH_LIST, VLLM
 
-from builders.config import Project
+from builders.engines import make_plan
 from builders.engines.vllm.gpu_wheel import judge_archs, judge_libs
 from builders.errors import UsageError
 from builders.gpu_image import image_libraries
-from builders.plan import BuildPlan, PlanOptions, make_plan
+from builders.plan import BuildPlan, PlanOptions
 from builders.preflight.gpu_gate import gpu_from_product, judge
+from builders.project import Project
 from builders.render import render
 from builders.target import Target
 

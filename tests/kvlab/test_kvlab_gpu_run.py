@@ -9,7 +9,6 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -64,14 +63,14 @@ def test_a_product_the_table_lacks_has_no_peak() -> None:
     assert gpu_bench.peak_for("NVIDIA Jetson Orin") is None
 
 
-def _row(ms: float, moved: float, peak: float) -> dict[str, Any]:
+def _row(ms: float, moved: float, peak: float) -> gpu_bench.Row:
     return {"ms": ms, "gbps": moved / ms / 1e6, "share_of_peak": moved / ms / 1e6 / (peak * 1000)}
 
 
 def test_the_bars_and_the_rank_follow_the_measured_rows() -> None:
     peak = 4.8
     gib2 = 2 * 2**30
-    scenarios = {
+    scenarios: dict[str, gpu_bench.Layouts] = {
         "b64-8k": {
             "layouts": {
                 n: _row(ms, gib2, peak) for n, ms in (("paged", 0.9), ("spans", 0.8), ("virtual", 0.7), ("hybrid", 1.0))
@@ -87,7 +86,10 @@ def test_the_bars_and_the_rank_follow_the_measured_rows() -> None:
     v = gpu_bench.verdicts(scenarios, peak)
     best = v["best_layout_at_headline"]
     # virtual moves 2 GiB in 0.7 ms: 3.07 TB/s, 64 % of 4.8.
-    assert best["layout"] == "virtual" and best["met"] and abs(best["share_of_peak"] - gib2 / 0.7e-3 / 4.8e12) < 1e-9
+    share = best["share_of_peak"]
+    assert (
+        best["layout"] == "virtual" and best["met"] and share is not None and abs(share - gib2 / 0.7e-3 / 4.8e12) < 1e-9
+    )
     assert v["cascade_vs_paged_at_90"]["speedup"] == pytest.approx(3.6) and v["cascade_vs_paged_at_90"]["met"]
     rows = gpu_bench.ranking(scenarios)
     # Geometric means: hybrid sqrt(1.0 × 0.25) = 0.5 ms, virtual 0.7, spans 0.8, paged 0.9.

@@ -13,14 +13,16 @@ from pathlib import Path
 import pytest
 
 from builders import build as build_module
-from builders.build import BuildOptions, Context, build
-from builders.config import Project
+from builders.build import BuildOptions, build
+from builders.container.image_builders import BuildKitCliBuilder, LegacySdkBuilder, describe
+from builders.context import Context
 from builders.diagnose.diagnosis import diagnose_text
 from builders.engines.checks import CheckData, CheckResult
-from builders.preflight.findings import PreflightReport, passed, warning
+from builders.gates.findings import PreflightReport, passed, warning
+from builders.project import Project
 from builders.publish import PushRefused, load_report
 from builders.records import ReportInvalid
-from builders.report import BuildReport, CheckRecord
+from builders.report import BuilderRecord, BuildReport, CheckRecord
 
 LOG = "error: the compiler is older than this source needs\ngcc-12: fatal error: -march=x86-64-v4 unknown\n"
 
@@ -106,3 +108,12 @@ def test_a_report_from_before_test_statuses_reads_its_status_from_ok(tmp_path: P
     (folder / "report.json").write_text(json.dumps(data))
     (entry,) = BuildReport.read(folder / "report.json").tests
     assert entry.status == "failed" and entry.status_text() == "FAILED ImportError"
+
+
+def test_the_report_takes_what_each_image_builder_says_of_itself() -> None:
+    # The engine phase records describe(builder) as the report's `builder`: a key the description gains and the
+    # record lacks fails every build at its first phase, which no engine-free test would otherwise run.
+    for builder in (BuildKitCliBuilder("/usr/bin/docker"), LegacySdkBuilder(engine=object())):  # type: ignore[arg-type]
+        record = BuilderRecord.model_validate(describe(builder))
+        assert record.as_json() == describe(builder)
+    assert BuilderRecord.model_validate(describe(BuildKitCliBuilder("/usr/bin/docker"))).layer_cache == "inline"

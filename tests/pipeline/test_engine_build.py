@@ -11,9 +11,9 @@ import pytest
 
 from builders.bootstrap import bootstrap, ensure_base
 from builders.build import BuildOptions, build
-from builders.config import Project
 from builders.container import Engine, RunSpec
 from builders.errors import BaseUnavailable, BuildFailed
+from builders.project import Project
 from builders.report import BuildReport
 
 pytestmark = pytest.mark.engine

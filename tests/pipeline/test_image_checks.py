@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from builders.emulation import NEOVERSE_N1_MIDR, SYSFS_CPU, emulated_cpu_sysfs
+from builders.engines import make_plan
 from builders.engines.vllm.image_tests import IMPORT_PROBE, ImportProbe, check_cpu_kernels, check_import, check_version
-from builders.plan import PlanOptions, make_plan
+from builders.plan import PlanOptions
 
 SBGEMM = "ImportError('/opt/venv/lib/python3.11/site-packages/vllm/_C.abi3.so: undefined symbol: sbgemm_')"
 
@@ -93,7 +94,7 @@ def test_the_probe_loads_no_kernels_unless_the_plan_checks_them(tmp_path: Path) 
 
 
 def test_cpu_vllm_images_check_their_kernels_and_gpu_images_do_not() -> None:
-    from builders.config import Project
+    from builders.project import Project
 
     root = Path(__file__).resolve().parents[2]
     project = Project.load(root)

@@ -9,9 +9,9 @@ from rich.console import Console
 from rich.table import Table
 
 from builders.cli import main
-from builders.config import Project
 from builders.log import Log, ci_system, print_table
 from builders.log import console as wide_console
+from builders.project import Project
 from builders.router.classes import RequestClass
 from builders.smoke.report import ChecksRequested, ClassRecord, SmokeReport, TrafficRecord, TrafficRecords
 from builders.smoke.stack import summary_table

@@ -131,16 +131,16 @@ def test_verify_repro_takes_the_build_flags_it_passes_on_from_the_same_table(tmp
 
 def test_the_engine_is_chosen_once_and_carried_down(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FORGE_ENGINE", "podman")
-    # --engine wins over FORGE_ENGINE, and the options carry it to the build's one Engine.connect.
+    # --engine wins over FORGE_ENGINE, and the options carry it to the build's one connect.
     given = build_parser().parse_args(["build", "debian-12", "cpu", "--engine", "docker"])
     assert BuildOptions.from_args(given).engine == "docker"
-    assert Runtimes.choose(image="forge/x:1", local_vllm=None, router_image=None, engine="docker").engine_choice == (
-        "docker"
-    )
+    assert Runtimes.choose(
+        images={"vllm": "forge/x:1"}, local={}, router_image=None, engine="docker"
+    ).engine_choice == ("docker")
     # Without the flag the options carry no choice: FORGE_ENGINE is read when the build connects an engine
     # (select.chosen), so a command that connects none never reads it (issue 50).
     assert BuildOptions.from_args(build_parser().parse_args(["build", "debian-12", "cpu"])).engine is None
     assert chosen(BuildOptions().engine) == "podman"
-    assert Runtimes.choose(image="forge/x:1", local_vllm=None, router_image=None).engine_choice == "podman"
+    assert Runtimes.choose(images={"vllm": "forge/x:1"}, local={}, router_image=None).engine_choice == "podman"
     monkeypatch.delenv("FORGE_ENGINE")
     assert chosen(BuildOptions().engine) == "auto"

@@ -11,7 +11,7 @@ import yaml
 
 from builders.cli import main
 from builders.commands.schema import SCHEMAS, modeline, schema_text
-from builders.config import Project
+from builders.project import Project
 
 
 def test_committed_schemas_are_current(project: Project) -> None:

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from builders.cli import main
-from builders.config import Project
 from builders.errors import PreflightBlocked, PreflightIncomplete
-from builders.preflight.findings import PreflightReport, passed, unchecked
+from builders.gates.findings import PreflightReport, passed, unchecked
+from builders.project import Project
 from builders.report import BuildReport, PreflightSkipped
 from builders.repro.ci import render_github, render_gitlab
 from builders.sources import sha256_file

@@ -11,11 +11,9 @@ from pathlib import Path
 import pytest
 
 from builders.cli import main
-from builders.config import Project
 from builders.config.models import Distro
 from builders.errors import PreflightBlocked, PreflightIncomplete
-from builders.preflight import PreflightReport, render_table, run_preflight
-from builders.preflight.host import (
+from builders.gates.host import (
     GIB,
     HostFacts,
     Memory,
@@ -25,6 +23,8 @@ from builders.preflight.host import (
     read_host_facts,
     read_memory,
 )
+from builders.preflight import PreflightReport, render_table, run_preflight
+from builders.project import Project
 
 FIXTURE = Path(__file__).parent / "fixtures" / "vllm-0.33.0"
 JSON_FINDING_KEYS = {"gate", "found", "required", "source", "blocking", "remedy"}

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from builders.build import BuildOptions, build
-from builders.config import Project
 from builders.container import Engine
 from builders.emulation import describe as describe_stand_in
 from builders.log import Log
 from builders.platforms import PLATFORMS, for_platform
+from builders.project import Project
 from builders.publish import proven, publish
 from builders.registry import RegistryClient, parse_reference
 from builders.registry.client import DOCKER_LIST
@@ -93,7 +93,7 @@ def test_both_platforms_are_pushed_under_one_index_and_pulled_back_by_digest(
 
     # Pulled by the index digest, the engine gets exactly the image the amd64 report proved.
     pinned = f"{ref.repository}@{digest}"
-    runtimes = Runtimes.choose(image=pinned, local_vllm=None, router_image=None)
+    runtimes = Runtimes.choose(images={"vllm": pinned}, local={}, router_image=None)
     try:
         lines = runtimes.pull_pinned()
         assert lines and reports[0].image is not None and engine.image_info(pinned).id == reports[0].image.id

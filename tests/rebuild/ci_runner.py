@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from builders.container import Engine
+from builders.container import Engine, connect
 from builders.registry.local import free_port
 
 
@@ -76,7 +76,7 @@ def fresh_podman(root: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Engine
     conf.write_text(f'[storage]\ndriver = "overlay"\ngraphroot = "{root}/graph"\nrunroot = "{root}/run"\n')
     monkeypatch.setenv("CONTAINERS_STORAGE_CONF", str(conf))
     try:
-        yield Engine.connect("podman")
+        yield connect("podman")
     finally:
         env = {**os.environ, "CONTAINERS_STORAGE_CONF": str(conf)}
         subprocess.run(["podman", "rmi", "--all", "--force"], env=env, capture_output=True, check=False)

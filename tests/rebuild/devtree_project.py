@@ -39,7 +39,7 @@ def render(
 
 
 def stage_context(tree: Path, context: Path, containerfile: str) -> TreeSplit:
-    """Split the tree and stage its parts beside the Containerfile, as builders/devloop.py does for vLLM."""
+    """Split the tree and stage its parts beside the Containerfile, as builders/engines/vllm/devloop.py does for vLLM."""
     split = split_tree(tree, LAYOUT)
     stage_parts(split, {part: context / TREE / FOLDERS[part] for part in PARTS})
     # What the compile step runs with a shared compiler cache, as builders/build.py stages containers/scripts/.

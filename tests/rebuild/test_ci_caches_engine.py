@@ -29,13 +29,13 @@ from builders.bootstrap import ensure_base
 from builders.cache import layers
 from builders.cache.phase import TemplateLauncher
 from builders.cache.probe import probe
-from builders.cache.sccache_stats import record_from_log
+from builders.cache.sccache_stats import BackendEntry, record_from_log
 from builders.cache.secret import SECRET_ID, write_secret
 from builders.cache.settings import CompilerCache, parse_compiler_cache, parse_registry
-from builders.config import Project
-from builders.container import BuildRequest, Engine, RunSpec, choose_builder
+from builders.container import BuildRequest, Engine, RunSpec, choose_builder, connect
 from builders.container.base import Builder
 from builders.errors import EngineError
+from builders.project import Project
 from builders.rebuild.reuse import verdict
 from builders.registry import local
 from builders.registry.client import RegistryClient
@@ -50,7 +50,7 @@ CA_BUNDLE = find_ca_bundle()[0]
 @pytest.fixture(params=["docker", "podman"])
 def runner_a(request: pytest.FixtureRequest) -> Engine:
     try:
-        return Engine.connect(request.param)
+        return connect(request.param)
     except EngineError as exc:
         pytest.fail(f"{request.param} does not answer: {exc.message} (run .ci/engines as root)")
 
@@ -125,11 +125,10 @@ class Loop:
             self.engine.remove_image(image)
 
 
-def _backend(log: str, name: str) -> dict[str, int]:
+def _backend(log: str, name: str) -> BackendEntry:
     record = record_from_log(log)
     assert record is not None, "the compile printed no sccache counters"
-    counters: dict[str, int] = record["backends"][name]
-    return counters
+    return record["backends"][name]
 
 
 def test_a_wiped_runner_builds_from_the_registry_and_redis_and_survives_losing_both(

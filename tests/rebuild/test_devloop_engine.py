@@ -19,9 +19,9 @@ import pytest
 from devtree_project import PROJECT, render, stage_context
 
 from builders.bootstrap import ensure_base
-from builders.config import Project
-from builders.container import BuildRequest, Engine, RunSpec, choose_builder
+from builders.container import BuildRequest, Engine, RunSpec, choose_builder, connect
 from builders.errors import EngineError
+from builders.project import Project
 from builders.rebuild.ccache_stats import CcacheStats, stats_from_log
 from builders.rebuild.reuse import verdict
 
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.engine
 @pytest.fixture(params=["docker", "podman"])
 def loop_engine(request: pytest.FixtureRequest) -> Engine:
     try:
-        return Engine.connect(request.param)
+        return connect(request.param)
     except EngineError as exc:
         pytest.fail(f"{request.param} does not answer: {exc.message} (run .ci/engines as root)")
 

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from builders.cache.phase import TemplateLauncher
-from builders.config import Project
-from builders.plan import PlanOptions, make_plan
+from builders.engines import make_plan
+from builders.plan import PlanOptions
+from builders.project import Project
 from builders.rebuild.ccache_stats import BEGIN, END
 from builders.render import render
 

@@ -13,7 +13,7 @@ from devtree_project import LAYOUT, PROJECT, render, stage_context
 
 from builders.cache.phase import SCCACHE_REQUIREMENT, TemplateLauncher
 from builders.cache.secret import SECRET_ID
-from builders.config import Project
+from builders.project import Project
 from builders.rebuild.ccache_stats import BEGIN, END
 
 

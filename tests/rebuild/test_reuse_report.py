@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from builders.devloop import MANIFEST, TreeManifest, read_manifest, reuse_section, toolchain_identity
+from builders.engines.vllm.devloop import reuse_section, toolchain_identity
 from builders.engines.vllm.devtree import VLLM_LAYOUT
+from builders.project import Project
 from builders.rebuild.ccache_stats import BEGIN, END
-from builders.rebuild.devtree import split_tree
+from builders.rebuild.devtree import MANIFEST, TreeManifest, read_manifest, split_tree
 from builders.rebuild.records import CcacheRecord
 from builders.report import BuildReport
 
@@ -113,14 +114,16 @@ def test_a_manifest_that_cannot_be_read_is_no_previous_build(tmp_path: Path) -> 
     assert read_manifest(tmp_path) == {"started": "t", "files": {"package": {}}}
 
 
-def test_the_reuse_phase_follows_the_build_for_a_tree_only(tmp_path: Path) -> None:
-    from builders.build import PHASES, BuildOptions
+def test_the_reuse_phase_follows_the_build_for_a_tree_only(project: Project, tmp_path: Path) -> None:
+    from builders.build import PHASES, BuildOptions, start
+    from builders.log import Log
 
     names = [name for name, _, _ in PHASES]
     assert names.index("reuse") == names.index("build") + 1
     runs = dict((name, when) for name, _, when in PHASES)["reuse"]
-    sdist = tmp_path / "vllm-0.33.0.tar.gz"
-    sdist.write_bytes(b"")
-    assert runs(BuildOptions(source_overrides={"vllm": _tree(tmp_path / "tree")}))
-    assert not runs(BuildOptions(source_overrides={"vllm": sdist}))
-    assert not runs(BuildOptions())
+    ctx = start(
+        project, project.distro("debian-12"), project.recipe_for("cpu"), BuildOptions(reports_dir=tmp_path), Log()
+    )
+    assert not runs(ctx)  # an sdist, or a wheel: nothing split
+    ctx.tree = split_tree(_tree(tmp_path / "tree"), VLLM_LAYOUT)
+    assert runs(ctx)

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from builders.cli import main
-from builders.config import Project
+from builders.project import Project
 from builders.repro.ci import GITHUB_PATH, job_id, render_github, render_gitlab, render_matrix
 from builders.repro.ci import matrix as json_matrix
 from builders.repro.errors import StaleRender

@@ -13,8 +13,8 @@ import pytest
 from builders.bootstrap import ensure_base
 from builders.build import BuildOptions, build
 from builders.cli import main
-from builders.config import Project
 from builders.container import Engine, RunSpec
+from builders.project import Project
 from builders.repro.errors import LockDrift
 from builders.repro.lockfile import LockFile, LockRecord, merge, read_lock, write_lock
 from builders.repro.resolve import resolve_pair

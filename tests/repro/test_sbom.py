@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from builders.bootstrap import ensure_base
-from builders.config import Project
 from builders.container import Engine, RunSpec
+from builders.project import Project
 from builders.repro.sbom import Bom, build_sbom, write_sbom
 
 INVENTORY = "\n".join(

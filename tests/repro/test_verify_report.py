@@ -11,8 +11,8 @@ from typing import cast
 import pytest
 from test_compare import _image, _layer_tar
 
-from builders.config import Project
 from builders.container import Engine
+from builders.project import Project
 from builders.records import ReportInvalid
 from builders.repro.compare import compare_images
 from builders.runs import Phase, run_phases

@@ -23,10 +23,10 @@ import pytest
 from smoke_helpers import ROOT, free_base_port, marked_ca_bundle, podman_base, podman_image
 
 from builders.cli import main
-from builders.config import Project
-from builders.container import Engine, RunSpec
+from builders.container import Engine, RunSpec, connect
 from builders.errors import EngineError
 from builders.preflight import run_preflight
+from builders.project import Project
 from builders.repro.image_export import export_image
 from builders.smoke.plan import RUN_LABEL
 from builders.smoke.profile import load_profile
@@ -41,7 +41,7 @@ CAP_SYS_RESOURCE = 24
 @pytest.fixture(scope="module")
 def podman() -> Iterator[Engine]:
     try:
-        engine = Engine.connect("podman")
+        engine = connect("podman")
     except EngineError as exc:
         pytest.fail(f"Podman tests, but {exc.message} (`nox -s engines` sets Podman up)")
     before = set(engine.containers_with_label("forge.throwaway"))
@@ -105,7 +105,7 @@ def test_the_engine_check_names_rlimits_above_the_hard_limit(
     )
     monkeypatch.setenv("CONTAINERS_CONF", str(conf))
     with pytest.raises(EngineError) as err:
-        Engine.connect("podman").check()
+        connect("podman").check()
     text = err.value.render()
     assert "rlimits above" in text and "default_ulimits" in text and "rlimit type" in text
 
@@ -119,7 +119,7 @@ def test_preflight_checks_buildahs_scratch_dir_where_it_is_a_small_tmpfs(
     assert mounted.returncode == 0, "mounting a tmpfs needs root, as CI has"
     try:
         monkeypatch.setenv("TMPDIR", str(small))  # where buildah stages layers, as `podman info` reports it
-        engine = Engine.connect("podman")
+        engine = connect("podman")
         assert engine.facts.scratch_dirs == (str(small),)
         report = run_preflight(
             project,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from builders.preflight.gates import runtime_dtype_gate
+from builders.engines.vllm.gates import runtime_dtype_gate
 from builders.serving_dtype import MEASURED_BF16_FACTOR, CpuHost, choose_dtype, parse_cpuinfo
 from builders.smoke.plan import plan_stack
 from builders.smoke.profile import profile_from_mapping

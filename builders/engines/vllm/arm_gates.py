@@ -11,7 +11,7 @@ from __future__ import annotations
 import platform
 import re
 
-from builders.preflight.findings import Finding, blocker, passed, unchecked, warning
+from builders.gates.findings import Finding, blocker, passed, unchecked, warning
 
 CPU_EXTENSION = "cmake/cpu_extension.cmake"
 NATIVE_ARM = "a native arm64 builder (GitHub's ubuntu-24.04-arm runner, a Graviton or Grace host)"

@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from builders.config.models import FetchedSource
-from builders.preflight.findings import Finding, blocker, passed, unchecked, warning
-from builders.preflight.host import GIB, Memory, Mount, derive_max_jobs
-from builders.preflight.source_facts import CompilerGate, FetchedDependency, SourceFacts
-from builders.preflight.torch_index import IndexListing, matching_wheels, pythons_offered, versions_offered
+from builders.engines.vllm.source_facts import CompilerGate, FetchedDependency, SourceFacts
+from builders.engines.vllm.torch_index import IndexListing, matching_wheels, pythons_offered, versions_offered
+from builders.gates.findings import Finding, blocker, passed, unchecked, warning
+from builders.gates.host import GIB
 from builders.serving_dtype import NATIVE_BF16_FLAGS, CpuHost, choose_dtype
 
 
@@ -440,72 +439,6 @@ def file_gate(
         source,
         f"fix {yaml_key} in distros/{distro_name}.yaml to the package (or path) that provides it",
         f"checked in {origin}'s archive",
-    )
-
-
-# --- disk, tmpfs, RAM ------------------------------------------------------------------------------------
-
-
-def disk_gate(*, gate: str, where: str, free: int, need_gb: float, need_source: str, remedy: str) -> Finding:
-    found = f"{_gb(free)} free at {where}"
-    required = f"≥ {need_gb:g} GiB"
-    if free >= need_gb * GIB:
-        return passed(gate, found, required, need_source)
-    return blocker(
-        gate,
-        found,
-        required,
-        need_source,
-        remedy,
-        f"the build would run out of space at {where} after minutes of compiling",
-    )
-
-
-def tmpfs_gate(*, scratch_dir: Path, mount: Mount | None, need_gb: float, mem_total: int, need_source: str) -> Finding:
-    if mount is None or mount.fstype != "tmpfs":
-        kind = f"{mount.fstype} at {mount.mountpoint}" if mount else "unknown filesystem"
-        return passed("scratch-tmpfs", f"{scratch_dir} on {kind}", "disk-backed scratch dir", "host /proc/mounts")
-    size = mount.size_bytes or mem_total // 2  # tmpfs defaults to half of RAM (Debian 13's /tmp)
-    found = f"{scratch_dir} on tmpfs {mount.mountpoint} ({_gb(size)}, held in RAM)"
-    remedy = "stage on disk instead: --scratch-dir /var/tmp/forge (any disk-backed directory)"
-    message = "a tmpfs scratch dir spends the RAM the compile jobs need"
-    if size < need_gb * GIB:
-        return blocker(
-            "scratch-tmpfs",
-            found,
-            f"disk-backed, ≥ {need_gb:g} GiB",
-            f"host /proc/mounts; {need_source}",
-            remedy,
-            message + f", and is smaller than the {need_gb:g} GiB the build stages",
-        )
-    return warning("scratch-tmpfs", found, "disk-backed scratch dir", "host /proc/mounts", remedy, message)
-
-
-def ram_gate(
-    *,
-    memory: Memory,
-    max_jobs: int,
-    jobs_origin: str,
-    per_job_gb: float,
-    per_job_source: str,
-    cores: int,
-    reserved: int = 0,
-    reserved_why: str = "",
-) -> Finding:
-    usable = max(memory.available - reserved, 0)
-    need = max_jobs * per_job_gb * GIB
-    found = f"{_gb(usable)} available" + (f" ({_gb(reserved)} held by {reserved_why})" if reserved else "")
-    required = f"{max_jobs} job(s) × {per_job_gb:g} GiB = {_gb(need)}"
-    source = f"{memory.source}; {per_job_source}"
-    if need <= usable:
-        return passed("ram", found, required, source, f"MAX_JOBS={max_jobs} ({jobs_origin})")
-    fit = derive_max_jobs(usable, cores, per_job_gb)
-    if usable >= per_job_gb * GIB:
-        remedy = f"build with --max-jobs {fit} (what fits), or free memory"
-    else:
-        remedy = f"free memory: even one compile job needs {per_job_gb:g} GiB"
-    return blocker(
-        "ram", found, required, source, remedy, f"MAX_JOBS={max_jobs} ({jobs_origin}) would get compile jobs OOM-killed"
     )
 
 

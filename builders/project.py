@@ -1,4 +1,5 @@
-"""The project's data: every distro and recipe, loaded once and cross-checked."""
+"""The project's data: every distro and recipe, loaded once and cross-checked. A recipe is validated by its serving
+engine's model (the registry's, builders/engines/), so the project sits above the engines."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from typing import TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 
+from builders.config.by_engine import ByEngine
 from builders.config.loading import load_model
 from builders.config.models import Distro, Recipe
 from builders.config.types import Name
+from builders.engines import ENGINES
 from builders.errors import ConfigError, UsageError
 
 
@@ -55,7 +58,7 @@ def file_name(path: Path) -> str:
         raise ConfigError(f"{path}: the file name {path.stem!r} is no name: {reason}", hint="rename the file") from None
 
 
-def _load_dir(folder: Path, model: type[M]) -> dict[str, M]:
+def _load_dir(folder: Path, model: type[M] | ByEngine[M]) -> dict[str, M]:
     items: dict[str, M] = {}
     for path in sorted(folder.glob("*.yaml")):
         file_name(path)
@@ -102,7 +105,8 @@ class Project:
 
     @cached_property
     def recipes(self) -> dict[str, Recipe]:
-        recipes = _load_dir(self.root / "recipes", Recipe)
+        # Each recipe by its serving engine's model: the common keys, and that engine's own.
+        recipes = _load_dir(self.root / "recipes", ENGINES.recipe_models())
         targets: dict[str, str] = {}
         for recipe in recipes.values():
             if recipe.target in targets:

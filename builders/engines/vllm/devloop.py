@@ -1,28 +1,21 @@
-"""The phases a source-tree build (`--source vllm=DIR`) adds to builders/build.py's: the tree split into its
-parts (builders/rebuild/devtree.py), the parts staged into the context, and after the build, what each layer
-reused, read from the build's own log, with the files that changed since the last build in the same reports
-folder and ccache's counters from the compile."""
+"""vLLM's part of the dev loop (`--source vllm=DIR`, docs/rebuild.md): its tree split into its parts
+(builders/rebuild/devtree.py, with vLLM's globs in devtree.py here), the parts staged where its templates COPY
+them, and after the build, what each of its layers reused, read from the build's own log, with the files that
+changed since the last build in the same reports folder and ccache's counters from the compile. The build's
+reuse phase (builders/build.py) asks vLLM's engine for these, and keeps the manifest a next build compares with.
+"""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict
 
 from builders.engines.vllm.devtree import VLLM_LAYOUT
 from builders.engines.vllm.plan import TREE_DIR, TREE_PARTS
 from builders.rebuild.ccache_stats import stats_from_log
-from builders.rebuild.devtree import PARTS, Part, TreeSplit, changed_files, split_tree, stage_parts
+from builders.rebuild.devtree import PARTS, Part, TreeManifest, TreeSplit, changed_files, split_tree, stage_parts
 from builders.rebuild.records import CcacheRecord, EnvironmentReuse, ExtensionReuse, PackageReuse, ReuseRecord
 from builders.rebuild.reuse import verdict
-
-if TYPE_CHECKING:
-    from builders.build import Context
-
-# Per-file digests of the last source-tree build in a reports folder. Not one of build.REPORT_FILES: a new build
-# must read it before it writes its own, to name the files that changed.
-MANIFEST = "tree-manifest.json"
 
 
 def split_source(path: Path) -> TreeSplit:
@@ -37,29 +30,6 @@ def toolchain_identity(base_image_id: str, build_packages: tuple[str, ...]) -> s
     """What the compile's toolchain is made of, as far as the build knows before it runs: the base image and the
     packages the toolchain stage installs on it."""
     return f"base {base_image_id}; packages {' '.join(build_packages)}"
-
-
-class TreeManifest(TypedDict):
-    """tree-manifest.json: when the build started, and per part of the tree each file's digest."""
-
-    started: str | None
-    files: dict[str, dict[str, str]]
-
-
-def read_manifest(folder: Path) -> TreeManifest | None:
-    """The previous build's manifest, or None where there is none or it cannot be read (a build from an older
-    Forge, a file cut short): the report then names no changed files, never wrong ones."""
-    try:
-        data = json.loads((folder / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return None
-    files = data.get("files") if isinstance(data, dict) else None
-    if not isinstance(files, dict) or not all(
-        isinstance(part, dict) and all(isinstance(v, str) for v in part.values()) for part in files.values()
-    ):
-        return None
-    started = data.get("started")
-    return {"started": started if isinstance(started, str) else None, "files": files}
 
 
 def reuse_section(
@@ -111,32 +81,3 @@ def reuse_section(
         ccache=ccache,
         previous_build=previous["started"] if previous else None,
     )
-
-
-def record_reuse(ctx: Context) -> None:
-    """The reuse phase: the report's section, then this build's manifest for the next one to compare with."""
-    split = ctx.tree
-    if split is None:
-        return
-    plan = ctx.plan
-    toolchain = toolchain_identity(ctx.report.base.image_id if ctx.report.base else "", plan.build_packages)
-    log = ctx.log_path.read_text(errors="replace") if ctx.log_path.exists() else ""
-    ctx.report.reuse = section = reuse_section(
-        split,
-        log=log,
-        compile_env=plan.compile_env,
-        toolchain=toolchain,
-        cache_mounted=plan.buildkit and ctx.builder.supports_cache_mounts,
-        previous=read_manifest(ctx.reports_dir),
-    )
-    for layer, reused in (
-        ("environment", section.environment),
-        ("extension", section.extension),
-        ("package", section.package),
-    ):
-        assert reused is not None  # a source tree's section has every layer
-        ctx.log.info(f"{layer}: {reused.verdict}")
-    manifest = {"started": ctx.report.started, "files": split.manifest()}
-    tmp = ctx.reports_dir / f".{MANIFEST}.new"
-    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-    tmp.replace(ctx.reports_dir / MANIFEST)

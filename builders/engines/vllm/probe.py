@@ -214,7 +214,7 @@ def probe_nvcc_max_gcc(
 ) -> tuple[int | None, str] | None:
     """The newest GCC major the CUDA base's nvcc accepts, read from its crt/host_config.h; None if no such base,
     or a base without the toolkit (one whose build stage installs it from NVIDIA's repository)."""
-    from builders.preflight.gates import max_gcc_from_host_config
+    from builders.engines.vllm.gates import max_gcc_from_host_config
 
     if not engine.image_exists(image):
         return None

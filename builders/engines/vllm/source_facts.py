@@ -20,8 +20,8 @@ from packaging.utils import canonicalize_name
 from pydantic import BaseModel, ConfigDict, Field
 
 from builders.config.models import Distro
+from builders.engines.vllm.cmake_script import Branch, Located, Term, locate, tokenize
 from builders.errors import SourceUnavailable
-from builders.preflight.cmake_script import Branch, Located, Term, locate, tokenize
 
 # Words in CMake conditions that tie a branch to a CPU architecture.
 ARCH_WORDS: dict[str, str] = {
