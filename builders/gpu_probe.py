@@ -26,12 +26,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal, NotRequired, TextIO, TypedDict
 
 from builders.cuda_driver import CudaVersion, DriverVersion, ptx_jits
 from builders.errors import ForgeError, GpuNotEvaluated, GpuProbeMismatch, UsageError
@@ -58,6 +58,65 @@ KERNEL_SOURCE = f"""extern "C" __global__ void {KERNEL}(unsigned int *out) {{
 """
 
 Kind = Literal["sass", "ptx"]
+ProbeVerdict = Literal["not evaluated", "agree", "disagree"]
+
+# probe.json's shape. TypedDicts, not pydantic models: the probe runs where pydantic is not installed.
+
+
+class RunRecord(TypedDict):
+    """One variant on one GPU: what the gate predicted and why, what the driver did, and whether they agree."""
+
+    predicted: bool
+    why: str
+    ran: bool
+    driver: str
+    agree: bool
+
+
+class VariantRecord(TypedDict):
+    variant: str
+    gencode: str
+    error: str | None
+    read: dict[str, list[str]] | None  # what cuobjdump read: {"sass": [...], "ptx": [...]}
+    runs: dict[str, RunRecord]  # by GPU index
+
+
+class HostRecord(TypedDict):
+    machine: str
+    cpus: int | None
+    python: str
+
+
+class NvccRecord(TypedDict):
+    path: str
+    release: str
+    source: str
+
+
+class DriverRecord(TypedDict):
+    cuda: str  # the newest CUDA the driver runs (cuDriverGetVersion)
+    version: str | None  # nvidia-smi's driver_version, where nvidia-smi is there
+
+
+class GpuRecord(TypedDict):
+    index: int
+    name: str
+    capability: str
+
+
+class ProbeResult(TypedDict):
+    when: str
+    host: HostRecord
+    archs_from: str
+    nvcc: NvccRecord
+    cuobjdump: str
+    compile_s: float
+    variants: list[VariantRecord]
+    gpus: list[GpuRecord]
+    verdict: ProbeVerdict
+    why_not_evaluated: NotRequired[str]
+    driver: NotRequired[DriverRecord]
+    seconds: NotRequired[float]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,7 +143,7 @@ class Built:
     fatbin: Path | None = None
     error: str | None = None  # nvcc's refusal (an arch this nvcc does not know) or cuobjdump's reading gone wrong
     read: LibraryArchs | None = None
-    runs: dict[int, dict[str, Any]] = field(default_factory=dict)  # GPU index -> prediction and the driver's answer
+    runs: dict[int, RunRecord] = field(default_factory=dict)  # GPU index -> prediction and the driver's answer
 
 
 # --- the image's archs --------------------------------------------------------------------------------------
@@ -271,7 +330,7 @@ class DriverApi:
             lib.cuMemFree_v2(buffer)
 
 
-def _configure(lib: Any) -> None:
+def _configure(lib: ctypes.CDLL) -> None:
     """Argument types for the calls that take 64-bit handles or sizes; every call returns a CUresult (int)."""
     u64, size, vp = ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p
     lib.cuMemAlloc_v2.argtypes = [ctypes.POINTER(u64), size]
@@ -317,7 +376,7 @@ class Options:
     work: Path
 
 
-def run_probe(options: Options, say: Any = print) -> dict[str, Any]:
+def run_probe(options: Options, say: Callable[[str], object] = print) -> ProbeResult:
     """Compile, read, and where there is a GPU, run; the result as the JSON written to options.out."""
     started = time.monotonic()
     archs, archs_from = image_archs(options.image_archs)
@@ -348,7 +407,7 @@ def run_probe(options: Options, say: Any = print) -> dict[str, Any]:
         f"forge: {len(variants)} variants of {len(archs)} archs ({archs_from}) with nvcc {nvcc_cuda} ({nvcc_source}) "
         f"in {compile_s:.1f} s; read with {cuobjdump}"
     )
-    result: dict[str, Any] = {
+    result: ProbeResult = {
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version()},
         "archs_from": archs_from,
@@ -383,7 +442,7 @@ def run_probe(options: Options, say: Any = print) -> dict[str, Any]:
             ran, what = api.run(index, image)
             b.runs[index] = {"predicted": predicted, "why": why, "ran": ran, "driver": what, "agree": predicted == ran}
     result["variants"] = [_variant_json(b) for b in built]
-    disagree = [(b, i) for b in built for i, r in b.runs.items() if not r["agree"]]
+    disagree = [r for b in built for r in b.runs.values() if not r["agree"]]
     result["verdict"] = "disagree" if disagree else "agree"
     result["seconds"] = round(time.monotonic() - started, 2)
     _write(options.out, result)
@@ -404,7 +463,7 @@ def _driver_version() -> str | None:
         return None
 
 
-def _variant_json(b: Built) -> dict[str, Any]:
+def _variant_json(b: Built) -> VariantRecord:
     return {
         "variant": b.variant.name,
         "gencode": b.variant.gencode(),
@@ -414,11 +473,11 @@ def _variant_json(b: Built) -> dict[str, Any]:
     }
 
 
-def _write(out: Path, result: dict[str, Any]) -> None:
+def _write(out: Path, result: ProbeResult) -> None:
     (out / "probe.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
 
 
-def print_result(result: dict[str, Any], stream: Any = None) -> None:
+def print_result(result: ProbeResult, stream: TextIO | None = None) -> None:
     from builders.log import print_table
 
     gpus = result["gpus"]
@@ -437,8 +496,9 @@ def print_result(result: dict[str, Any], stream: Any = None) -> None:
             cells.append(f"{mark}: gate {'runs' if r['predicted'] else 'refuses'}; driver: {r['driver']}")
         rows.append(cells)
     title = f"forge gpu probe: {result['verdict']}"
-    if gpus:
-        title += f" (driver CUDA {result['driver']['cuda']}, driver {result['driver']['version'] or 'unknown'})"
+    if "driver" in result:
+        driver = result["driver"]
+        title += f" (driver CUDA {driver['cuda']}, driver {driver['version'] or 'unknown'})"
     print_table(title, columns, rows, stream=stream or sys.stdout)
 
 
@@ -486,7 +546,7 @@ def command(args: argparse.Namespace) -> int:
         print(f"forge: compiled and read; nothing run: see {options.out / 'probe.json'}", file=sys.stderr)
         raise
     print_result(result)
-    print(f"forge: wrote {options.out / 'probe.json'} in {result['seconds']} s")
+    print(f"forge: wrote {options.out / 'probe.json'} in {result.get('seconds')} s")
     wrong = [
         f"{v['variant']} on GPU {i}: gate {'runs' if r['predicted'] else 'refuses'} it, driver: {r['driver']}"
         for v in result["variants"]

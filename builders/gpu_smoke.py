@@ -32,10 +32,13 @@ import sys
 import tarfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, NotRequired, TextIO, TypedDict
+
+if TYPE_CHECKING:
+    from builders.results import LoadWatch
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLE = ROOT / ".gpu-smoke"
@@ -52,6 +55,75 @@ _GGML_BACKENDS_KEPT = {"ggml-cpu", "ggml-cuda", "ggml-blas"}
 # Forge's dependencies the GPU hosts lack (their Python has the rest: numpy, requests, rich, PyYAML, tokenizers...).
 CARRIED = ("pydantic", "pydantic_core", "annotated_types", "typing_inspection", "httptools", "gguf", "docker")
 EXIT_BUILD, EXIT_SMOKE, EXIT_NO_GPU = 7, 8, 9
+
+# results.json's shape. TypedDicts, not pydantic models: the run starts where pydantic is not installed yet.
+
+
+class GpuRow(TypedDict):
+    """One GPU as nvidia-smi lists it."""
+
+    name: str
+    capability: str
+    driver: str
+    memory: str
+
+
+class HostRecord(TypedDict):
+    machine: str
+    cpus: int | None
+    python: str
+
+
+class BundleManifest(TypedDict):
+    """The bundle's manifest.json: what `prepare` packed."""
+
+    sdist: str
+    sdist_sha256: str
+    tree_files: int
+    wheels: list[str]
+    bytes: int
+
+
+class BuildRecord(TypedDict):
+    seconds: float
+    cuda_arch: str | None
+    binary: str | None
+    timed_out: NotRequired[bool]
+
+
+class ClassRow(TypedDict):
+    """One request class of the smoke's main traffic run, from its typed report."""
+
+    pool: str
+    requests: int
+    errors: int
+    ttft_p99_ms: float | None
+    itl_p99_ms: float | None
+    passed: bool
+
+
+class SmokeRecord(TypedDict):
+    exit: int
+    tail: list[str]
+    report: NotRequired[str]
+    classes: NotRequired[dict[str, ClassRow]]
+
+
+class GpuSmokeResult(TypedDict):
+    when: str
+    host: HostRecord
+    dry_run: bool
+    verdict: str
+    gpus: list[GpuRow]
+    seconds: NotRequired[float]
+    why_not_evaluated: NotRequired[str]
+    bundle: NotRequired[BundleManifest]
+    wheels_installed: NotRequired[list[str]]
+    router_relay: NotRequired[str]
+    build: NotRequired[BuildRecord]
+    smoke: NotRequired[SmokeRecord]
+    offload: NotRequired[dict[str, list[str]]]
+    gpu_processes: NotRequired[dict[str, int]]
 
 
 class Log:
@@ -71,12 +143,14 @@ class Log:
             self.file.flush()
 
 
-def run_logged(cmd: Sequence[str], say: Log, *, timeout: float, **kwargs: Any) -> tuple[int, list[str]]:
+def run_logged(
+    cmd: Sequence[str], say: Log, *, timeout: float, env: Mapping[str, str] | None = None, cwd: Path | None = None
+) -> tuple[int, list[str]]:
     """The command's output line by line into the log; its exit code (124 when it ran past `timeout`).
 
     The process itself is waited on, never a reader of its pipe: a process that hands its pipe to a child which
     outlives it would otherwise hold the wait forever (the `wait` after `exec > >(tee ...)` trap, in Python)."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd)
     lines: list[str] = []
 
     def pump() -> None:
@@ -148,7 +222,7 @@ def download_wheels(dest: Path) -> list[str]:
     return pins
 
 
-def prepare(bundle: Path) -> dict[str, Any]:
+def prepare(bundle: Path) -> BundleManifest:
     if bundle.exists():
         shutil.rmtree(bundle)
     (bundle / "wheels").mkdir(parents=True)
@@ -156,7 +230,7 @@ def prepare(bundle: Path) -> dict[str, Any]:
     files = pack_tree(sdist, bundle / "llama.cpp.tar.gz")
     pins = download_wheels(bundle / "wheels")
     size = sum(p.stat().st_size for p in bundle.rglob("*") if p.is_file())
-    manifest = {
+    manifest: BundleManifest = {
         "sdist": sdist.name,
         "sdist_sha256": hashlib.sha256(sdist.read_bytes()).hexdigest(),
         "tree_files": files,
@@ -172,7 +246,7 @@ def prepare(bundle: Path) -> dict[str, Any]:
 # --- run ----------------------------------------------------------------------------------------------------
 
 
-def local_gpus() -> list[dict[str, str]]:
+def local_gpus() -> list[GpuRow]:
     """nvidia-smi's GPUs (name, capability, driver, memory), or none."""
     smi = shutil.which("nvidia-smi")
     if not smi:
@@ -181,7 +255,7 @@ def local_gpus() -> list[dict[str, str]]:
     proc = subprocess.run([smi, query, "--format=csv,noheader"], capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         return []
-    gpus = []
+    gpus: list[GpuRow] = []
     for line in proc.stdout.strip().splitlines():
         name, cap, driver, memory = (p.strip() for p in line.rsplit(",", 3))
         gpus.append({"name": name, "capability": cap, "driver": driver, "memory": memory})
@@ -275,21 +349,27 @@ def write_profile(work: Path, *, gpus: int) -> Path:
     return path
 
 
-def class_rows(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Each class of the smoke report's main traffic run: requests, errors, p99s, its gate."""
-    classes = ((report.get("traffic") or {}).get("main") or {}).get("classes") or {}
-    return {
-        name: {
-            "pool": c.get("pool"),
-            "requests": c.get("requests"),
-            "errors": c.get("errors"),
-            "ttft_p99_ms": (c.get("ttft_ms") or {}).get("p99"),
-            "itl_p99_ms": (c.get("itl_ms") or {}).get("p99"),
-            "passed": c.get("gate_passed"),
+def class_rows(report: Mapping[str, object]) -> dict[str, ClassRow]:
+    """Each class of the smoke report's main traffic run (requests, errors, p99s, its gate), each read through the
+    smoke report's own model: a report of another shape is an error, not a table of blanks. Called once the carried
+    wheels are importable (pydantic)."""
+    from builders.smoke.report import ClassRecord
+
+    traffic = report.get("traffic")
+    main = traffic.get("main") if isinstance(traffic, dict) else None
+    classes = main.get("classes") if isinstance(main, dict) else None
+    rows: dict[str, ClassRow] = {}
+    for name, data in (classes or {}).items():
+        c = ClassRecord.model_validate(data)
+        rows[name] = {
+            "pool": c.pool,
+            "requests": c.requests,
+            "errors": c.errors,
+            "ttft_p99_ms": c.ttft_ms.p99,
+            "itl_p99_ms": c.itl_ms.p99,
+            "passed": c.gate_passed,
         }
-        for name, c in classes.items()
-        if isinstance(c, dict)
-    }
+    return rows
 
 
 class GpuProcesses:
@@ -335,11 +415,13 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     say = Log(out / "log.txt")
     started = time.monotonic()
-    result: dict[str, Any] = {
+    gpus = [] if args.dry_run else local_gpus()
+    result: GpuSmokeResult = {
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version()},
         "dry_run": args.dry_run,
         "verdict": "not evaluated",
+        "gpus": gpus,
     }
 
     watch = None
@@ -357,8 +439,6 @@ def run(args: argparse.Namespace) -> int:
             say(f"saved {save_result(args.save, result, watch, argv=sys.argv[1:])}")
         return code
 
-    gpus = [] if args.dry_run else local_gpus()
-    result["gpus"] = gpus
     if not gpus and not args.dry_run:
         result["why_not_evaluated"] = "no GPU: nvidia-smi is missing or lists none"
         say("forge: cannot evaluate without a GPU: nvidia-smi is missing or lists no GPU (--dry-run runs on a CPU)")
@@ -370,7 +450,8 @@ def run(args: argparse.Namespace) -> int:
         result["verdict"] = "no bundle"
         say(f"forge: {bundle} holds no bundle: run `python3 -m builders.gpu_smoke prepare` where PyPI is reachable")
         return finish(2)
-    result["bundle"] = json.loads((bundle / "manifest.json").read_text())
+    manifest: BundleManifest = json.loads((bundle / "manifest.json").read_text())
+    result["bundle"] = manifest
     work: Path = args.work
     work.mkdir(parents=True, exist_ok=True)
     site = work / "site"
@@ -388,12 +469,13 @@ def run(args: argparse.Namespace) -> int:
     binary, build_s, build_code = build_server(
         bundle, work, arch=arch, jobs=args.jobs, timeout=build_budget, env=env, say=say
     )
-    result["build"] = {"seconds": round(build_s, 1), "cuda_arch": arch, "binary": str(binary) if binary else None}
+    build: BuildRecord = {"seconds": round(build_s, 1), "cuda_arch": arch, "binary": str(binary) if binary else None}
+    result["build"] = build
     if binary is None:
         # Past its share of the budget the build stops; its folder stays, and a run started again at once (while
         # the machine is still the same) goes on from where it stopped.
         timed_out = build_code == 124
-        result["build"]["timed_out"] = timed_out
+        build["timed_out"] = timed_out
         result["verdict"] = "build ran out of time: run again to go on" if timed_out else "build failed"
         return finish(EXIT_BUILD)
     # The dry run takes the GPU profile too: its offload flag goes through Forge's check against the CPU build's
@@ -407,11 +489,12 @@ def run(args: argparse.Namespace) -> int:
     # What the driver says runs on the GPUs meanwhile: the replicas' own evidence that they were offloaded.
     sampler = GpuProcesses() if gpus else None
     code, lines = run_logged(cmd, say, timeout=left, env=env, cwd=ROOT)
-    result["smoke"] = {"exit": code, "tail": lines[-40:]}
+    smoke: SmokeRecord = {"exit": code, "tail": lines[-40:]}
+    result["smoke"] = smoke
     reports = sorted(report.glob("*.json"))
     if reports:
-        result["smoke"]["report"] = str(reports[-1])
-        result["smoke"]["classes"] = class_rows(json.loads(reports[-1].read_text()))
+        smoke["report"] = str(reports[-1])
+        smoke["classes"] = class_rows(json.loads(reports[-1].read_text()))
     result["offload"] = offload_evidence(report)
     if sampler is not None:
         result["gpu_processes"] = sampler.stop()
@@ -419,18 +502,19 @@ def run(args: argparse.Namespace) -> int:
     return finish(0 if code == 0 else EXIT_SMOKE)
 
 
-def save_result(name: str, result: dict[str, Any], watch: Any, *, argv: list[str]) -> Path:
+def save_result(name: str, result: GpuSmokeResult, watch: LoadWatch | None, *, argv: list[str]) -> Path:
     """results/NAME.json (builders/results.py): the run's times, with the machine and its load."""
     from builders.results import Figure, Result
 
-    build = result.get("build") or {}
+    # Called for a run that passed: it has its bundle, its build and its time.
+    build, bundle = result["build"], result["bundle"]
     figures = {
-        "total": Figure(value=result["seconds"], unit="s", note="the whole run, the build included"),
-        "build": Figure(value=build.get("seconds", 0), unit="s", note="configure and build of llama-server"),
-        "bundle": Figure(value=round(result["bundle"]["bytes"] / 2**20, 1), unit="MiB", note="what the run carries"),
+        "total": Figure(value=result.get("seconds", 0.0), unit="s", note="the whole run, the build included"),
+        "build": Figure(value=build["seconds"], unit="s", note="configure and build of llama-server"),
+        "bundle": Figure(value=round(bundle["bytes"] / 2**20, 1), unit="MiB", note="what the run carries"),
     }
-    gpus = result.get("gpus") or []
-    versions = {"llama.cpp sdist": result["bundle"]["sdist"], "python": platform.python_version()}
+    gpus = result["gpus"]
+    versions = {"llama.cpp sdist": bundle["sdist"], "python": platform.python_version()}
     if gpus:
         versions |= {"gpu": gpus[0]["name"], "driver": gpus[0]["driver"]}
     return Result.capture(
@@ -439,14 +523,14 @@ def save_result(name: str, result: dict[str, Any], watch: Any, *, argv: list[str
         figures=figures,
         versions=versions,
         load=watch,
-        source=str(result.get("smoke", {}).get("report", "")),
+        source=result["smoke"].get("report", "") if "smoke" in result else "",
         note="dry run: the CPU build, no GPU" if result.get("dry_run") else "",
         root=ROOT,
     ).save(ROOT)
 
 
-def results_md(result: dict[str, Any]) -> str:
-    gpus = result.get("gpus") or []
+def results_md(result: GpuSmokeResult) -> str:
+    gpus = result["gpus"]
     lines = [
         f"# gpu-smoke, {result['when']}",
         "",
@@ -456,18 +540,18 @@ def results_md(result: dict[str, Any]) -> str:
     ]
     if "build" in result:
         lines.append(f"- llama-server build: {result['build']['seconds']} s, CUDA arch {result['build']['cuda_arch']}")
-    smoke = result.get("smoke") or {}
-    if smoke.get("classes"):
+    classes = result["smoke"].get("classes") if "smoke" in result else None
+    if classes:
         lines += [
             "",
             "| class | pool | requests | errors | TTFT p99 ms | ITL p99 ms | gate |",
             "| --- | --- | ---: | ---: | ---: | ---: | --- |",
         ]
-        for name, c in smoke["classes"].items():
-            gate = "pass" if c.get("passed") else "FAIL"
+        for name, c in classes.items():
+            gate = "pass" if c["passed"] else "FAIL"
             lines.append(
-                f"| {name} | {c.get('pool')} | {c.get('requests')} | {c.get('errors')} | {c.get('ttft_p99_ms')} "
-                f"| {c.get('itl_p99_ms')} | {gate} |"
+                f"| {name} | {c['pool']} | {c['requests']} | {c['errors']} | {c['ttft_p99_ms']} | {c['itl_p99_ms']} "
+                f"| {gate} |"
             )
     processes = result.get("gpu_processes")
     if processes is not None:

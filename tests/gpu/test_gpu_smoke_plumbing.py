@@ -12,7 +12,10 @@ import tarfile
 import time
 from pathlib import Path
 
-from builders.gpu_smoke import Log, class_rows, pack_tree, results_md, run_logged, write_profile
+import pytest
+from pydantic import ValidationError
+
+from builders.gpu_smoke import GpuSmokeResult, Log, class_rows, pack_tree, results_md, run_logged, write_profile
 from builders.smoke.profile import load_profile
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,6 +108,19 @@ def test_the_results_table_comes_from_the_smoke_report() -> None:
         "itl_p99_ms": report["traffic"]["main"]["classes"]["slow_stream"]["itl_ms"]["p99"],
         "passed": True,
     }
-    result = {"when": "t", "verdict": "passed", "dry_run": True, "host": {"cpus": 2, "python": "3.12"}, "gpus": []}
-    text = results_md({**result, "smoke": {"classes": rows}, "gpu_processes": {"4242 llama-server": 812}})
+    result: GpuSmokeResult = {
+        "when": "t",
+        "verdict": "passed",
+        "dry_run": True,
+        "host": {"machine": "x86_64", "cpus": 2, "python": "3.12"},
+        "gpus": [],
+        "smoke": {"exit": 0, "tail": [], "classes": rows},
+        "gpu_processes": {"4242 llama-server": 812},
+    }
+    text = results_md(result)
     assert "| slow_stream | bulk | 2 | 0 |" in text and "4242 llama-server: 812 MiB" in text
+    # A class the smoke report's model would not read is an error, never a row of blanks.
+    broken = json.loads(json.dumps(report))
+    del broken["traffic"]["main"]["classes"]["rag"]["ttft_ms"]
+    with pytest.raises(ValidationError, match="ttft_ms"):
+        class_rows(broken)
