@@ -8,8 +8,9 @@ CUDA is at least nvcc's (a driver refuses a newer PTX ISA). Then, per local GPU,
 (cuModuleLoadData through ctypes on libcuda.so.1), launches the kernel and reads back what it wrote.
 
 Exit 0 when the driver did what the gate predicted for every variant on every GPU; 23 (GpuProbeMismatch) naming the
-variants where it did not; 9 (GpuNotEvaluated) where there is no GPU: the compile and the read have run, and the
-JSON says what was compiled. It needs only the standard library, Forge's gpu_archs and cuda_driver, and rich and
+variants where it did not; 9 (GpuNotEvaluated) where there is no GPU (the compile and the read have run, and the
+JSON says what was compiled), or where a variant could not be compiled or read as built: a variant never run is
+never counted as agreeing. It needs only the standard library, Forge's gpu_archs and cuda_driver, and rich and
 PyYAML (what the GPU hosts within reach have): `python3 -m builders.gpu_probe` runs it without Forge's CLI.
 """
 
@@ -58,7 +59,7 @@ KERNEL_SOURCE = f"""extern "C" __global__ void {KERNEL}(unsigned int *out) {{
 """
 
 Kind = Literal["sass", "ptx"]
-ProbeVerdict = Literal["not evaluated", "agree", "disagree"]
+ProbeVerdict = Literal["not evaluated", "agree", "disagree", "incomplete"]
 
 # probe.json's shape. TypedDicts, not pydantic models: the probe runs where pydantic is not installed.
 
@@ -443,7 +444,8 @@ def run_probe(options: Options, say: Callable[[str], object] = print) -> ProbeRe
             b.runs[index] = {"predicted": predicted, "why": why, "ran": ran, "driver": what, "agree": predicted == ran}
     result["variants"] = [_variant_json(b) for b in built]
     disagree = [r for b in built for r in b.runs.values() if not r["agree"]]
-    result["verdict"] = "disagree" if disagree else "agree"
+    unrun = [b for b in built if b.error]
+    result["verdict"] = "disagree" if disagree else "incomplete" if unrun else "agree"
     result["seconds"] = round(time.monotonic() - started, 2)
     _write(options.out, result)
     return result
@@ -557,6 +559,14 @@ def command(args: argparse.Namespace) -> int:
         raise GpuProbeMismatch(
             "; ".join(wrong),
             hint="Forge's reading of these binaries is wrong for this GPU: report it with probe.json",
+        )
+    unrun = [f"{v['variant']}: {v['error']}" for v in result["variants"] if v["error"]]
+    if unrun:
+        raise GpuNotEvaluated(
+            f"{len(unrun)} of {len(result['variants'])} variants were not run, so the gate is not checked for them: "
+            + "; ".join(unrun),
+            hint="give --nvcc a CUDA toolkit that knows every arch in the list (nvcc 13.0 refuses every arch before 7.5), or "
+            "leave those archs out of --image-archs",
         )
     return 0
 

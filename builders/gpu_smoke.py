@@ -7,15 +7,18 @@ command of at most 10 minutes that carries at most 64 MiB:
 1. `prepare` (here, with PyPI): the llama.cpp tree vendored in the llama-cpp recipe's pinned sdist, less what a
    server build never reads (docs, models, tests, other GPU backends), and the wheels Forge needs that those hosts
    lack, into a bundle folder (default .gpu-smoke/, ignored by git; the device tool carries it by name).
-2. `run` (on the GPU host): the wheels into a private folder; llama-server built with CUDA for the local GPU's
-   arch, with the recipe's CMake options (builders/engines/llama_cpp/image.py) plus GGML_CUDA; then `forge smoke`
-   of the ci-llama profile with its two pools on the GPU (every layer offloaded) through Forge's router: the six
-   request classes and their gates. Results: OUT/results.json, results.md, log.txt, the smoke report and logs.
+2. `run` (on the GPU host): first `forge gpu probe` (builders/gpu_probe.py) on the local GPUs, the driver's word
+   on the GPU gate (OUT/probe/probe.json; --no-probe skips it); the wheels into a private folder; llama-server built
+   with CUDA for the local GPU's arch, with the recipe's CMake options (builders/engines/llama_cpp/image.py) plus
+   GGML_CUDA; then `forge smoke` of the ci-llama profile with its two pools on the GPU (every layer offloaded)
+   through Forge's router: the six request classes and their gates. Results: OUT/results.json, results.md,
+   log.txt, the smoke report and logs. It is the one command a GPU session runs.
 
 Without a GPU, `run` says so and exits 9 (nothing evaluated). `run --dry-run` takes the same path on a CPU with the
 CPU build of the same tree (the offload flag reaches a llama-server with no GPU), to test the plumbing; it reuses its
 build folder between runs.
-Exit codes: 0 the smoke passed; 7 the build failed; 8 the smoke failed; 9 no GPU.
+Exit codes: 0 the smoke passed and the probe agreed; 7 the build failed; 8 the smoke failed; 9 no GPU; else, with
+the smoke passed, the probe's own (23: the driver and the gate disagree; 9: a variant not run).
 """
 
 from __future__ import annotations
@@ -55,6 +58,9 @@ _GGML_BACKENDS_KEPT = {"ggml-cpu", "ggml-cuda", "ggml-blas"}
 # Forge's dependencies the GPU hosts lack (their Python has the rest: numpy, requests, rich, PyYAML, tokenizers...).
 CARRIED = ("pydantic", "pydantic_core", "annotated_types", "typing_inspection", "httptools", "gguf", "docker")
 EXIT_BUILD, EXIT_SMOKE, EXIT_NO_GPU = 7, 8, 9
+# The probe's archs: the gpu-wheel recipe's list, plus an `a` and an `f` arch, whose rules differ from a plain one's.
+PROBE_ARCHS = "7.5 8.0 8.6 8.9 9.0 9.0a 10.0 10.0f 12.0"
+PROBE_TIMEOUT_S = 150.0
 
 # results.json's shape. TypedDicts, not pydantic models: the run starts where pydantic is not installed yet.
 
@@ -102,6 +108,15 @@ class ClassRow(TypedDict):
     passed: bool
 
 
+class ProbeRecord(TypedDict):
+    """`forge gpu probe`, run first: its exit code and probe.json's verdict (None where it wrote none)."""
+
+    exit: int
+    verdict: str | None
+    seconds: float
+    json: str | None
+
+
 class SmokeRecord(TypedDict):
     exit: int
     tail: list[str]
@@ -118,6 +133,7 @@ class GpuSmokeResult(TypedDict):
     seconds: NotRequired[float]
     why_not_evaluated: NotRequired[str]
     bundle: NotRequired[BundleManifest]
+    probe: NotRequired[ProbeRecord]
     wheels_installed: NotRequired[list[str]]
     router_relay: NotRequired[str]
     build: NotRequired[BuildRecord]
@@ -400,6 +416,43 @@ class GpuProcesses:
         return {key: mib for key, mib in sorted(self.seen.items())}
 
 
+def probe_step(
+    out: Path,
+    work: Path,
+    *,
+    archs: str,
+    say: Log,
+    env: Mapping[str, str] | None = None,
+    timeout: float = PROBE_TIMEOUT_S,
+) -> ProbeRecord:
+    """`python3 -m builders.gpu_probe` on this host's GPUs, in the same command as the smoke: a GPU session starts
+    once. The probe needs nothing the wheels bring, so it runs before they are installed."""
+    started = time.monotonic()
+    cmd = [sys.executable, "-m", "builders.gpu_probe", "--out", str(out), "--work", str(work), "--image-archs", archs]
+    say("probe: " + " ".join(cmd))
+    code, _ = run_logged(cmd, say, timeout=timeout, env=env, cwd=ROOT)
+    path = out / "probe.json"
+    verdict = None
+    if path.is_file():
+        data = json.loads(path.read_text(encoding="utf-8"))
+        verdict = str(data["verdict"]) if isinstance(data, dict) and "verdict" in data else None
+    return {
+        "exit": code,
+        "verdict": verdict,
+        "seconds": round(time.monotonic() - started, 1),
+        "json": str(path) if path.is_file() else None,
+    }
+
+
+def final_code(smoke_code: int, probe: ProbeRecord | None, *, dry_run: bool) -> int:
+    """The run's exit code: the smoke's where it did not pass; else the probe's, save its "no GPU" in a dry run."""
+    if smoke_code != 0 or probe is None or probe["exit"] == 0:
+        return smoke_code
+    if dry_run and probe["exit"] == EXIT_NO_GPU:
+        return smoke_code
+    return probe["exit"]
+
+
 def offload_evidence(report_dir: Path) -> dict[str, list[str]]:
     """Per replica log, the lines where llama.cpp says what went to the GPU."""
     found: dict[str, list[str]] = {}
@@ -431,6 +484,7 @@ def run(args: argparse.Namespace) -> int:
         watch = LoadWatch.start(root=ROOT)
 
     def finish(code: int) -> int:
+        code = final_code(code, result.get("probe"), dry_run=args.dry_run)
         result["seconds"] = round(time.monotonic() - started, 1)
         (out / "results.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
         (out / "results.md").write_text(results_md(result), encoding="utf-8")
@@ -454,6 +508,8 @@ def run(args: argparse.Namespace) -> int:
     result["bundle"] = manifest
     work: Path = args.work
     work.mkdir(parents=True, exist_ok=True)
+    if args.probe:
+        result["probe"] = probe_step(out / "probe", work / "probe", archs=args.probe_archs, say=say)
     site = work / "site"
     result["wheels_installed"] = install_wheels(bundle, site, say)
     sys.path.insert(0, str(site))  # what --save needs (pydantic), where this Python lacks it
@@ -538,6 +594,11 @@ def results_md(result: GpuSmokeResult) -> str:
         "- GPUs: " + ("; ".join(f"{g['name']} ({g['capability']}, driver {g['driver']})" for g in gpus) or "none"),
         f"- host: {result['host']['cpus']} CPUs, Python {result['host']['python']}",
     ]
+    if "probe" in result:
+        probe = result["probe"]
+        lines.append(
+            f"- forge gpu probe: {probe['verdict'] or 'no probe.json'} (exit {probe['exit']}, {probe['seconds']} s)"
+        )
     if "build" in result:
         lines.append(f"- llama-server build: {result['build']['seconds']} s, CUDA arch {result['build']['cuda_arch']}")
     classes = result["smoke"].get("classes") if "smoke" in result else None
@@ -577,6 +638,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     go.add_argument("--smoke-reserve", type=float, default=100.0, help="seconds kept from the build for the smoke")
     go.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     go.add_argument("--dry-run", action="store_true", help="on a CPU: the CPU build of the same tree, no GPU")
+    go.add_argument(
+        "--probe",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run `forge gpu probe` on the GPUs first, into OUT/probe (default: yes)",
+    )
+    go.add_argument("--probe-archs", default=PROBE_ARCHS, metavar="LIST", help=f"the probe's archs ({PROBE_ARCHS})")
     go.add_argument("--save", default=None, metavar="NAME", help="also write results/NAME.json when the run passes")
     args = parser.parse_args(argv)
     if args.action == "prepare":

@@ -18,6 +18,7 @@ from builders.cuda_driver import CudaVersion
 from builders.errors import UsageError
 from builders.gpu_archs import Arch, Capability, LibraryArchs, nvcc_from_pypi, wheel_cache
 from builders.gpu_probe import Built, Variant, parse_archs, predict
+from builders.gpu_smoke import Log, final_code, probe_step
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -137,24 +138,31 @@ int cuMemFree_v2(uint64_t p) { free((void *)(uintptr_t)p); return 0; }
 """
 
 
-@pytest.mark.network
-@pytest.mark.skipif(platform.machine() != "x86_64", reason="nvcc's and cuobjdump's wheels are pinned for x86_64")
-def test_the_driver_half_through_a_stand_in_libcuda(tmp_path: Path) -> None:
+def stand_in_libcuda(tmp_path: Path) -> Path:
+    """The folder holding the stand-in libcuda.so.1, compiled from FAKE_LIBCUDA."""
     lib = tmp_path / "lib"
     lib.mkdir()
     (tmp_path / "fake.c").write_text(FAKE_LIBCUDA)
     subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib / "libcuda.so.1"), str(tmp_path / "fake.c")], check=True)
+    return lib
+
+
+@pytest.mark.network
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="nvcc's and cuobjdump's wheels are pinned for x86_64")
+def test_the_driver_half_through_a_stand_in_libcuda(tmp_path: Path) -> None:
+    lib = stand_in_libcuda(tmp_path)
     nvcc = nvcc_from_pypi(wheel_cache(ROOT))
 
-    def probe(load: str) -> tuple[int, str, dict[str, dict[str, object]]]:
-        out = tmp_path / f"out-{load}"
-        argv = ["--image-archs", "8.0 9.0", "--nvcc", str(nvcc), "--out", str(out), "--work", str(tmp_path / "w")]
+    def probe(load: str, archs: str = "8.0 9.0") -> tuple[int, str, dict[str, dict[str, object]]]:
+        out = tmp_path / f"out-{load}-{archs}"
+        argv = ["--image-archs", archs, "--nvcc", str(nvcc), "--out", str(out), "--work", str(tmp_path / "w")]
         env = {**os.environ, "LD_LIBRARY_PATH": str(lib), "FAKE_CUDA_LOAD": load, "PYTHONPATH": str(ROOT)}
         proc = subprocess.run(
             [sys.executable, "-m", "builders.gpu_probe", *argv], env=env, capture_output=True, text=True, cwd=ROOT
         )
         result = json.loads((out / "probe.json").read_text())
-        return proc.returncode, proc.stdout + proc.stderr, {v["variant"]: v["runs"]["0"] for v in result["variants"]}
+        runs = {v["variant"]: v["runs"]["0"] for v in result["variants"] if v["runs"]}
+        return proc.returncode, proc.stdout + proc.stderr, runs
 
     # A driver that loads everything runs sm_80 SASS on a 9.0 GPU, which the gate says it cannot: exit 23, named.
     code, text, runs = probe("all")
@@ -170,3 +178,34 @@ def test_the_driver_half_through_a_stand_in_libcuda(tmp_path: Path) -> None:
     code, text, runs = probe("none")
     assert code == 23 and runs["sm_90 SASS"]["driver"] == "cuModuleLoadData: CUDA_ERROR_NO_BINARY_FOR_GPU (209)"
     assert [v for v, r in runs.items() if r["agree"]] == ["sm_80 SASS"]
+    # A variant nvcc 13.0 cannot build (Volta's 7.0) is never run, so never counted as agreeing: exit 9, named,
+    # although the driver did what the gate said for every variant it ran.
+    code, text, runs = probe("all", "7.0 9.0")
+    assert code == 9, text
+    assert "2 of 4 variants were not run" in text and "sm_70 SASS: nvcc exited 1" in text
+    assert set(runs) == {"sm_90 SASS", "compute_90 PTX"} and all(r["agree"] for r in runs.values())
+
+
+@pytest.mark.network
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="nvcc's and cuobjdump's wheels are pinned for x86_64")
+def test_gpu_smoke_runs_the_probe_first_and_keeps_its_word(tmp_path: Path) -> None:
+    # The GPU session's one command runs the probe as this step does; the stand-in driver answers for the GPU, and
+    # nvcc comes from the Forge cache through PATH, as a GPU host's own would.
+    lib = stand_in_libcuda(tmp_path)
+    nvcc = nvcc_from_pypi(wheel_cache(ROOT))
+    env = {
+        **os.environ,
+        "PATH": f"{nvcc.parent}:{os.environ['PATH']}",
+        "LD_LIBRARY_PATH": str(lib),
+        "FAKE_CUDA_LOAD": "all",
+        "PYTHONPATH": str(ROOT),
+    }
+    say = Log(tmp_path / "log.txt")
+    record = probe_step(tmp_path / "probe", tmp_path / "work", archs="9.0", say=say, env=env)
+    assert record["exit"] == 0 and record["verdict"] == "agree", (tmp_path / "log.txt").read_text()
+    assert record["json"] == str(tmp_path / "probe" / "probe.json")
+    assert "sm_90 SASS" in (tmp_path / "log.txt").read_text()
+    # Where the stand-in runs what the gate refuses, the smoke's pass does not hide it.
+    record = probe_step(tmp_path / "p2", tmp_path / "work", archs="8.0", say=say, env=env)
+    assert (record["exit"], record["verdict"]) == (23, "disagree")
+    assert final_code(0, record, dry_run=False) == 23

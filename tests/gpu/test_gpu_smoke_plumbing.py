@@ -15,7 +15,17 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from builders.gpu_smoke import GpuSmokeResult, Log, class_rows, pack_tree, results_md, run_logged, write_profile
+from builders.gpu_smoke import (
+    GpuSmokeResult,
+    Log,
+    ProbeRecord,
+    class_rows,
+    final_code,
+    pack_tree,
+    results_md,
+    run_logged,
+    write_profile,
+)
 from builders.smoke.profile import load_profile
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,6 +102,7 @@ def test_without_a_gpu_the_run_says_so_and_exits_9(tmp_path: Path) -> None:
     assert "cannot evaluate without a GPU" in proc.stdout
     result = json.loads((out / "results.json").read_text())
     assert result["verdict"] == "not evaluated" and result["gpus"] == []
+    assert "probe" not in result  # no GPU: the probe, which runs first by default, is not started either
     assert "- GPUs: none" in (out / "results.md").read_text()
 
 
@@ -124,3 +135,24 @@ def test_the_results_table_comes_from_the_smoke_report() -> None:
     del broken["traffic"]["main"]["classes"]["rag"]["ttft_ms"]
     with pytest.raises(ValidationError, match="ttft_ms"):
         class_rows(broken)
+
+
+@pytest.mark.parametrize(
+    ("smoke", "probe", "dry_run", "code"),
+    [
+        (0, None, False, 0),
+        (0, 0, False, 0),
+        (0, 23, False, 23),  # the smoke passed, the driver disagreed with the gate
+        (0, 9, False, 9),  # a variant not run is never counted as agreeing
+        (8, 23, False, 8),  # a failed smoke speaks first; results.json keeps the probe's word
+        (0, 9, True, 0),  # a dry run has no GPU for the probe: its 9 is expected there
+        (0, 23, True, 23),
+    ],
+)
+def test_the_run_exits_with_the_smokes_code_then_the_probes(
+    smoke: int, probe: int | None, dry_run: bool, code: int
+) -> None:
+    record: ProbeRecord | None = (
+        None if probe is None else {"exit": probe, "verdict": None, "seconds": 1.0, "json": None}
+    )
+    assert final_code(smoke, record, dry_run=dry_run) == code
