@@ -388,9 +388,10 @@ def gpu_probe(session: nox.Session) -> None:
 
 @nox.session(python=False, name="gpu-smoke", default=False)
 def gpu_smoke(session: nox.Session) -> None:
-    """On a GPU host: llama-server built with CUDA for the local arch from the vendored tree, the six-class smoke
-    through Forge's router on two GPU replicas (one 10-minute command; reports/gpu-smoke); exit 9 without a GPU.
-    Prepares the bundle first where it is missing (needs PyPI). Posargs: run's options (--dry-run, --budget S)."""
+    """On a GPU host: forge gpu probe, then llama-server built with CUDA for the local arch from the vendored tree and
+    the six-class smoke through Forge's router on two GPU replicas (one 10-minute command; reports/gpu-smoke); exit 9
+    without a GPU. Prepares the bundle first where it is missing (needs PyPI). Posargs: run's options (--dry-run,
+    --budget S, --no-probe)."""
     if not (ROOT / ".gpu-smoke" / "manifest.json").is_file():
         session.run("python", "-m", "builders.gpu_smoke", "prepare", external=True)
     session.run("python", "-m", "builders.gpu_smoke", "run", *session.posargs, external=True)
