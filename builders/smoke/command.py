@@ -102,7 +102,12 @@ def run(args: argparse.Namespace) -> int:
     if from_labels:
         image = read_image_labels(args.image, lambda ref: runtimes.engine.image_info(ref).labels)
         if image.error:
-            console.print(f"forge: GPU gate: the labels of {args.image} were not read: {image.error}", markup=False)
+            # Said as not evaluated: a gate that read nothing has passed nothing.
+            console.print(
+                f"forge: GPU gate not evaluated: the labels of {args.image} were not read ({image.error}); "
+                "--image-archs REPORT judges this host's GPUs without them",
+                markup=False,
+            )
         _print_gate(console, gate_from_args(args, image=image))
 
     if args.validate_only:
