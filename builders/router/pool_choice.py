@@ -3,9 +3,10 @@
 A request that names a model goes to a pool that serves it (builders/router/served_models.py keeps the index): its
 class's own pool (class_pools, default_pool) when that is one of them, else the first of them in config order, so
 two models behind one address need no class_pools at all. A request without a model goes to its class's pool, as
-before models were known. A model that no pool serves gets a 404 from the caller; while some pool's models are still
-unknown (none of its replicas has answered yet) those pools may take the request and the replica decides. Spilling
-to another pool (work_conserving.py) comes after this choice, and only onto a pool that serves the same model.
+before models were known. A model that no pool serves gets a 404 from the caller. A pool whose models are still
+unknown (none of its replicas has answered yet, as at start) counts as serving every model, so the class policy
+routes as it did before models were known, and the replica decides. Spilling to another pool (work_conserving.py)
+comes after this choice, and only onto a pool that serves the same model.
 """
 
 from __future__ import annotations
@@ -45,4 +46,4 @@ class PoolChoice:
         if model is None:
             return True
         catalog = self.catalog
-        return any(p is pool for p in (*catalog.serving.get(model, ()), *catalog.unknown))
+        return any(p is pool for p in catalog.serving.get(model) or catalog.unknown)

@@ -26,9 +26,11 @@ class ModelCatalog:
         self._pools = pools
         self._configured = {name: tuple(models) for name, models in configured.items()}
         self.serving: dict[str, tuple[Pool, ...]] = {}
-        """Model name -> the pools that serve it, in config order."""
+        """Model name -> the pools that serve it or may (their models are not known yet), in config order."""
         self.unknown: tuple[Pool, ...] = ()
-        """Pools whose models are not known yet (no replica has answered GET /v1/models)."""
+        """Pools whose models are not known yet (no replica has answered GET /v1/models): the candidates for a
+        model no known pool serves."""
+        self._names: list[str] = []
         self.rebuild()
 
     def asks(self, replica: Replica) -> bool:
@@ -46,21 +48,25 @@ class ModelCatalog:
         return tuple(dict.fromkeys(model for models in learnt for model in models))
 
     def served(self) -> list[str]:
-        return sorted(self.serving)
+        """The models known to be served, sorted."""
+        return self._names
 
     def rebuild(self) -> None:
-        serving: dict[str, list[Pool]] = {}
-        unknown: list[Pool] = []
+        known: dict[str, tuple[str, ...]] = {}
         for pool in self._pools.values():
             models = self.models_of(pool)
-            if models is None:
-                unknown.append(pool)
-                continue
-            for model in models:
-                serving.setdefault(model, []).append(pool)
+            if models is not None:
+                known[pool.name] = models
+        unknown = tuple(pool for pool in self._pools.values() if pool.name not in known)
+        names = dict.fromkeys(model for models in known.values() for model in models)
+        # A pool not asked yet may serve any model: it stays a candidate for each, in config order, so that the
+        # class policy still finds its own pool while the replicas are being asked (at start).
+        serving = {
+            model: tuple(p for p in self._pools.values() if p.name not in known or model in known[p.name])
+            for model in names
+        }
         # Replaced whole, never edited: a request reading the old index meanwhile sees a consistent one.
-        self.serving = {model: tuple(pools) for model, pools in serving.items()}
-        self.unknown = tuple(unknown)
+        self.serving, self.unknown, self._names = serving, unknown, sorted(names)
 
     def learn(self, replica: Replica, models: tuple[str, ...]) -> None:
         if replica.models != models:

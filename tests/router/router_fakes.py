@@ -83,6 +83,8 @@ class FakeReplica:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._generate)
         app.router.add_post("/v1/completions", self._generate)
+        # Only with raw_stream: the bytes of a Responses API stream, whatever they are.
+        app.router.add_post("/v1/responses", self._generate)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         # Like vLLM, a replica learns of a vanished client by its handler being cancelled.
