@@ -109,6 +109,19 @@ class PoolSettings(_Strict):
         "help in the image before start.",
     )
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment of each replica.")
+    served_model_name: str | None = Field(
+        default=None,
+        min_length=1,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]{0,127}$",
+        description="The model name this pool serves when it is not model.served_model_name: a second model behind "
+        "the same router, in a pool of its own that takes no class (requests reach it by their `model`).",
+    )
+    task: Literal["generate", "embed"] = Field(
+        default="generate",
+        description="What the pool serves: generate (chat, completions, responses), or embed: the same tiny model "
+        "as an embedding model (vLLM's --runner pooling --convert embed) for /v1/embeddings, /tokenize and /score; "
+        "an embed pool serves a model of its own (served_model_name).",
+    )
     cpus: tuple[str, ...] = Field(
         default=(),
         description="CPU set of each replica in Linux cpuset syntax ('1', '0-3', '0,2'): one entry per replica, "
@@ -277,7 +290,16 @@ class StackProfile(_Strict):
                 raise ValueError(
                     f"classes.{request_class.value}: unknown pool {target!r}{_suggest(target, self.pools)}"
                 )
-        unused = sorted(set(self.pools) - set(self.classes.values()))
+        for name, settings in self.pools.items():
+            if settings.task == "embed" and self.serves(name) == self.model.served_model_name:
+                raise ValueError(f"pools.{name}: an embed pool serves a model of its own; set its served_model_name")
+        for request_class, target in self.classes.items():
+            if self.serves(target) != self.model.served_model_name:
+                raise ValueError(
+                    f"classes.{request_class.value}: pool {target!r} serves {self.serves(target)!r}, not "
+                    f"{self.model.served_model_name!r}; classes go to the pools of model.served_model_name"
+                )
+        unused = sorted(set(self.pools) - set(self.classes.values()) - set(self.model_pools()))
         if unused:
             raise ValueError(f"pools {unused} receive no class; map a class to them or drop them")
         kill = self.checks.kill_replica
@@ -308,6 +330,14 @@ class StackProfile(_Strict):
         if last > 65535:
             raise ValueError(f"ports.base {self.ports.base} leaves no room for {self.replica_count} replicas")
         return self
+
+    def serves(self, pool: str) -> str:
+        """The model name pool `pool` serves."""
+        return self.pools[pool].served_model_name or self.model.served_model_name
+
+    def model_pools(self) -> dict[str, str]:
+        """Pools that serve another model than model.served_model_name, with that model: they take no class."""
+        return {name: self.serves(name) for name in self.pools if self.serves(name) != self.model.served_model_name}
 
     @property
     def replica_count(self) -> int:

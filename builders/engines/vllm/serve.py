@@ -23,7 +23,9 @@ class VLLM(ServingEngine):
     kind: ClassVar[str] = "vllm"
     title: ClassVar[str] = "vLLM"
     model_format: ClassVar[ModelFormat] = "hf-dir"
-    knobs: ClassVar[frozenset[str]] = frozenset({*_SCHEDULER_FIELDS, "enable_prefix_caching"})
+    knobs: ClassVar[frozenset[str]] = frozenset(
+        {*_SCHEDULER_FIELDS, "enable_prefix_caching", "served_model_name", "task"}
+    )
     busy_metric: ClassVar[str] = "vllm:num_requests_running"
     reuses_connections: ClassVar[bool] = True
     deployable: ClassVar[bool] = True
@@ -55,7 +57,13 @@ class VLLM(ServingEngine):
 
         add("(run)", "--host", host, "--port", str(port))
         add("(run)", "--load-format", "dummy")
-        add("model.served_model_name", "--served-model-name", model.served_model_name)
+        if pool.served_model_name:
+            add(f"pools.{name}.served_model_name", "--served-model-name", pool.served_model_name)
+        else:
+            add("model.served_model_name", "--served-model-name", model.served_model_name)
+        if pool.task == "embed":
+            # The generated Llama is a decoder: vLLM's pooling runner serves it as an embedding model.
+            add(f"pools.{name}.task", "--runner", "pooling", "--convert", "embed")
         add("model.dtype", "--dtype", dtype)
         add("model.seed", "--seed", str(model.seed))
         add("model.kv_cache_memory", "--kv-cache-memory-bytes", model.kv_cache_memory)

@@ -1,0 +1,61 @@
+"""Several models behind one router: what each pool's replicas are sent to warm up, and the smoke's check that every
+model the profile serves is reached through the router by a request naming it, on a pool that serves it.
+
+The router learns which pool serves which model from the replicas themselves (builders/router/served_models.py);
+this check is what proves it, from outside, the way a client would see it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import requests
+
+from builders.router.call import HEADER_POOL
+from builders.smoke.profile import StackProfile
+
+
+def requests_for(profile: StackProfile, pool: str, *, prompt: str, max_tokens: int) -> list[tuple[str, dict[str, Any]]]:
+    """(path, body) of the requests a replica of `pool` serves: an embedding for an embed pool, else a chat turn."""
+    model = profile.serves(pool)
+    if profile.pools[pool].task == "embed":
+        return [("/v1/embeddings", {"model": model, "input": prompt})]
+    return [
+        (
+            "/v1/chat/completions",
+            {"model": model, "max_tokens": max_tokens, "messages": [{"role": "user", "content": prompt}]},
+        )
+    ]
+
+
+def reach_every_model(profile: StackProfile, router_url: str, api_key: str, *, timeout_s: float) -> dict[str, Any]:
+    """One request per model through the router; each must get a 200 from a pool that serves its model."""
+    models: dict[str, list[str]] = {}
+    for name in profile.pools:
+        models.setdefault(profile.serves(name), []).append(name)
+    reached: dict[str, Any] = {}
+    failures: list[str] = []
+    for model, pools in models.items():
+        path, body = requests_for(profile, pools[0], prompt="Which pool am I on?", max_tokens=4)[0]
+        row: dict[str, Any] = {"path": path, "pools": pools}
+        try:
+            response = requests.post(
+                f"{router_url}{path}", json=body, headers={"Authorization": f"Bearer {api_key}"}, timeout=timeout_s
+            )
+        except requests.RequestException as exc:
+            row["error"] = f"{type(exc).__name__}: {exc}"
+            failures.append(f"{model}: {path} through the router failed: {row['error']}")
+            reached[model] = row
+            continue
+        row["status"] = response.status_code
+        row["pool"] = response.headers.get(HEADER_POOL)
+        if response.status_code != 200:
+            failures.append(
+                f"{model}: {path} through the router answered {response.status_code}: {response.text[:200]}"
+            )
+        elif row["pool"] not in pools:
+            failures.append(
+                f"{model}: answered by pool {row['pool']!r}, which does not serve it (served by: {', '.join(pools)})"
+            )
+        reached[model] = row
+    return {"models": reached, "failures": failures, "passed": not failures}
