@@ -123,19 +123,24 @@ class Dispatcher:
         )
         if pool is not chosen and not self.choice.may_serve(pool, parsed.model):
             pool = chosen
+        series = self.metrics.by_class[decision.request_class.value]
         call = Call(
             request=request,
             raw=with_priority(raw, decision.request_class, self.config.class_priority),
             parsed=parsed,
             decision=decision,
             pool=pool,
-            series=self.metrics.by_class[decision.request_class.value],
+            series=series,
             started=started,
             client_id=self.classifier.client_id(request.headers),
             upload=upload,
         )
-        self.metrics.requests_in(decision.request_class.value, chosen.name).inc()
-        call.series.in_flight.inc()
+        # By pool name, not by class: an enum's .value is a Python call, and this runs on every request.
+        counted = series.requests.get(chosen.name)
+        if counted is None:
+            counted = self.metrics.requests_in(decision.request_class.value, chosen.name)
+        counted.inc()
+        series.in_flight.inc()
         self.calls.add(call)
         try:
             return await (self._stream(call) if parsed.stream or upload is not None else self._unary(call))

@@ -27,6 +27,9 @@ class Endpoint(StrEnum):
     TRANSCRIPTIONS = "/v1/audio/transcriptions"
 
 
+# Module constants for the per-request identity tests: an enum member looked up on its class is a Python call in 3.11.
+_CHAT, _COMPLETIONS, _RESPONSES = Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.RESPONSES
+
 SERVICE_OF: dict[Endpoint, ServiceClass] = {
     Endpoint.EMBEDDINGS: ServiceClass.EMBEDDINGS,
     Endpoint.TOKENIZE: ServiceClass.TOKENIZE,
@@ -255,7 +258,9 @@ def _parse_service(endpoint: Endpoint, body: dict[str, Any]) -> ParsedRequest:
 
 
 def _parse_generation(endpoint: Endpoint, body: dict[str, Any]) -> ParsedRequest:
-    model = _model(body)
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest("model", "`model` must be a string")
     stream = body.get("stream", False)
     if stream is None:
         stream = False
@@ -279,10 +284,10 @@ def _parse_generation(endpoint: Endpoint, body: dict[str, Any]) -> ParsedRequest
 
     tool_turns = False
     token_ids = 0
-    if endpoint is Endpoint.CHAT:
+    if endpoint is _CHAT:
         text, tool_turns = _chat_prompt(body)
         param = "messages"
-    elif endpoint is Endpoint.COMPLETIONS:
+    elif endpoint is _COMPLETIONS:
         text, token_ids = _completion_prompt(body)
         param = "prompt"
     else:
@@ -305,8 +310,7 @@ def _parse_generation(endpoint: Endpoint, body: dict[str, Any]) -> ParsedRequest
 def parse_request(endpoint: Endpoint, raw: bytes, *, max_depth: int = 64, max_elements: int = 200_000) -> ParsedRequest:
     """Validate the fields the router relies on; the engine validates the rest. Not for uploads (upload_request)."""
     body = _decode(raw, max_depth, max_elements)
-    # Identity tests, not a dict keyed by Endpoint: an enum member's hash is a Python call, on every request.
-    if endpoint is Endpoint.CHAT or endpoint is Endpoint.COMPLETIONS or endpoint is Endpoint.RESPONSES:
+    if endpoint is _CHAT or endpoint is _COMPLETIONS or endpoint is _RESPONSES:
         return _parse_generation(endpoint, body)
     return _parse_service(endpoint, body)
 

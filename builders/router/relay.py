@@ -31,6 +31,9 @@ from builders.router.router_metrics import RouterMetrics
 from builders.router.stats import StreamStats
 from builders.router.upstream import Exchange
 
+_RESPONSES = Endpoint.RESPONSES
+"""A module constant: an enum member looked up on its class is a Python call in 3.11, and this runs per stream."""
+
 
 class StreamCut(Exception):
     def __init__(self, reason: str) -> None:
@@ -213,7 +216,7 @@ class Pump:
                         failure = ("upstream_died", 502, f"replica {replica.url} failed mid-stream ({upstream.error})")
             if failure is None:
                 rest = events.flush()
-                if call.parsed.endpoint is Endpoint.RESPONSES:
+                if call.parsed.endpoint is _RESPONSES:
                     # vLLM's Responses API sends no [DONE]: the relay loop ended on the replica's complete message.
                     if rest:
                         failure = ("upstream_error", 502, f"replica {replica.url} ended the stream mid-event")

@@ -14,9 +14,10 @@ ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2
 @dataclass(frozen=True, kw_only=True)
 class ClassSeries:
     """The series one request class updates on every request and every streamed event, resolved once. The count of
-    requests is by class and pool, and a request's model may choose another pool than its class's: it is resolved
-    per pool (RouterMetrics.requests_in)."""
+    requests is by class and pool, and a request's model may choose another pool than its class's: `requests` holds
+    it per pool name, bound on first use (RouterMetrics.requests_in)."""
 
+    requests: dict[str, BoundValue]
     in_flight: BoundValue
     ttft: HistogramSeries
     itl: HistogramSeries
@@ -117,6 +118,7 @@ class RouterMetrics:
         # Binding creates every class's series at zero, so dashboards see them before the first request.
         self.by_class = {
             c.value: ClassSeries(
+                requests={},
                 in_flight=self.in_flight.bind({"class": c.value}),
                 ttft=self.ttft.bind({"class": c.value}),
                 itl=self.itl.bind({"class": c.value}),
@@ -124,7 +126,6 @@ class RouterMetrics:
             )
             for c in EVERY_CLASS
         }
-        self._requests_in: dict[tuple[str, str], BoundValue] = {}
         for c in EVERY_CLASS:
             self.requests_in(c.value, class_pools[c.value])
         self.streams_active.ensure()
@@ -133,10 +134,10 @@ class RouterMetrics:
 
     def requests_in(self, request_class: str, pool: str) -> BoundValue:
         """The request count of one class in one pool, bound on first use."""
-        key = (request_class, pool)
-        bound = self._requests_in.get(key)
+        by_pool = self.by_class[request_class].requests
+        bound = by_pool.get(pool)
         if bound is None:
-            bound = self._requests_in[key] = self.requests.bind({"class": request_class, "pool": pool})
+            bound = by_pool[pool] = self.requests.bind({"class": request_class, "pool": pool})
         return bound
 
     def render(self) -> str:
