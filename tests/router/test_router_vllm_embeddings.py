@@ -22,6 +22,7 @@ from router_fakes import FakeReplica, router_config, run
 
 from builders.cpusets import parse_cpuset
 from builders.router import start_router
+from builders.serving_dtype import choose_dtype, this_host
 from builders.smoke.plan import plan_stack
 from builders.smoke.profile import load_profile
 from builders.smoke.runtimes import LaunchedProcess, start_process
@@ -50,7 +51,10 @@ def wait_healthy(url: str, launched: LaunchedProcess, timeout_s: float) -> None:
 def test_a_real_vllm_embedding_replica_serves_embeddings_and_tokenize_through_the_router(tmp_path: Path) -> None:
     binary = local_vllm()
     profile, _ = load_profile("two-models", root=ROOT)
-    plan = plan_stack(profile, run_id="embed", base_port=free_base_port(profile.replica_count))
+    # float32, as on CI's AVX2-only runner and in rendered manifests: on this 2-core Xeon VM vLLM 0.32's bfloat16
+    # worker died of SIGILL (exit -4) at its first forward pass, generation and pooling alike (2026-12-04).
+    float32 = choose_dtype("float32", this_host())
+    plan = plan_stack(profile, run_id="embed", base_port=free_base_port(profile.replica_count), dtype=float32)
     replica = next(r for r in plan.replicas if r.pool == "embed")
     assert replica.args[replica.args.index("--runner") :][:4] == ("--runner", "pooling", "--convert", "embed")
     model_dir = tmp_path / "model"
