@@ -131,6 +131,12 @@ class RouterConfig(BaseModel):
         "learnt from its replicas' GET /v1/models (asked when a replica joins the pool or comes back healthy). A "
         "request's `model` selects the pools that serve it; a model no pool serves gets a 404 naming those served.",
     )
+    models_refresh_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="A healthy replica's models are asked again after this many seconds (a LoRA adapter loaded at run "
+        "time is routed to from then on); they are asked at once when the replica joins or comes back.",
+    )
     api_key: str | None = Field(
         default=None,
         description="If set, /v1/* requires 'Authorization: Bearer <key>'; /health and /metrics do not. "

@@ -1,5 +1,6 @@
 """Health checks of the replicas, what discovery's membership changes trigger, and when a replica's models are
-asked (builders/router/served_models.py: when it is first found healthy, and when it comes back)."""
+asked (builders/router/served_models.py: when it is first found healthy, when it comes back, and every
+models_refresh_s)."""
 
 from __future__ import annotations
 
@@ -48,7 +49,8 @@ class HealthChecker:
             came_back = not replica.healthy
             replica.healthy = True
             # A server that was down may have come back serving another model; one never asked is asked now.
-            if self._catalog.asks(replica) and (replica.models is None or came_back):
+            due = replica.last_check - replica.models_asked >= self.config.models_refresh_s
+            if self._catalog.asks(replica) and (replica.models is None or came_back or due):
                 await self._catalog.ask(
                     self._session, replica, self._dispatcher.upstream_headers(), self.config.health_timeout_s
                 )

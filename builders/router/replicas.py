@@ -22,6 +22,8 @@ class Replica:
     last_check: float | None = None
     models: tuple[str, ...] | None = None
     """The model names its GET /v1/models listed (builders/router/served_models.py); None until it answered."""
+    models_asked: float = 0.0
+    """When its models were last asked (time.monotonic)."""
 
     def mark_down(self, reason: str) -> None:
         self.healthy = False

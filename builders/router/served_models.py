@@ -2,13 +2,15 @@
 
 The model side of discovery: discovery (builders/router/discovery.py) says which replicas a pool has, this module
 which models they serve, and the policy (builders/router/pool_choice.py) reads the index kept here. A replica is
-asked when the health checker first finds it healthy (at start, when discovery adds it) and again each time it comes
-back after being down, since a restarted server may serve another model; until one of a pool's replicas has answered,
-the pool's models are unknown, and the policy still lets it take requests for models no known pool serves.
+asked when the health checker first finds it healthy (at start, when discovery adds it), again each time it comes
+back after being down, since a restarted server may serve another model, and every models_refresh_s while healthy
+(a LoRA adapter loaded at run time). Until one of a pool's replicas has answered, the pool's models are unknown,
+and the policy counts it as serving every model.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 
 import aiohttp
@@ -78,6 +80,7 @@ class ModelCatalog:
     ) -> str | None:
         """Ask one replica which models it serves and learn the answer; None, or why it could not be learnt (the
         replica keeps what was learnt before)."""
+        replica.models_asked = time.monotonic()
         try:
             async with session.get(
                 f"{replica.url}/v1/models", headers=dict(headers), timeout=aiohttp.ClientTimeout(total=timeout_s)

@@ -40,7 +40,10 @@ class UploadRefused(Exception):
 
 
 def multipart_boundary(content_type: str) -> bytes | None:
-    """The boundary of a multipart/form-data Content-Type, or None when it is not one."""
+    """The boundary of a multipart/form-data Content-Type, or None when it is not one (or not printable ASCII: the
+    header goes on to the replica as it came)."""
+    if not (content_type.isascii() and content_type.isprintable()):
+        return None
     kind, _, params = content_type.partition(";")
     if kind.strip().lower() != "multipart/form-data":
         return None

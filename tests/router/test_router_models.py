@@ -99,7 +99,9 @@ def test_a_replica_that_comes_back_serving_another_model_is_asked_again() -> Non
         replica = await FakeReplica(behavior, models=("old",)).start()
         other = await FakeReplica(name="other", models=("m",)).start()
         router = await start_router(
-            router_config({"p": [replica.url], "q": [other.url]}, default_pool="q", health_interval_s=600)
+            router_config(
+                {"p": [replica.url], "q": [other.url]}, default_pool="q", health_interval_s=600, models_refresh_s=2.0
+            )
         )
         health = router.router.health
         try:
@@ -119,10 +121,14 @@ def test_a_replica_that_comes_back_serving_another_model_is_asked_again() -> Non
                 await health.check_all()
                 assert await status("new") == (200, "p")
                 assert (await status("old"))[0] == 404
-                # Healthy all along: not asked again, so a silent change is not seen until it goes down.
+                # Healthy all along: asked again only once models_refresh_s has passed (a LoRA adapter loaded at run
+                # time), not at every health check.
                 other.models = ("m", "extra")
                 await health.check_all()
                 assert (await status("extra"))[0] == 404
+                await asyncio.sleep(2.1)
+                await health.check_all()
+                assert await status("extra") == (200, "q")
         finally:
             await router.stop()
             await replica.stop()
