@@ -6,7 +6,7 @@ import json
 import re
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeGuard
 
 from builders.router.classes import ServiceClass
 
@@ -78,7 +78,7 @@ class ParsedRequest:
         return self.prompt_token_ids + (len(self.prompt_text) + self.tools_chars + 3) // 4
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -187,7 +187,7 @@ def _check_encodable(text: str, param: str) -> None:
         ) from None
 
 
-def _decode(raw: bytes, max_depth: int, max_elements: int) -> dict[str, Any]:
+def _decode(raw: bytes, max_depth: int, max_elements: int) -> dict[str, object]:
     check_json_cost(raw, max_depth=max_depth, max_elements=max_elements)
     try:
         # JSON between systems is UTF-8 (RFC 8259 section 8.1); decoding it here skips json.loads's
@@ -204,14 +204,14 @@ def _decode(raw: bytes, max_depth: int, max_elements: int) -> dict[str, Any]:
     return body
 
 
-def _model(body: dict[str, Any]) -> str | None:
+def _model(body: dict[str, object]) -> str | None:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequest("model", "`model` must be a string")
     return model
 
 
-def _responses_prompt(body: dict[str, Any]) -> tuple[str, bool]:
+def _responses_prompt(body: dict[str, object]) -> tuple[str, bool]:
     """The Responses API's `instructions` and `input` as one text (rendered as chat's are), and whether it carries
     tool turns. `input` may be absent (a request that continues a stored response)."""
     parts = []
@@ -242,7 +242,7 @@ def _responses_prompt(body: dict[str, Any]) -> tuple[str, bool]:
     return "".join(parts), tool_turns
 
 
-def _parse_service(endpoint: Endpoint, body: dict[str, Any]) -> ParsedRequest:
+def _parse_service(endpoint: Endpoint, body: dict[str, object]) -> ParsedRequest:
     # The replica validates the rest (input, query, documents, tokens): the router needs only where to send it.
     return ParsedRequest(
         endpoint=endpoint,
@@ -257,7 +257,7 @@ def _parse_service(endpoint: Endpoint, body: dict[str, Any]) -> ParsedRequest:
     )
 
 
-def _parse_generation(endpoint: Endpoint, body: dict[str, Any]) -> ParsedRequest:
+def _parse_generation(endpoint: Endpoint, body: dict[str, object]) -> ParsedRequest:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequest("model", "`model` must be a string")

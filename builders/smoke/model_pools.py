@@ -7,18 +7,19 @@ this check is what proves it, from outside, the way a client would see it.
 
 from __future__ import annotations
 
-from typing import Any
-
 import requests
 
+from builders.config.profile import StackProfile
 from builders.router.call import HEADER_POOL
-from builders.smoke.profile import StackProfile
+from builders.smoke.report import ModelReached, ModelsVerdict
 
 
-def requests_for(profile: StackProfile, pool: str, *, prompt: str, max_tokens: int) -> list[tuple[str, dict[str, Any]]]:
+def requests_for(
+    profile: StackProfile, pool: str, *, prompt: str, max_tokens: int
+) -> list[tuple[str, dict[str, object]]]:
     """(path, body) of the requests a replica of `pool` serves: an embedding for an embed pool, else a chat turn."""
     model = profile.serves(pool)
-    if profile.pools[pool].task == "embed":
+    if profile.pools[pool].embeds:
         return [("/v1/embeddings", {"model": model, "input": prompt})]
     return [
         (
@@ -28,34 +29,32 @@ def requests_for(profile: StackProfile, pool: str, *, prompt: str, max_tokens: i
     ]
 
 
-def reach_every_model(profile: StackProfile, router_url: str, api_key: str, *, timeout_s: float) -> dict[str, Any]:
+def reach_every_model(profile: StackProfile, router_url: str, api_key: str, *, timeout_s: float) -> ModelsVerdict:
     """One request per model through the router; each must get a 200 from a pool that serves its model."""
     models: dict[str, list[str]] = {}
     for name in profile.pools:
         models.setdefault(profile.serves(name), []).append(name)
-    reached: dict[str, Any] = {}
+    reached: dict[str, ModelReached] = {}
     failures: list[str] = []
     for model, pools in models.items():
         path, body = requests_for(profile, pools[0], prompt="Which pool am I on?", max_tokens=4)[0]
-        row: dict[str, Any] = {"path": path, "pools": pools}
+        row = reached[model] = ModelReached(path=path, pools=pools)
         try:
             response = requests.post(
                 f"{router_url}{path}", json=body, headers={"Authorization": f"Bearer {api_key}"}, timeout=timeout_s
             )
         except requests.RequestException as exc:
-            row["error"] = f"{type(exc).__name__}: {exc}"
-            failures.append(f"{model}: {path} through the router failed: {row['error']}")
-            reached[model] = row
+            row.error = f"{type(exc).__name__}: {exc}"
+            failures.append(f"{model}: {path} through the router failed: {row.error}")
             continue
-        row["status"] = response.status_code
-        row["pool"] = response.headers.get(HEADER_POOL)
+        row.status = response.status_code
+        row.pool = response.headers.get(HEADER_POOL)
         if response.status_code != 200:
             failures.append(
                 f"{model}: {path} through the router answered {response.status_code}: {response.text[:200]}"
             )
-        elif row["pool"] not in pools:
+        elif row.pool not in pools:
             failures.append(
-                f"{model}: answered by pool {row['pool']!r}, which does not serve it (served by: {', '.join(pools)})"
+                f"{model}: answered by pool {row.pool!r}, which does not serve it (served by: {', '.join(pools)})"
             )
-        reached[model] = row
-    return {"models": reached, "failures": failures, "passed": not failures}
+    return ModelsVerdict(models=reached, failures=failures, passed=not failures)

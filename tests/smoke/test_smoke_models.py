@@ -44,7 +44,7 @@ def test_each_model_is_reached_through_the_router_and_the_embedding_pool_runs_as
         profile=profile, profile_path=path, report_dir=tmp_path, base_port=free_base_port(profile.replica_count)
     )
     run = local_run(options, install(tmp_path))
-    report = run.execute()
+    report = json.loads(run.execute().to_json())
     assert report["gates"] == {"passed": True, "failures": []}, report["gates"]
     models = report["checks"]["models"]
     assert models["passed"] is True
@@ -87,9 +87,9 @@ def test_the_model_check_fails_naming_a_model_answered_badly_or_by_the_wrong_poo
         check = reach_every_model(profile, url, "key", timeout_s=5)
     finally:
         server.shutdown()
-    assert check["passed"] is False
-    assert check["models"]["forge-tiny"]["pool"] == "chat"
-    [failure] = check["failures"]
+    assert check.passed is False
+    assert check.models["forge-tiny"].pool == "chat"
+    [failure] = check.failures
     if embed_task == "embed":
         assert failure.startswith("forge-tiny-embed: /v1/embeddings through the router answered 404")
     else:

@@ -12,19 +12,22 @@ states is pinned below as data with its citation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar, Literal
+
+from pydantic import Field
 
 from builders.config.models import Distro, Recipe
 from builders.container import Engine
 from builders.distros import family_for
 from builders.engines.checks import CheckResult
-from builders.engines.native import find_line, sdist_member
+from builders.engines.sdist import find_line, sdist_member
+from builders.engines.serving import ServingEngine
 from builders.errors import ConfigError
+from builders.gates.context import PreflightContext
+from builders.gates.findings import Finding, blocker, passed, unchecked, warning
 from builders.plan import TORCH_INDEXES, BuildPlan, ContextItem, CudaPlan, PlanOptions, TorchSpec
 from builders.platforms import platform_of
-from builders.preflight.findings import Finding, blocker, passed, unchecked, warning
-from builders.preflight.inputs import PreflightInputs
 from builders.target import Target
 
 # sgl-kernel's CPU build, read where it lives (not reachable from build hosts here, hence pinned as data):
@@ -42,9 +45,16 @@ AMX_FLAGS = ("amx_tile",)
 KERNEL_SOURCE = "sgl-kernel"
 
 
-@dataclass(frozen=True, kw_only=True)
-class SGLang:
-    name: str = "sglang"
+class SGLangRecipe(Recipe):
+    """An SGLang recipe: the keys every recipe has, its engine named."""
+
+    engine: Literal["sglang"] = Field(description="SGLang's server")
+
+
+class SGLang(ServingEngine):
+    name: ClassVar[str] = "sglang"
+    title: ClassVar[str] = "SGLang"
+    recipe_model: ClassVar[type[Recipe]] = SGLangRecipe
 
     def plan(self, distro: Distro, recipe: Recipe, options: PlanOptions) -> BuildPlan:
         assert recipe.source is not None and recipe.source.pypi is not None
@@ -192,7 +202,7 @@ class SGLang:
     def source_version(self, source: Path) -> str | None:
         return None
 
-    def preflight(self, inputs: PreflightInputs) -> list[Finding]:
+    def gates(self, inputs: PreflightContext) -> list[Finding]:
         recipe = inputs.recipe
         if Target.resolve(inputs.distro, recipe).cuda:
             return [
@@ -216,7 +226,7 @@ class SGLang:
         )
         return findings
 
-    def _kernel_isa(self, inputs: PreflightInputs) -> Finding:
+    def _kernel_isa(self, inputs: PreflightContext) -> Finding:
         lacking = [f for f in AVX512_FLAGS if f not in inputs.run_flags]
         found = f"{inputs.run_source}: {'lacks ' + ', '.join(lacking) if lacking else 'has ' + ', '.join(AVX512_FLAGS)}"
         source = f"{SGL_KERNEL_CPU_CMAKE} (pinned as data: no sdist carries sgl-kernel's CPU build)"
@@ -232,7 +242,7 @@ class SGLang:
             "sgl-kernel's x86 CPU kernels are AVX-512/AMX code compiled with -march=native",
         )
 
-    def _amx(self, inputs: PreflightInputs) -> Finding:
+    def _amx(self, inputs: PreflightContext) -> Finding:
         lacking = [f for f in AMX_FLAGS if f not in inputs.run_flags]
         if inputs.source is None:
             return unchecked(
@@ -261,6 +271,3 @@ class SGLang:
     def checks(self, engine: Engine, image: str, plan: BuildPlan) -> list[CheckResult]:
         # Forge does not build SGLang images here; a build elsewhere gets no serve check it could not pass here.
         return []
-
-
-ENGINE = SGLang()
