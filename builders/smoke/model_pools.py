@@ -14,18 +14,27 @@ from builders.router.call import HEADER_POOL
 from builders.smoke.report import ModelReached, ModelsVerdict
 
 
-def requests_for(
-    profile: StackProfile, pool: str, *, prompt: str, max_tokens: int
-) -> list[tuple[str, dict[str, object]]]:
-    """(path, body) of the requests a replica of `pool` serves: an embedding for an embed pool, else a chat turn."""
+def request_for(profile: StackProfile, pool: str, *, prompt: str, max_tokens: int) -> tuple[str, dict[str, object]]:
+    """(path, body) of a request a replica of `pool` serves: an embedding for an embed pool, else a chat turn."""
     model = profile.serves(pool)
     if profile.pools[pool].embeds:
-        return [("/v1/embeddings", {"model": model, "input": prompt})]
+        return "/v1/embeddings", {"model": model, "input": prompt}
+    return "/v1/chat/completions", {
+        "model": model,
+        "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": prompt}],
+    }
+
+
+def warm_up_requests(profile: StackProfile, pool: str) -> list[tuple[str, dict[str, object]]]:
+    """What a replica of `pool` is sent before anything is measured: a short chat turn and a prompt of half its
+    context, or for an embed pool that prompt as an embedding (it serves neither chat nor completions)."""
+    long_prompt = " the" * ((profile.pools[pool].max_model_len or profile.model.max_model_len) // 2)
+    if profile.pools[pool].embeds:
+        return [request_for(profile, pool, prompt=long_prompt, max_tokens=8)]
     return [
-        (
-            "/v1/chat/completions",
-            {"model": model, "max_tokens": max_tokens, "messages": [{"role": "user", "content": prompt}]},
-        )
+        request_for(profile, pool, prompt="hi", max_tokens=8),
+        ("/v1/completions", {"model": profile.serves(pool), "max_tokens": 8, "prompt": long_prompt}),
     ]
 
 
@@ -37,7 +46,7 @@ def reach_every_model(profile: StackProfile, router_url: str, api_key: str, *, t
     reached: dict[str, ModelReached] = {}
     failures: list[str] = []
     for model, pools in models.items():
-        path, body = requests_for(profile, pools[0], prompt="Which pool am I on?", max_tokens=4)[0]
+        path, body = request_for(profile, pools[0], prompt="Which pool am I on?", max_tokens=4)
         row = reached[model] = ModelReached(path=path, pools=pools)
         try:
             response = requests.post(

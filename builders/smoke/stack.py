@@ -40,7 +40,7 @@ from builders.router.config import RouterConfig, config_from_mapping
 from builders.runs import Phase, ended_by_signal, run_phases
 from builders.serving_dtype import choose_dtype, this_host
 from builders.smoke.judge import compare_slow_clients, judge_kill
-from builders.smoke.model_pools import reach_every_model, requests_for
+from builders.smoke.model_pools import reach_every_model, warm_up_requests
 from builders.smoke.plan import ReplicaPlan, RuntimeGroup, StackPlan, plan_stack
 from builders.smoke.report import (
     ArgumentProblem,
@@ -229,24 +229,13 @@ def generating(replica: ReplicaPlan, api_key: str | None = None) -> bool:
 
 
 def warm_up(plan: StackPlan, api_key: str, *, timeout_s: float = 60.0) -> float:
-    """Send each replica a short chat turn and a long prompt before anything is measured: a replica's first
-    requests pay one-time costs (lazy kernel initialisation, allocator growth) that showed up as a
-    single ~800 ms TTFT in the first measured run. Returns the seconds it took."""
+    """Send each replica a short chat turn and a long prompt (an embed pool: an embedding) before anything is
+    measured: a replica's first requests pay one-time costs (lazy kernel initialisation, allocator growth) that
+    showed up as a single ~800 ms TTFT in the first measured run. Returns the seconds it took."""
     started = time.monotonic()
     headers = {"Authorization": f"Bearer {api_key}"}
     for replica in plan.replicas:
-        model = plan.profile.serves(replica.pool)
-        length = plan.profile.pools[replica.pool].max_model_len or plan.profile.model.max_model_len
-        bodies = [
-            (
-                "/v1/chat/completions",
-                {"model": model, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
-            ),
-            ("/v1/completions", {"model": model, "max_tokens": 8, "prompt": " the" * (length // 2)}),
-        ]
-        if plan.profile.pools[replica.pool].embeds:
-            bodies = requests_for(plan.profile, replica.pool, prompt=" the" * (length // 2), max_tokens=8)
-        for path, body in bodies:
+        for path, body in warm_up_requests(plan.profile, replica.pool):
             try:
                 response = requests.post(f"{replica.url}{path}", json=body, headers=headers, timeout=timeout_s)
             except requests.RequestException as exc:

@@ -15,7 +15,7 @@ from fake_vllm import install
 from rich.console import Console
 from smoke_helpers import ROOT, free_base_port
 
-from builders.smoke.model_pools import reach_every_model
+from builders.smoke.model_pools import reach_every_model, warm_up_requests
 from builders.smoke.profile import load_profile, profile_from_mapping
 from builders.smoke.runtimes import LocalReplicas, LocalRouter, ReplicaRuntime, RouterRuntime
 from builders.smoke.stack import SmokeOptions, SmokeRun
@@ -54,6 +54,17 @@ def test_each_model_is_reached_through_the_router_and_the_embedding_pool_runs_as
     # The chat traffic never touched the embedding pool: every class was served by the chat pool.
     assert {row["pool"] for row in report["traffic"]["main"]["classes"].values()} == {"chat"}
     assert report["teardown"]["clean"] is True
+
+
+def test_an_embed_pool_warms_up_with_an_embedding_and_a_chat_pool_with_a_chat_turn_and_a_long_completion() -> None:
+    profile = load_profile("two-models", root=ROOT)[0]
+    half_context = " the" * (profile.model.max_model_len // 2)
+    [(path, body)] = warm_up_requests(profile, "embed")
+    assert (path, body) == ("/v1/embeddings", {"model": "forge-tiny-embed", "input": half_context})
+    chat, completion = warm_up_requests(profile, "chat")
+    assert chat[0] == "/v1/chat/completions"
+    assert chat[1]["model"] == "forge-tiny" and chat[1]["messages"] == [{"role": "user", "content": "hi"}]
+    assert completion == ("/v1/completions", {"model": "forge-tiny", "max_tokens": 8, "prompt": half_context})
 
 
 class _WrongPool(BaseHTTPRequestHandler):
