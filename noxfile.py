@@ -311,6 +311,12 @@ def bench_router(session: nox.Session) -> None:
     session.run("python", str(ROOT / "benchmarks" / "bench_router.py"), "--save", *session.posargs, external=True)
 
 
+@nox.session(python=False, name="bench-router-instructions", default=False)
+def bench_router_instructions(session: nox.Session) -> None:
+    """Instructions per streamed request of the router (callgrind), this checkout beside --forge-ref REF."""
+    session.run("python", str(ROOT / "benchmarks" / "router_instructions.py"), *session.posargs, external=True)
+
+
 @nox.session(python=False, name="bench-rebuild", default=False)
 def bench_rebuild(session: nox.Session) -> None:
     """The dev loop on a real vLLM tree: cold, no change, a Python line, a csrc/cpu/ line, a requirement edit
