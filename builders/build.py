@@ -337,9 +337,17 @@ def _preflight(ctx: Context) -> None:
 def _sources(ctx: Context) -> None:
     project, distro, recipe, report = ctx.project, ctx.distro, ctx.recipe, ctx.report
     if ctx.target.native:
+        from builders.engines import native_engine
+
         # Another engine's pinned archive: staged as the plan's sdist, its version read by the engine's module.
         sdist = ctx.sources["vllm"] = resolve_sdist(recipe, project.root, ctx.options.source_overrides)
         report.source = {"origin": sdist.origin, "sha256": sdist.sha256, "path": str(sdist.path)}
+        # And the checkouts its build needs beside it (sgl-kernel's CPU kernels): the engine names what is missing.
+        for resolved in native_engine(recipe).sources(recipe, ctx.options.source_overrides):
+            ctx.sources[resolved.name] = resolved
+            report.fetched_sources.append(
+                {"name": resolved.name, "origin": resolved.origin, "path": str(resolved.path)}
+            )
     if ctx.compiles:
         vllm = ctx.sources["vllm"] = resolve_sdist(recipe, project.root, ctx.options.source_overrides)
         report.source = {"origin": vllm.origin, "sha256": vllm.sha256, "path": str(vllm.path)}
@@ -575,6 +583,7 @@ def _preflight_phase(
         torch_version=options.torch_version,
         fetch=True,
         progress=log.info,
+        local_sources={k: v for k, v in options.source_overrides.items() if k != "vllm"},
     )
     report.preflight = pre.model_dump(mode="json")
     for finding in pre.findings:

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from builders.plan import BuildPlan, PlanOptions
     from builders.preflight.findings import Finding
     from builders.preflight.inputs import PreflightInputs
+    from builders.sources import ResolvedSource
 
 
 class NativeEngine(Protocol):
@@ -26,6 +27,11 @@ class NativeEngine(Protocol):
 
     def source_version(self, source: Path) -> str | None:
         """The engine's own version as its pinned source states it (recorded in the report and labels)."""
+        ...
+
+    def sources(self, recipe: Recipe, overrides: dict[str, Path]) -> list[ResolvedSource]:
+        """The checkouts the build needs beside the pinned archive, from --source NAME=PATH (none for most).
+        Raises SourceUnavailable naming what to check out where one is missing."""
         ...
 
     def preflight(self, inputs: PreflightInputs) -> list[Finding]:

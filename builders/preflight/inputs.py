@@ -4,7 +4,8 @@ imports no engine."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,3 +26,5 @@ class PreflightInputs:
     max_jobs: int | None
     run_flags: frozenset[str]  # CPU flags of the host the image will run on
     run_source: str
+    # --source NAME=PATH other than the engine's own archive: checkouts an engine's build needs (sgl-kernel).
+    local_sources: Mapping[str, Path] = field(default_factory=dict)

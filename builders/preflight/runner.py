@@ -6,7 +6,7 @@ The build executor calls this as its first phase; `forge preflight` calls it on 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -490,6 +490,7 @@ def run_preflight(
     torch_version: str | None = None,
     fetch: bool = False,
     progress: Progress = lambda _line: None,
+    local_sources: Mapping[str, Path] | None = None,
 ) -> PreflightReport:
     """Every gate for building `recipe` on `distro` here. A failed gate never raises: the report says, and a gate
     that could not be evaluated makes it incomplete, never clear.
@@ -497,6 +498,7 @@ def run_preflight(
     gpu_mode: for device=cuda recipes, overrides the recipe's cuda.mode (wheel: no compile gates).
     torch_index, torch_version: what the build was told (--torch-index, --torch-version), else the recipe's.
     fetch: download the pinned vLLM sdist into the source cache when it is not there (progress says so).
+    local_sources: the other --source NAME=PATH checkouts, for a kind=native engine's gates (sgl-kernel).
     Raises SourceUnavailable only when an explicitly given source cannot be read.
     """
     start = time.monotonic()
@@ -517,6 +519,7 @@ def run_preflight(
             fetch=fetch,
             progress=progress,
             start=start,
+            local_sources=local_sources or {},
         )
     device, arch = target.device, distro.arch
     findings: list[Finding] = []
@@ -656,6 +659,7 @@ def _native_preflight(
     fetch: bool,
     progress: Progress,
     start: float,
+    local_sources: Mapping[str, Path],
 ) -> PreflightReport:
     """Another engine's gates come from its module, read from its own build files; disk and RAM are the same
     gates as every build's."""
@@ -675,6 +679,7 @@ def _native_preflight(
             max_jobs=jobs,
             run_flags=run_flags,
             run_source=run_source,
+            local_sources=local_sources,
         )
     )
     findings += disk

@@ -22,6 +22,7 @@ from builders.plan import BuildPlan, ContextItem, PlanOptions, image_build_args,
 from builders.platforms import platform_of
 from builders.preflight.findings import Finding
 from builders.preflight.inputs import PreflightInputs
+from builders.sources import ResolvedSource
 
 # Everything but the ISA, which comes from the recipe as build args. Why each is set:
 CMAKE_DEFINES: dict[str, str] = {
@@ -124,6 +125,9 @@ class LlamaCpp:
 
     def source_version(self, source: Path) -> str | None:
         return None
+
+    def sources(self, recipe: Recipe, overrides: dict[str, Path]) -> list[ResolvedSource]:
+        return []  # the sdist vendors the whole llama.cpp tree
 
     def preflight(self, inputs: PreflightInputs) -> list[Finding]:
         return llama_cpp_gates.preflight(inputs)

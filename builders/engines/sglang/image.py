@@ -1,13 +1,11 @@
-"""SGLang, rendered and preflighted: its CPU server on a distro's base, and its CUDA server beside vLLM's.
+"""SGLang's images: its CPU server built from source on a distro's base, and its CUDA server beside vLLM's.
 
-Forge does not serve SGLang anywhere, and nothing here pretends to: the CPU image needs sgl-kernel's CPU kernels,
-which need AVX-512 and AMX, and no CPU here has them; the GPU image needs an NVIDIA GPU. The plans render real
-Containerfiles, and preflight says what blocks them and where that requirement comes from.
-
-Sources: PyPI's `sglang` sdist carries SGLang's Python package with pyproject_cpu.toml and its AMX probe; no PyPI
-release of `sgl-kernel` (or `sglang-kernel`) has an sdist, so the kernels' CPU build source is a checkout of
-sgl-project/sglang's sgl-kernel/ that the user passes (--source sgl-kernel=PATH), and the AVX-512 requirement it
-states is pinned below as data with its citation.
+The CPU image compiles sgl-kernel's CPU kernels (AVX-512 BF16 and AMX code, built with -march=native by their own
+CMake) against the torch SGLang pins for CPU, installs SGLang's Python package from its PyPI sdist beside them,
+and serves a tiny random model in its test stage. The kernels' source is a checkout the user passes
+(kernel_source.py says why and which commit); without it the build stops before anything is compiled, naming the
+commit and `--source sgl-kernel=PATH`. The GPU image installs PyPI's sglang wheel on the CUDA runtime base and is
+rendered and preflighted only: no GPU here.
 """
 
 from __future__ import annotations
@@ -19,27 +17,19 @@ from builders.config.models import Distro, Recipe
 from builders.container import Engine
 from builders.distros import family_for
 from builders.engines.checks import CheckResult
-from builders.engines.native import find_line, sdist_member
-from builders.errors import ConfigError
+from builders.engines.sglang import checks as sglang_checks
+from builders.engines.sglang import gates as sglang_gates
+from builders.engines.sglang import kernel_source
+from builders.errors import ConfigError, SourceUnavailable, UsageError
 from builders.plan import TORCH_INDEXES, BuildPlan, ContextItem, CudaPlan, PlanOptions, TorchSpec
 from builders.platforms import platform_of
-from builders.preflight.findings import Finding, blocker, passed, unchecked, warning
+from builders.preflight.findings import Finding, passed
 from builders.preflight.inputs import PreflightInputs
+from builders.sources import ResolvedSource
 from builders.target import Target
 
-# sgl-kernel's CPU build, read where it lives (not reachable from build hosts here, hence pinned as data):
-SGL_KERNEL_CPU_CMAKE = (
-    "sgl-project/sglang@047968281e791f8256bc68abf840e0e1d24c91e1 sgl-kernel/csrc/cpu/CMakeLists.txt:98 "
-    '("These kernels still rely on x86-specific AMX/AVX512 implementations") and :127 (-march=native)'
-)
-# The AVX-512 subset PyTorch's CPU_CAPABILITY=AVX512 kernels (which sgl-kernel's vectorised code builds on) require:
-# at::cpu::is_cpu_support_avx512() checks exactly these four (aten/src/ATen/cpu/Utils.cpp).
-AVX512_FLAGS = ("avx512f", "avx512dq", "avx512bw", "avx512vl")
-# SGLang's own probe, in the sdist: the intel_amx backend runs only where torch reports AMX tiles.
-AMX_PROBE_FILE = "sglang/srt/utils/common.py"
-AMX_PROBE = r"=\s*torch\._C\._cpu\._is_amx_tile_supported\(\)"
-AMX_FLAGS = ("amx_tile",)
-KERNEL_SOURCE = "sgl-kernel"
+# Where the CPU build installs torch's CUDA stub CMake (containers/scripts/), for PyPI's torch, which is a CUDA build.
+CUDART_STUB = "-DCMAKE_PROJECT_INCLUDE=/opt/forge/scripts/torch_cudart_stub.cmake"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,30 +78,49 @@ class SGLang:
             "cmake_from_pip": False,
             "secrets": ("ca_bundle",) if options.trust_ca_bundle else (),
             "vllm_version": pin.version,
-            # Never served by Forge: the test stage only runs the entrypoint's --help.
-            "test_checks": (),
         }
         if Target.resolve(distro, recipe).cuda:
+            # Never served by Forge: no GPU here.
             return self._cuda_plan(distro, recipe, options, pin.version, torch_version, labels, common)
-        # sgl-kernel's CMake compiles with -march=native: the build host's CPU decides, by SGLang's design.
-        labels["dev.forge.isa"] = "sgl-kernel CPU: -march=native (its CMake's choice); needs AVX-512 and AMX"
-        labels["org.opencontainers.image.base.name"] = distro.base.pinned_ref
+        index = options.torch_index or recipe.torch.index
+        if index not in ("pytorch-cpu", "pypi"):
+            raise UsageError(
+                f"torch index {index!r} for recipes/{recipe.name}.yaml: its CPU build takes torch from PyTorch's CPU "
+                "index or from PyPI",
+                hint="pass --torch-index pytorch-cpu or --torch-index pypi",
+            )
+        # PyPI's torch for Linux x86_64 is its CUDA build; PyTorch's CPU index names the same release +cpu.
+        version = torch_version.split("+", 1)[0] + ("+cpu" if index == "pytorch-cpu" else "")
+        url = recipe.torch.index_url if index == recipe.torch.index and recipe.torch.index_url else None
         torch = TorchSpec(
-            version=f"{torch_version}+cpu",
-            index=recipe.torch.index,
-            index_url=TORCH_INDEXES.get(recipe.torch.index),
-            cuda_build_on_cpu=False,
+            version=version,
+            index=index,
+            index_url=url or TORCH_INDEXES.get(index),
+            cuda_build_on_cpu=index == "pypi",
         )
+        labels |= {
+            "org.opencontainers.image.base.name": distro.base.pinned_ref,
+            # sgl-kernel's CMake compiles with -march=native: the build host's CPU decides, by SGLang's design.
+            "dev.forge.isa": "sgl-kernel CPU: -march=native (its CMake's choice); needs AVX-512 BF16 and AMX",
+            "dev.forge.sgl-kernel": f"{kernel_source.VERSION} ({kernel_source.PINNED}, sgl-kernel/)",
+            "dev.forge.torch": torch.requirement + (" (PyPI's CUDA build)" if torch.cuda_build_on_cpu else ""),
+        }
         context.append(
             ContextItem(
-                name=f"sources/{KERNEL_SOURCE}",
+                name=f"sources/{kernel_source.NAME}",
                 kind="source-dir",
-                origin=f"a checkout of sgl-kernel/ ({SGL_KERNEL_CPU_CMAKE.split(' ', 1)[0]})",
+                origin=f"a checkout of sgl-kernel/ ({kernel_source.PINNED})",
             )
         )
         roles = ["c_compiler", "numa_headers", "python", "python_headers", "cmake", "build_tools"]
         compile_env = {k: v for k, v in family.compiler_env().items() if k != "PATH"}
         compile_env["MAX_JOBS"] = str(options.max_jobs)
+        # scikit-build-core runs CMake's build, which reads its job count here (ninja would take every core).
+        compile_env["CMAKE_BUILD_PARALLEL_LEVEL"] = str(options.max_jobs)
+        if torch.cuda_build_on_cpu:
+            # scikit-build-core passes CMAKE_ARGS to CMake: torch's CMake config then links a torch::cudart that
+            # exists, which a host without the CUDA toolkit cannot otherwise provide.
+            compile_env["CMAKE_ARGS"] = CUDART_STUB
         return BuildPlan(
             **common,  # type: ignore[arg-type]
             base_ref=distro.base.local_tag,
@@ -123,6 +132,7 @@ class SGLang:
             labels=labels,
             runtime_packages=tuple(family.packages(["runtime"])),
             build_packages=tuple(family.packages(roles)),  # type: ignore[arg-type]
+            test_checks=sglang_checks.CPU_CHECKS if recipe.serve_test else ("kernel-ops",),
         )
 
     def _cuda_plan(
@@ -192,6 +202,23 @@ class SGLang:
     def source_version(self, source: Path) -> str | None:
         return None
 
+    def sources(self, recipe: Recipe, overrides: dict[str, Path]) -> list[ResolvedSource]:
+        """The kernels' checkout for a CPU build (--source sgl-kernel=PATH); nothing for the GPU image, which
+        compiles nothing. Raises SourceUnavailable naming the commit to check out."""
+        if recipe.device != "cpu":
+            return []
+        path = overrides.get(kernel_source.NAME)
+        if path is None:
+            raise SourceUnavailable(
+                f"recipes/{recipe.name}.yaml builds sgl-kernel's CPU kernels from source, and no PyPI release of "
+                f"sgl-kernel or sglang-kernel carries it (wheels only): it comes from a checkout of "
+                f"{kernel_source.PINNED} (sgl-kernel {kernel_source.VERSION}, which sglang "
+                f"{recipe.source.pypi.version if recipe.source and recipe.source.pypi else '?'} requires)",
+                hint=kernel_source.checkout_hint(),
+            )
+        root = kernel_source.kernel_dir(path)
+        return [ResolvedSource(name=kernel_source.NAME, path=root, origin=f"override: {root}")]
+
     def preflight(self, inputs: PreflightInputs) -> list[Finding]:
         recipe = inputs.recipe
         if Target.resolve(inputs.distro, recipe).cuda:
@@ -204,63 +231,12 @@ class SGLang:
                     "nothing is compiled; Forge renders this image and does not build or serve it here",
                 )
             ]
-        findings = [self._kernel_isa(inputs), self._amx(inputs)]
-        findings.append(
-            unchecked(
-                "sgl-kernel-source",
-                "not evaluated: no PyPI release of sgl-kernel carries its source (no sdist)",
-                "a checkout of sgl-project/sglang's sgl-kernel/",
-                SGL_KERNEL_CPU_CMAKE.split(" ", 1)[0],
-                f"pass --source {KERNEL_SOURCE}=PATH to a checkout of sgl-kernel/ at that commit",
-            )
-        )
-        return findings
-
-    def _kernel_isa(self, inputs: PreflightInputs) -> Finding:
-        lacking = [f for f in AVX512_FLAGS if f not in inputs.run_flags]
-        found = f"{inputs.run_source}: {'lacks ' + ', '.join(lacking) if lacking else 'has ' + ', '.join(AVX512_FLAGS)}"
-        source = f"{SGL_KERNEL_CPU_CMAKE} (pinned as data: no sdist carries sgl-kernel's CPU build)"
-        if not lacking:
-            return passed("isa-avx512", found, ", ".join(AVX512_FLAGS), source)
-        return blocker(
-            "isa-avx512",
-            found,
-            ", ".join(AVX512_FLAGS),
-            source,
-            "build and run SGLang's CPU image on an AVX-512 CPU with AMX (Intel Xeon 4th generation or newer); "
-            "on this CPU use the llama-cpp or vLLM cpu targets",
-            "sgl-kernel's x86 CPU kernels are AVX-512/AMX code compiled with -march=native",
-        )
-
-    def _amx(self, inputs: PreflightInputs) -> Finding:
-        lacking = [f for f in AMX_FLAGS if f not in inputs.run_flags]
-        if inputs.source is None:
-            return unchecked(
-                "isa-amx",
-                f"not evaluated: {inputs.source_why}",
-                "amx_tile",
-                f"recipes/{inputs.recipe.name}.yaml: source.pypi",
-                f"run `forge fetch {inputs.distro.name} {inputs.recipe.target}`, then preflight again",
-            )
-        text = sdist_member(inputs.source, AMX_PROBE_FILE)
-        where = find_line(text, AMX_PROBE) if text is not None else None
-        source = f"{inputs.source.name}: {AMX_PROBE_FILE}:{where[0]}" if where else f"{inputs.source.name}"
-        found = f"{inputs.run_source}: {'lacks ' + ', '.join(lacking) if lacking else 'has amx_tile'}"
-        if not lacking:
-            return passed("isa-amx", found, "amx_tile", source)
-        return warning(
-            "isa-amx",
-            found,
-            "amx_tile",
-            source,
-            "run SGLang's CPU server on a CPU with AMX (Sapphire Rapids or newer)",
-            "SGLang's intel_amx backend, the one sgl-kernel's CPU kernels serve, runs only where torch reports AMX "
-            "tiles; elsewhere it falls back to torch_native",
-        )
+        return sglang_gates.preflight(inputs)
 
     def checks(self, engine: Engine, image: str, plan: BuildPlan) -> list[CheckResult]:
-        # Forge does not build SGLang images here; a build elsewhere gets no serve check it could not pass here.
-        return []
+        if plan.cuda is not None:
+            return []  # the GPU image is rendered, never built here
+        return sglang_checks.run(engine, image, plan)
 
 
 ENGINE = SGLang()
