@@ -12,7 +12,7 @@ from typing import Literal, get_args
 EngineName = Literal["vllm", "llama-cpp", "sglang"]
 """Every serving engine: what a recipe's `engine:` accepts."""
 
-ServedEngine = Literal["vllm", "llama-cpp"]
+ServedEngine = Literal["vllm", "llama-cpp", "sglang"]
 """The engines a pool can run: what a profile's `engine:` accepts; builders/engines SERVING_ENGINES has each."""
 
 ENGINE_NAMES: tuple[str, ...] = get_args(EngineName)

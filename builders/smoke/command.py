@@ -45,6 +45,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="run replicas as host processes of this `vllm` executable instead of containers of IMAGE",
     )
     add_llama_options(parser)
+    add_sglang_options(parser)
     parser.add_argument(
         "--endpoint",
         default=None,
@@ -97,6 +98,23 @@ def add_llama_options(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="PATH",
         help="run llama-cpp pools as host processes of this `llama-server` binary instead",
+    )
+
+
+def add_sglang_options(parser: argparse.ArgumentParser) -> None:
+    """Where pools with `engine: sglang` run (`forge smoke` and `forge sweep` take the same)."""
+    parser.add_argument(
+        "--sglang-image",
+        default=None,
+        metavar="IMAGE",
+        help="image with SGLang's CPU server for the profile's sglang pools (e.g. forge/debian-14-sglang:latest)",
+    )
+    parser.add_argument(
+        "--local-sglang",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="run sglang pools as host processes of this python (a virtualenv with SGLang) instead",
     )
 
 
@@ -161,6 +179,8 @@ def run_endpoint(args: argparse.Namespace, root: Path, console: Console) -> int:
             ("--local-vllm", args.local_vllm),
             ("--llama-image", args.llama_image),
             ("--local-llama-server", args.local_llama_server),
+            ("--sglang-image", args.sglang_image),
+            ("--local-sglang", args.local_sglang),
             ("--router-image", args.router_image),
             ("--base-port", args.base_port),
             ("--validate-only", args.validate_only or None),

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from builders.config.loading import load_yaml
 from builders.cpusets import format_cpuset, parse_cpuset
-from builders.engines import DEFAULT_KIND, SERVING_ENGINES, LlamaCppSettings, ServerKind, ServingEngine
+from builders.engines import DEFAULT_KIND, SERVING_ENGINES, LlamaCppSettings, ServerKind, ServingEngine, SGLangSettings
 from builders.errors import ConfigError, UsageError
 from builders.router.classes import ALL_CLASSES, RequestClass
 
@@ -77,7 +77,8 @@ class PoolSettings(_Strict):
 
     engine: ServerKind = Field(
         default=DEFAULT_KIND,
-        description="The server its replicas run: vllm (`vllm serve`) or llama-cpp (llama.cpp's llama-server). "
+        description="The server its replicas run: vllm (`vllm serve`), llama-cpp (llama.cpp's llama-server) or "
+        "sglang (SGLang's CPU server). "
         "Each has its own knobs; setting the other's is an error.",
     )
     image: str | None = Field(
@@ -99,6 +100,11 @@ class PoolSettings(_Strict):
     enable_prefix_caching: bool | None = Field(default=None, description="Reuse KV blocks of shared prompt prefixes.")
     llama_cpp: LlamaCppSettings | None = Field(
         default=None, description="llama-server's own knobs (engine: llama-cpp only): slots, context, batches, threads."
+    )
+    sglang: SGLangSettings | None = Field(
+        default=None,
+        description="SGLang's own knobs (engine: sglang only): chunked prefill size, running requests, prefill "
+        "batch tokens, KV pool tokens (builders/engines/sglang/serve.py names their vLLM counterparts).",
     )
     max_model_len: int | None = Field(
         default=None, ge=64, description="Context length of this pool; default from model."

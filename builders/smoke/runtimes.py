@@ -451,13 +451,18 @@ class Runtimes:
         llama_image: str | None = None,
         local_llama: Path | None = None,
         engine: EngineChoice | None = None,
+        sglang_image: str | None = None,
+        local_sglang: Path | None = None,
     ) -> Runtimes:
-        images = {k: v for k, v in (("vllm", image), ("llama-cpp", llama_image)) if v is not None}
-        local = {k: v for k, v in (("vllm", local_vllm), ("llama-cpp", local_llama)) if v is not None}
+        given_images = (("vllm", image), ("llama-cpp", llama_image), ("sglang", sglang_image))
+        given_local = (("vllm", local_vllm), ("llama-cpp", local_llama), ("sglang", local_sglang))
+        images = {k: v for k, v in given_images if v is not None}
+        local = {k: v for k, v in given_local if v is not None}
         if not images and not local:
             raise UsageError(
                 "give an IMAGE to test, or --local-vllm PATH to run vLLM on this host",
-                hint="for a profile's llama.cpp pools: --llama-image IMAGE or --local-llama-server PATH",
+                hint="for a profile's llama.cpp pools: --llama-image IMAGE or --local-llama-server PATH; for its "
+                "SGLang pools: --sglang-image IMAGE or --local-sglang PATH",
             )
         for kind in set(images) & set(local):
             serving = SERVING_ENGINES[kind]
@@ -467,7 +472,7 @@ class Runtimes:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Runtimes:
         """From the options `forge smoke` and `forge sweep` both take (IMAGE, --local-vllm, --router-image and
-        add_llama_options'), so the two commands cannot read them differently."""
+        add_llama_options' and add_sglang_options'), so the two commands cannot read them differently."""
         return cls.choose(
             image=args.image,
             local_vllm=args.local_vllm,
@@ -475,6 +480,8 @@ class Runtimes:
             llama_image=args.llama_image,
             local_llama=args.local_llama_server,
             engine=getattr(args, "engine", None),
+            sglang_image=getattr(args, "sglang_image", None),
+            local_sglang=getattr(args, "local_sglang", None),
         )
 
     @property

@@ -14,7 +14,7 @@ from typing import Any
 from builders import log
 from builders.config.project import find_root
 from builders.errors import SweepInvalid, UsageError
-from builders.smoke.command import add_llama_options
+from builders.smoke.command import add_llama_options, add_sglang_options
 from builders.smoke.runtimes import Runtimes
 from builders.sweep.claims import claim_lines
 from builders.sweep.definition import available_sweep_profiles, load_sweep, load_sweep_settings
@@ -39,13 +39,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--engines",
         default=None,
-        help="comma-separated serving engines (vllm,llama-cpp): run every profile on each, engine × profile in "
+        help="comma-separated serving engines (vllm,llama-cpp,sglang): run every profile on each, engine × profile in "
         "one table; a profile's `engines.<engine>` section gives its knobs there (default: as each is written)",
     )
     parser.add_argument("--report", type=Path, default=Path("reports/sweep"), metavar="DIR", help="output folder")
     parser.add_argument("--local-vllm", type=Path, default=None, metavar="PATH", help="run replicas on this host")
     parser.add_argument("--router-image", default=None, metavar="IMAGE", help="run the router from this image")
     add_llama_options(parser)
+    add_sglang_options(parser)
     parser.add_argument("--base-port", type=int, default=None, help="router port; replicas use the ports after it")
     parser.add_argument(
         "--duration-s", type=float, default=None, help="override the traffic's duration (traffic.deadline_s)"
