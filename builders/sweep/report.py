@@ -123,7 +123,7 @@ def summary_lines(report: Mapping[str, Any]) -> list[str]:
         capacity = calibration["capacity"]
         decode = ", ".join(f"{v} tok/s at batch {b}" for b, v in capacity["decode_tokens_per_s"].items())
         lines.append(
-            f"calibration on {capacity['replica']} (cpus {capacity['cpus']}): prefill "
+            f"calibration{' of ' + calibration['engine'] if 'engine' in calibration else ''} on {capacity['replica']} (cpus {capacity['cpus']}): prefill "
             f"{capacity['prefill_tokens_per_s']} tok/s, decode {decode}; configured load "
             f"{calibration['configured_utilisation']}x of {calibration['replicas_worth']:g} replica(s), rates "
             f"x{calibration['applied_factor']:g} for {calibration['load_fraction']:g} of capacity"
@@ -132,6 +132,16 @@ def summary_lines(report: Mapping[str, Any]) -> list[str]:
         lines += _sizing_lines(report, calibration)
     elif calibration:
         lines.append(f"calibration off: configured rates x{calibration.get('applied_factor', 1.0):g}")
+    for kind, own in (calibration.get("engines") or {}).items():
+        if own.get("calibrated"):
+            capacity = own["capacity"]
+            decode = ", ".join(f"{v} tok/s at batch {b}" for b, v in capacity["decode_tokens_per_s"].items())
+            lines.append(
+                f"calibration of {kind} on {capacity['replica']} (cpus {capacity['cpus']}): prefill "
+                f"{capacity['prefill_tokens_per_s']} tok/s, decode {decode}; its rates x{own['applied_factor']:g} "
+                f"for {own['load_fraction']:g} of its own capacity"
+                + (" (held up by the per-class floor)" if own.get("clamped") else "")
+            )
     loads = _load_line(report)
     if loads:
         lines.append(loads)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -262,7 +262,26 @@ def run_sweep(
         "failed_profiles": {},
     }
     profiles = list(options.profiles)
-    sizer = LoadSizer(options=options, profiles=profiles, console=console, record=calibration)
+    # With several serving engines, each is measured on its first profile's first replica and offered
+    # load_fraction of its own capacity: one load sized for the first engine overloads a slower one, and its
+    # table then ranks failures. The model is the same for all: only the first measurement may shrink it.
+    per_engine = options.settings.calibrate_per_engine and len({p.engine for p in profiles}) > 1
+    sizers: dict[str, LoadSizer] = {}
+    running = {"engine": profiles[0].engine}
+
+    def sizer() -> LoadSizer:
+        kind = running["engine"] if per_engine else ""
+        if kind not in sizers:
+            first = not sizers
+            record = calibration if first else calibration.setdefault("engines", {}).setdefault(kind, {})
+            if per_engine:
+                record["engine"] = kind
+            settings = options.settings if first else options.settings.model_copy(update={"resize_model": False})
+            sizers[kind] = LoadSizer(
+                options=replace(options, settings=settings), profiles=profiles, console=console, record=record
+            )
+        return sizers[kind]
+
     common_seed = traffic_plan(profiles[0].profile, str(profiles[0].path)).seed
     seeds = [repetition_seed(common_seed, r) for r in range(options.repeat)]
     order = schedule(len(profiles), options.repeat)
@@ -274,7 +293,7 @@ def run_sweep(
 
     def before_traffic(plan: StackPlan, api_key: str, traffic: TrafficPlan) -> TrafficPlan:
         # Read as the traffic starts, after startup and calibration: what the measured requests competed with.
-        sized = sizer(plan, api_key, traffic)
+        sized = sizer()(plan, api_key, traffic)
         loads["start"] = load_average()
         return sized
 
@@ -283,6 +302,7 @@ def run_sweep(
         repetition, position = order[index]
         index += 1
         sweep_profile = with_seed(profiles[position], seeds[repetition])
+        running["engine"] = sweep_profile.engine
         profile = sweep_profile.profile
         rep = repetitions[repetition]
         loads.clear()
@@ -312,7 +332,8 @@ def run_sweep(
             # Every profile serves the smaller model, this one included: it starts again, and the sizer
             # measures its first replica anew before any traffic.
             profiles[:] = [resized(p, resize.size) for p in profiles]
-            sizer.sized = False
+            for measured in sizers.values():
+                measured.sized = False
             index -= 1
             continue
         except SmokeFailed as exc:
