@@ -41,6 +41,7 @@ def _sdist(tmp_path: Path, *, kernel: str = "0.4.1", torch: str = "2.9.0") -> Pa
         "pyproject.toml": f'[project]\ndependencies = [\n  "numpy",\n  "sglang-kernel=={kernel}",\n]\n',
         "pyproject_cpu.toml": f'[project]\ndependencies = [\n  "torch=={torch}",\n]\n',
         "sglang/srt/utils/common.py": "import torch\n\ntry:\n    x = torch._C._cpu._is_amx_tile_supported()\nexcept:\n    pass\n",
+        "sglang/srt/layers/moe/moe_runner/deep_gemm.py": "import torch\n\n\n@torch.compile(disable=False)\ndef f():\n    pass\n",
     }
     path = tmp_path / "sglang-0.5.10.post1.tar.gz"
     with tarfile.open(path, "w:gz") as tar:
@@ -74,11 +75,11 @@ def _checkout(
 
 
 def _preflight(
-    project: Project, flags: frozenset[str], sdist: Path, checkout: Path | None = None
+    project: Project, flags: frozenset[str], sdist: Path, checkout: Path | None = None, distro: str = "debian-13"
 ) -> dict[str, Finding]:
     report = run_preflight(
         project,
-        project.distro("debian-14"),
+        project.distro(distro),
         project.recipe_for("sglang"),
         engine=None,
         source=sdist,
@@ -115,7 +116,7 @@ def test_a_recorded_cpu_without_avx512_bf16_and_amx_is_blocked_on_both_hosts(
 ) -> None:
     isa = _preflight(project, flags, _sdist(tmp_path), _checkout(tmp_path / "src"))["isa-avx512"]
     assert isa.verdict == "block"
-    assert isa.found == f"build host: lacks {lacking}; run CPU: lacks {lacking}"
+    assert isa.found == f"build host /proc/cpuinfo: lacks {lacking}; run CPU: lacks {lacking}"
     assert isa.source.endswith("sgl-kernel/csrc/cpu/vec.h:3 and sgl-kernel/csrc/cpu/CMakeLists.txt:5")
 
 
@@ -208,3 +209,14 @@ def test_torch_from_pypi_is_the_cuda_build_linked_through_the_stub(project: Proj
     with pytest.raises(UsageError, match=r"torch index 'wheelhouse' for recipes/sglang\.yaml") as err:
         make_plan(distro, recipe, PlanOptions(max_jobs=2, torch_index="wheelhouse"))
     assert err.value.hint == "pass --torch-index pytorch-cpu or --torch-index pypi"
+
+
+def test_a_python_the_pinned_torchs_compile_refuses_is_blocked_naming_the_import_that_calls_it(
+    project: Project, tmp_path: Path
+) -> None:
+    sdist = _sdist(tmp_path)
+    gate = _preflight(project, SAPPHIRE_RAPIDS, sdist, distro="debian-14")["python-torch-compile"]
+    assert gate.verdict == "block" and gate.found == "Python 3.14 (distros/debian-14.yaml: toolchain.python)"
+    assert gate.required == "Python < 3.14 (torch 2.9's torch.compile)"
+    assert gate.source.endswith("sglang/srt/layers/moe/moe_runner/deep_gemm.py:4") and "debian-13" in gate.remedy
+    assert _preflight(project, SAPPHIRE_RAPIDS, sdist)["python-torch-compile"].verdict == "pass"

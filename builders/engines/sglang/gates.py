@@ -18,9 +18,17 @@ from builders.preflight.inputs import PreflightInputs
 AMX_PROBE_FILE = "sglang/srt/utils/common.py"
 AMX_PROBE = r"=\s*torch\._C\._cpu\._is_amx_tile_supported\(\)"
 AMX_FLAGS = ("amx_tile",)
+BUILD_HOST = "build host /proc/cpuinfo"
 KERNEL_PIN_FILE = "pyproject.toml"
 TORCH_PIN_FILE = "pyproject_cpu.toml"
 TORCH_PIN = r"""["']torch==([^"';\s]+)["']"""
+# SGLang decorates functions with torch.compile as its server imports them (the first on the import path of
+# ModelConfig, seen in a real start: the decorator runs at import, whatever it is told to disable).
+COMPILE_AT_IMPORT_FILE = "sglang/srt/layers/moe/moe_runner/deep_gemm.py"
+COMPILE_AT_IMPORT = r"^@torch\.compile\("
+# torch releases whose torch.compile raises on a newer Python, pinned as data from the wheel (no sdist of torch is
+# fetched here): torch 2.9.0's torch/__init__.py:2590 raises "torch.compile is not supported on Python 3.14+".
+TORCH_COMPILE_PYTHON_BELOW = {"2.9": ((3, 14), "torch 2.9.0 wheel: torch/__init__.py:2590")}
 
 
 def preflight(inputs: PreflightInputs) -> list[Finding]:
@@ -37,6 +45,7 @@ def preflight(inputs: PreflightInputs) -> list[Finding]:
         _amx(inputs),
         _kernel_source(inputs, checkout, problem),
         _torch_pin(inputs, checkout),
+        _python_for_compile(inputs),
     ]
 
 
@@ -50,14 +59,12 @@ def _kernel_isa(inputs: PreflightInputs, checkout: KernelCheckout | None) -> Fin
         macros = kernel_source.PINNED_ISA_MACROS
         source = f"{kernel_source.pinned_isa_source()} (pinned as data: no sdist carries sgl-kernel's CPU build)"
     flags = kernel_source.flags_for(macros)
-    lacks = {
-        "build host": [f for f in flags if f not in inputs.host.cpu_flags],
-        inputs.run_source: [f for f in flags if f not in inputs.run_flags],
-    }
-    lacking = {where: missing for where, missing in lacks.items() if missing}
+    # -march=native: the build host's CPU decides what is compiled, and the run host must have it too.
+    hosts = {BUILD_HOST: inputs.host.cpu_flags, inputs.run_source: inputs.run_flags}
+    lacking = {where: missing for where, have in hosts.items() if (missing := [f for f in flags if f not in have])}
     required = ", ".join(flags)
     if not lacking:
-        return passed("isa-avx512", f"build host and {inputs.run_source}: have {required}", required, source)
+        return passed("isa-avx512", f"{' and '.join(hosts)}: have {required}", required, source)
     found = "; ".join(f"{where}: lacks {', '.join(missing)}" for where, missing in lacking.items())
     return blocker(
         "isa-avx512",
@@ -180,4 +187,46 @@ def _torch_pin(inputs: PreflightInputs, checkout: KernelCheckout | None) -> Find
         f"{TORCH_PIN_FILE} pins {build}",
         "sgl-kernel's CPU kernels are C++ built against torch's headers and ABI, and SGLang's own pins would "
         "install another torch beside them",
+    )
+
+
+def _python_for_compile(inputs: PreflightInputs) -> Finding:
+    """The distro's Python against the newest one the pinned torch's torch.compile accepts, where SGLang calls it
+    at import: the server would die before it listens (a real start on Debian 14's Python 3.14 did)."""
+    recipe, distro = inputs.recipe, inputs.distro
+    python = distro.toolchain.python
+    found = f"Python {python} (distros/{distro.name}.yaml: toolchain.python)"
+    torch = ".".join((recipe.torch.version or "?").split("+", 1)[0].split(".")[:2])
+    limit = TORCH_COMPILE_PYTHON_BELOW.get(torch)
+    text = sdist_member(inputs.source, COMPILE_AT_IMPORT_FILE) if inputs.source is not None else None
+    hit = find_line(text, COMPILE_AT_IMPORT) if text else None
+    if limit is None or inputs.source is None or hit is None:
+        why = (
+            f"no Python limit of torch {torch}'s torch.compile is pinned in builders/engines/sglang/gates.py"
+            if limit is None
+            else inputs.source_why
+            if inputs.source is None
+            else f"no import-time @torch.compile in {COMPILE_AT_IMPORT_FILE}"
+        )
+        return unchecked(
+            "python-torch-compile",
+            f"not evaluated: {why}",
+            "a Python torch.compile supports, where SGLang calls it at import",
+            f"recipes/{recipe.name}.yaml: torch.version",
+            "check that `python3 -m sglang.launch_server --help` starts in the image",
+        )
+    (major, minor), torch_where = limit
+    required = f"Python < {major}.{minor} (torch {torch}'s torch.compile)"
+    source = f"{torch_where}; {inputs.source.name}: {COMPILE_AT_IMPORT_FILE}:{hit[0]}"
+    have = tuple(int(part) for part in python.split(".")[:2])
+    if have < (major, minor):
+        return passed("python-torch-compile", found, required, source)
+    return blocker(
+        "python-torch-compile",
+        found,
+        required,
+        source,
+        f"build on a distro with Python below {major}.{minor} (debian-13: 3.13, ubuntu-24.04: 3.12)",
+        f"SGLang decorates functions with torch.compile as it imports them, and torch {torch} raises on Python "
+        f"{major}.{minor} and later, so the server dies before it listens",
     )
