@@ -343,7 +343,7 @@ def _sources(ctx: Context) -> None:
         sdist = ctx.sources["vllm"] = resolve_sdist(recipe, project.root, ctx.options.source_overrides)
         report.source = {"origin": sdist.origin, "sha256": sdist.sha256, "path": str(sdist.path)}
         # And the checkouts its build needs beside it (sgl-kernel's CPU kernels): the engine names what is missing.
-        for resolved in native_engine(recipe).sources(recipe, ctx.options.source_overrides):
+        for resolved in native_engine(recipe).sources(ctx.target, ctx.options.source_overrides):
             ctx.sources[resolved.name] = resolved
             report.fetched_sources.append(
                 {"name": resolved.name, "origin": resolved.origin, "path": str(resolved.path)}

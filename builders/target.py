@@ -55,9 +55,10 @@ class Target:
 
     @property
     def smokes(self) -> bool:
-        """A CPU image that serves in its test stage: smoke and sweep sessions and CI's smoke step run on it (SGLang's
-        CPU image, rendered only, does not)."""
-        return self.cpu and self.recipe.serve_test
+        """A vLLM CPU image that serves in its test stage: smoke and sweep sessions and CI's smoke step run the ci
+        profile (vLLM pools) on it. A native engine's image serves too, but its pools need its own profile
+        (ci-llama, ci-sglang) and option (--llama-image, --sglang-image)."""
+        return self.cpu and self.recipe.serve_test and not self.native
 
     @property
     def runs_vllm(self) -> bool:

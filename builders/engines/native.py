@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from builders.preflight.findings import Finding
     from builders.preflight.inputs import PreflightInputs
     from builders.sources import ResolvedSource
+    from builders.target import Target
 
 
 class NativeEngine(Protocol):
@@ -29,7 +30,7 @@ class NativeEngine(Protocol):
         """The engine's own version as its pinned source states it (recorded in the report and labels)."""
         ...
 
-    def sources(self, recipe: Recipe, overrides: dict[str, Path]) -> list[ResolvedSource]:
+    def sources(self, target: Target, overrides: dict[str, Path]) -> list[ResolvedSource]:
         """The checkouts the build needs beside the pinned archive, from --source NAME=PATH (none for most).
         Raises SourceUnavailable naming what to check out where one is missing."""
         ...

@@ -21,6 +21,7 @@ from builders.preflight.findings import Finding
 from builders.preflight.host import parse_cpu_flags, read_host_facts
 from builders.preflight.runner import run_preflight
 from builders.render import render
+from builders.target import Target
 
 ROOT = Path(__file__).resolve().parents[2]
 CPUINFO = ROOT / "tests" / "smoke" / "fixtures"
@@ -72,6 +73,10 @@ def _checkout(
         (kernel / relative).parent.mkdir(parents=True, exist_ok=True)
         (kernel / relative).write_text(text)
     return root
+
+
+def _target(project: Project, recipe: str, distro: str = "debian-13") -> Target:
+    return Target.resolve(project.distro(distro), project.recipe_for(recipe))
 
 
 def _preflight(
@@ -158,18 +163,18 @@ def test_a_checkout_in_the_later_layout_is_refused_naming_the_commit_to_check_ou
     source = _preflight(project, SAPPHIRE_RAPIDS, _sdist(tmp_path), moved)["sgl-kernel-source"]
     assert source.verdict == "block" and "python/sglang/kernels/aot/csrc/cpu/" in source.found
     with pytest.raises(SourceUnavailable) as err:
-        ENGINE.sources(project.recipe_for("sglang"), {"sgl-kernel": moved})
+        ENGINE.sources(_target(project, "sglang"), {"sgl-kernel": moved})
     assert "0.5.11" in err.value.message and kernel_source.COMMIT in (err.value.hint or "")
 
 
 def test_the_build_refuses_without_a_checkout_naming_the_commit_and_the_source_flag(project: Project) -> None:
     with pytest.raises(SourceUnavailable) as err:
-        ENGINE.sources(project.recipe_for("sglang"), {})
+        ENGINE.sources(_target(project, "sglang"), {})
     assert f"{kernel_source.REPOSITORY}@{kernel_source.COMMIT}" in err.value.message
     assert "sgl-kernel 0.4.1, which sglang 0.5.10.post1 requires" in err.value.message
     assert "--source sgl-kernel=PATH" in (err.value.hint or "")
     assert SourceUnavailable.exit_code == 4
-    assert ENGINE.sources(project.recipe_for("sglang-gpu"), {}) == []
+    assert ENGINE.sources(_target(project, "sglang-gpu", "ubuntu-24.04"), {}) == []
 
 
 def test_a_checkout_root_or_its_kernel_folder_both_resolve_to_the_kernel_folder(
@@ -177,7 +182,7 @@ def test_a_checkout_root_or_its_kernel_folder_both_resolve_to_the_kernel_folder(
 ) -> None:
     root = _checkout(tmp_path)
     for given in (root, root / "sgl-kernel"):
-        (resolved,) = ENGINE.sources(project.recipe_for("sglang"), {"sgl-kernel": given})
+        (resolved,) = ENGINE.sources(_target(project, "sglang"), {"sgl-kernel": given})
         assert resolved.path == root / "sgl-kernel" and resolved.name == "sgl-kernel"
 
 

@@ -23,6 +23,7 @@ from builders.platforms import platform_of
 from builders.preflight.findings import Finding
 from builders.preflight.inputs import PreflightInputs
 from builders.sources import ResolvedSource
+from builders.target import Target
 
 # Everything but the ISA, which comes from the recipe as build args. Why each is set:
 CMAKE_DEFINES: dict[str, str] = {
@@ -126,7 +127,7 @@ class LlamaCpp:
     def source_version(self, source: Path) -> str | None:
         return None
 
-    def sources(self, recipe: Recipe, overrides: dict[str, Path]) -> list[ResolvedSource]:
+    def sources(self, target: Target, overrides: dict[str, Path]) -> list[ResolvedSource]:
         return []  # the sdist vendors the whole llama.cpp tree
 
     def preflight(self, inputs: PreflightInputs) -> list[Finding]:

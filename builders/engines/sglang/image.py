@@ -202,11 +202,12 @@ class SGLang:
     def source_version(self, source: Path) -> str | None:
         return None
 
-    def sources(self, recipe: Recipe, overrides: dict[str, Path]) -> list[ResolvedSource]:
+    def sources(self, target: Target, overrides: dict[str, Path]) -> list[ResolvedSource]:
         """The kernels' checkout for a CPU build (--source sgl-kernel=PATH); nothing for the GPU image, which
         compiles nothing. Raises SourceUnavailable naming the commit to check out."""
-        if recipe.device != "cpu":
+        if not target.cpu:
             return []
+        recipe = target.recipe
         path = overrides.get(kernel_source.NAME)
         if path is None:
             raise SourceUnavailable(
