@@ -107,7 +107,7 @@ def add_sglang_options(parser: argparse.ArgumentParser) -> None:
         "--sglang-image",
         default=None,
         metavar="IMAGE",
-        help="image with SGLang's CPU server for the profile's sglang pools (e.g. forge/debian-14-sglang:latest)",
+        help="image with SGLang's CPU server for the profile's sglang pools (e.g. forge/debian-13-sglang:latest)",
     )
     parser.add_argument(
         "--local-sglang",

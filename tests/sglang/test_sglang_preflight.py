@@ -1,6 +1,6 @@
 """SGLang's CPU target without an engine: its gates on recorded /proc/cpuinfo texts, read from an sdist and a
 sgl-kernel checkout written here with the lines they cite, its plan and Containerfile, and the refusal without
-a checkout. No compile: the real build is `nox -s build-debian-14-sglang` (docs/sglang.md)."""
+a checkout. No compile: the real build is `nox -s build-debian-13-sglang` (docs/sglang.md)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ import pytest
 
 from builders.engines import SERVING_ENGINES
 from builders.engines.sglang.checks import parse_kernel_probe
-from builders.engines.sglang.serve import ENTRY, KEY_ENV, SGLang, kv_tokens
+from builders.engines.sglang.serve import ENTRY, KEY_ENV, SGLang, kv_tokens, parse_help
 from builders.errors import ConfigError
 from builders.router.classes import ALL_CLASSES
 from builders.smoke.plan import plan_stack
@@ -126,3 +126,26 @@ def test_the_kernel_probe_is_judged_on_its_ops_and_the_amx_backends_op() -> None
     assert not ok and "convert_weight_packed: MISSING" in detail
     ok, detail, data = parse_kernel_probe(1, "ImportError: libnuma.so.1: cannot open shared object file\n")
     assert not ok and data is None and "libnuma.so.1" in detail
+
+
+HELP = Path(__file__).parent / "fixtures" / "sglang-0.5.10.post1-launch-server-help.txt"
+
+
+def test_the_images_help_is_read_and_every_sglang_pool_of_the_profiles_passes_it() -> None:
+    """The help recorded from the debian-13 sglang image (`python3 -m sglang.launch_server --help`, its warnings
+    included): the flags Forge passes and every profile's SGLang pools are checked against it."""
+    from builders.engines.args import PoolArgv, check_pools
+    from builders.smoke.profile import load_profile
+    from builders.sweep.definition import load_sweep
+
+    spec = parse_help(HELP.read_text(encoding="utf-8"), source="the recorded help")
+    assert spec.server == "SGLang" and spec.options["--model"].flags == ("--model-path", "--model")
+    assert "dummy" in (spec.options["--load-format"].choices or ())
+    stacks = [load_profile("ci-sglang", root=ROOT)[0]] + [
+        p.profile for p in load_sweep(["shared", "class-aware"], root=ROOT, engines=["sglang"])
+    ]
+    for stack in stacks:
+        pools = [PoolArgv(pool=r.pool, argv=r.args, keys=r.keys) for r in plan_stack(stack, run_id="t").replicas]
+        assert check_pools(pools, spec) == [], stack.name
+    (typo,) = check_pools([PoolArgv(pool="a", argv=("--chunked-prefil-size", "128"), keys=("extra",))], spec)
+    assert (typo.suggestion or "").startswith("did you mean --chunked-prefill-size") and "SGLang" in typo.message
