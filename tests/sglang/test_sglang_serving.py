@@ -65,6 +65,7 @@ def test_the_seed_workload_controls_become_sglangs_flags_with_their_keys() -> No
     assert flags["--load-format"][0] == "dummy" and flags["--device"][0] == "cpu"
     assert flags["--context-length"] == (str(loaded.model.max_model_len), "model.max_model_len")
     assert replica.env["SGLANG_CPU_OMP_THREADS_BIND"] == "1"
+    assert replica.env["SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"] == "0"
     assert "--api-key" not in replica.args
 
 

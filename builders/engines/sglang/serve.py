@@ -212,6 +212,10 @@ class SGLang(ServingEngine):
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
             "SGLANG_USE_CPU_ENGINE": "1",
+            # SGLang's /health otherwise generates a token and sleeps a second before it looks for the answer
+            # (entrypoints/http_server.py, health_generate): never inside the router's 1 s health timeout, so
+            # every replica was marked unhealthy. Without it /health says whether the server is up.
+            "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "0",
         }
         # SGLang binds its OpenMP threads to every CPU of a NUMA node unless told which (model_runner.py,
         # init_threads_binding): in a container confined to one CPU that binding would name CPUs it may not use.
