@@ -6,8 +6,10 @@ so `nox -s build-fedora-cpu` and `forge build fedora-44 cpu` are the same thing.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -18,7 +20,8 @@ import nox
 ROOT = Path(__file__).parent
 sys.path.insert(0, str(ROOT))
 
-from builders.config import Project  # noqa: E402
+from builders.project import Project  # noqa: E402
+from builders.results import Figure, LoadWatch, Result  # noqa: E402
 from builders.target import Target  # noqa: E402
 
 # `nox` alone is the quick run: no root, no apt, no engine, minutes. `nox -s suite` is the full one CI runs.
@@ -57,8 +60,49 @@ def _smoke_session(distro: str, target: str) -> None:
     nox.session(name=f"smoke-{distro}-{target}", python=False, default=False)(session_fn)
 
 
+def _sweep_result(report_dir: Path, name: str, image: str, command: str, watch: LoadWatch) -> Path:
+    """A finished sweep's report as results/NAME.json: per profile the medians over the valid repetitions (class
+    gates passed, mean goodput, each class's TTFT/ITL p99 and goodput) and the replicas' time to health."""
+    report = json.loads((report_dir / "sweep.json").read_text(encoding="utf-8"))
+    units = {"ttft_p99_ms": "ms", "itl_p99_ms": "ms", "goodput": "ratio"}
+    figures: dict[str, Figure | tuple[int | float, str]] = {}
+    for profile, agg in (report.get("aggregate") or {}).items():
+        for key, unit in (("gates_passed", "count"), ("mean_goodput", "ratio")):
+            if agg[key]["median"] is not None:
+                figures[f"{profile}.{key}"] = (agg[key]["median"], unit)
+        for cls, metrics in agg["classes"].items():
+            for metric, unit in units.items():
+                if metrics[metric]["median"] is not None:
+                    figures[f"{profile}.{cls}.{metric}"] = (metrics[metric]["median"], unit)
+            figures[f"{profile}.{cls}.gate_passes"] = (metrics["gate_passes"], "count")
+    healthy = sorted(
+        replica["healthy_after_s"]
+        for repetition in report.get("repetitions") or []
+        for run in (repetition.get("profiles") or {}).values()
+        for replica in ((run.get("startup") or {}).get("replicas") or {}).values()
+        if replica.get("healthy_after_s") is not None
+    )
+    if healthy:
+        figures |= {
+            "startup.healthy_median": (round(statistics.median(healthy), 1), "s"),
+            "startup.healthy_min": (round(healthy[0], 1), "s"),
+            "startup.healthy_max": (round(healthy[-1], 1), "s"),
+            "startup.replica_starts": (len(healthy), "count"),
+        }
+    figures["valid_repetitions"] = (sum(bool(r.get("valid", True)) for r in report.get("repetitions") or []), "count")
+    return Result.capture(
+        name,
+        command=command,
+        figures=figures,
+        versions={"image": image, "dtype": str((report.get("dtype") or {}).get("dtype", ""))},
+        load=watch,
+        source=str((report_dir / "sweep.json").relative_to(ROOT)),
+    ).save(ROOT)
+
+
 def _sweep_session(distro: str, target: str) -> None:
     def session_fn(session: nox.Session) -> None:
+        watch = LoadWatch.start()
         session.run(
             "forge",
             "sweep",
@@ -73,8 +117,20 @@ def _sweep_session(distro: str, target: str) -> None:
             *session.posargs,
             external=True,
         )
+        command = f"nox -s sweep-{distro}-{target} " + " ".join(["--", *session.posargs] if session.posargs else [])
+        saved = _sweep_result(
+            ROOT / "reports" / f"sweep-{distro}-{target}",
+            f"sweep-{distro}-{target}",
+            f"forge/{distro}-{target}:latest",
+            command.strip(),
+            watch,
+        )
+        session.log(f"wrote {saved}")
 
-    session_fn.__doc__ = f"Run the serving sweep (profiles/sweep/) on the {distro} {target} image, three times: medians, spreads, the claims."
+    session_fn.__doc__ = (
+        f"Run the serving sweep (profiles/sweep/) on the {distro} {target} image, three times: medians, spreads, "
+        f"the claims; the figures go to results/sweep-{distro}-{target}.json."
+    )
     nox.session(name=f"sweep-{distro}-{target}", python=False, default=False)(session_fn)
 
 
@@ -231,8 +287,15 @@ def ci_matrix(session: nox.Session) -> None:
 
 @nox.session(python=False, name="bench-diagnose", default=False)
 def bench_diagnose(session: nox.Session) -> None:
-    """Diagnosis on tests/logs: per-category precision and recall, leave-one-source-out and leave-one-year-out."""
-    session.run("python", str(ROOT / "benchmarks" / "bench_diagnose.py"), *session.posargs, external=True)
+    """Diagnosis on tests/logs: per-category precision and recall, leave-one-source-out and leave-one-year-out;
+    the figures go to results/diagnosis.json."""
+    session.run("python", str(ROOT / "benchmarks" / "bench_diagnose.py"), "--save", *session.posargs, external=True)
+
+
+@nox.session(python=False, name="bench-diagnose-size", default=False)
+def bench_diagnose_size(session: nox.Session) -> None:
+    """forge diagnose on real logs padded to 5, 50 and 500 MB: seconds, MB/s and the time ratio between sizes."""
+    session.run("python", str(ROOT / "benchmarks" / "bench_diagnose_size.py"), *session.posargs, external=True)
 
 
 @nox.session(python=False, name="bench-preflight", default=False)
@@ -243,29 +306,86 @@ def bench_preflight(session: nox.Session) -> None:
 
 @nox.session(python=False, name="bench-router", default=False)
 def bench_router(session: nox.Session) -> None:
-    """CPU per request and added TTFT of Forge's router, vllm-router and sglang-router vs a direct connection."""
-    session.run("python", str(ROOT / "benchmarks" / "bench_router.py"), *session.posargs, external=True)
+    """CPU per request and added TTFT of Forge's router, vllm-router and sglang-router vs a direct connection;
+    the figures go to results/router-bench.json (`-- --save NAME` for another name)."""
+    session.run("python", str(ROOT / "benchmarks" / "bench_router.py"), "--save", *session.posargs, external=True)
 
 
 @nox.session(python=False, name="bench-rebuild", default=False)
 def bench_rebuild(session: nox.Session) -> None:
     """The dev loop on a real vLLM tree: cold, no change, a Python line, a csrc/cpu/ line, a requirement edit
     (an hour or more: the cold build compiles all of vLLM's CPU kernels)."""
-    session.run("python", str(ROOT / "benchmarks" / "bench_rebuild.py"), *session.posargs, external=True)
+    session.run("python", str(ROOT / "benchmarks" / "bench_rebuild.py"), "--save", *session.posargs, external=True)
+
+
+def _rank_result(report_dir: Path, command: str, watch: LoadWatch) -> Path:
+    """`forge kvlab rank`'s rank.json as results/kvlab-rank.json: each layout's place, score and criteria (bytes
+    and indirections, the same on any machine) and its CPU ms per step at the longest context (not)."""
+    rank = json.loads((report_dir / "rank.json").read_text(encoding="utf-8"))
+    units = {"metadata": ("B", 1), "kv_read": ("MiB", 2**20), "indirections": ("count", 1)}
+    figures: dict[str, Figure | tuple[int | float, str]] = {}
+    for row in rank["rank"]:
+        layout = row["layout"]
+        figures[f"{layout}.place"] = (row["place"] or 0, "count")
+        figures[f"{layout}.score"] = (row["score"], "count")
+        figures[f"{layout}.ms_at_longest"] = (round(row["ms_at_longest"], 2), "ms")
+        for key, value in row["values"].items():
+            unit, scale = units.get(key, ("", 1))
+            figures[f"{layout}.{key}"] = (round(value / scale, 2), unit or "count")
+    return Result.capture(
+        "kvlab-rank",
+        command=command,
+        figures=figures,
+        versions={"host": rank.get("host", "")},
+        load=watch,
+        source=str((report_dir / "rank.json").relative_to(ROOT)),
+        note="ms are the process's CPU time of the fastest decode step (NumPy): they move with the host and its load; "
+        "bytes, indirections, ranks and places do not",
+    ).save(ROOT)
+
+
+@nox.session(python=False, name="bench-ci-cache", default=False)
+def bench_ci_cache(session: nox.Session) -> None:
+    """The CI pipeline on fresh runners: cold with export, then the same tree, a Python line, a C++ line and a
+    requirement edit, each on empty storage with only the registry and Redis (`-- --subject demo`: minutes)."""
+    session.run("python", str(ROOT / "benchmarks" / "bench_ci_cache.py"), *session.posargs, external=True)
 
 
 @nox.session(python=False, default=False)
 def kvlab(session: nox.Session) -> None:
-    """The Hybrid KV lab: every oracle case and planted bug, then the layouts ranked for profiling (reports/kvlab)."""
+    """The Hybrid KV lab: every oracle case and planted bug, then the layouts' bytes and indirections ranked (a CPU
+    count, not a speed: kvlab-gpu times the kernels) into reports/kvlab; the ranking goes to results/kvlab-rank.json."""
     session.run("forge", "kvlab", "check", "--mutants", external=True)
+    watch = LoadWatch.start()
     session.run("forge", "kvlab", "rank", "--report", str(ROOT / "reports" / "kvlab"), *session.posargs, external=True)
+    if "--quick" not in session.posargs and "cuda" not in session.posargs:
+        command = "nox -s kvlab" + (" -- " + " ".join(session.posargs) if session.posargs else "")
+        session.log(f"wrote {_rank_result(ROOT / 'reports' / 'kvlab', command, watch)}")
+
+
+@nox.session(python=False, name="kvlab-kernels", default=False)
+def kvlab_kernels(session: nox.Session) -> None:
+    """The Triton kernel of every KV layout on the kernel cases, each planted kernel bug too (Triton's interpreter on
+    a CPU; `-- --device cuda` compiles them on a GPU). Needs `pip install -e '.[kernels]'`."""
+    session.run("forge", "kvlab", "kernels", "--mutants", *session.posargs, external=True)
+
+
+@nox.session(python=False, name="kvlab-gpu", default=False)
+def kvlab_gpu(session: nox.Session) -> None:
+    """The KV lab's one prepared GPU run (about 5 minutes, installs nothing): the Triton kernels timed against the
+    GPU's memory bandwidth beside SDPA and FlashInfer, the kernel cases and planted bugs compiled; results in
+    reports/kvlab-gpu (results.json, results.md). Posargs: --dry-run (interpreter, CPU), --budget S, --out DIR."""
+    out = ROOT / "reports" / "kvlab-gpu"
+    session.run("python", "-m", "builders.kvlab.gpu_check", "--out", str(out), *session.posargs, external=True)
 
 
 @nox.session(python=False, name="kvlab-mutation", default=False)
 def kvlab_mutation(session: nox.Session) -> None:
     """mutmut over the KV lab's pool, kernels, layouts and store, a module at a time under a time limit: killed
-    share and survivors (reports/kvlab-mutation); fails below 90 % killed. Posargs: modules, --timeout, --children."""
-    session.run("python", "-m", "builders.kvlab.mutation", *session.posargs, external=True)
+    share and survivors (reports/kvlab-mutation, and results/kvlab-mutation.json when every module ran); fails
+    below 90 % killed. Posargs: modules, --timeout, --children."""
+    save = [] if set(session.posargs) & {"store", "kernel", "pool", "layouts", "--report-only"} else ["--save"]
+    session.run("python", "-m", "builders.kvlab.mutation", *save, *session.posargs, external=True)
 
 
 @nox.session(python=False, name="podman-smoke", default=False)

@@ -25,13 +25,15 @@ Three figures, all measured here in one run over the labelled corpus (the file n
    a wording that only one year's tools printed does not count for that year. Undated logs stay in the
    evidence and are not scored here.
 
-Run: `nox -s bench-diagnose` (or `python benchmarks/bench_diagnose.py [--json]`).
+Run: `nox -s bench-diagnose` (or `python benchmarks/bench_diagnose.py [--json] [--save]`); `--save` writes the
+figures to results/diagnosis.json (builders/results.py), which docs/diagnosis-reliability.md quotes.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import platform
 import re
 import sys
 from collections import Counter, defaultdict
@@ -45,6 +47,7 @@ sys.path.insert(0, str(ROOT))
 
 from builders.diagnose import UNKNOWN, Rule, RuleBook, diagnose_text, load_rules  # noqa: E402
 from builders.diagnose.loglines import split_log  # noqa: E402
+from builders.results import Figure, LoadWatch, Result  # noqa: E402
 
 LOGS = ROOT / "tests" / "logs"
 SET_ASIDE = LOGS / "set-aside.txt"
@@ -332,9 +335,59 @@ def _line(summary: Summary) -> str:
     )
 
 
+def result(figures: Figures, rules: int, watch: LoadWatch) -> Result:
+    """The run as results/diagnosis.json: the corpus, each row's counts and shares, the reliability buckets."""
+    named: dict[str, Figure | tuple[int | float, str]] = {
+        "logs": (figures.logs, "count"),
+        "public_logs": (figures.public_logs, "count"),
+        "public_sources": (figures.public_sources, "count"),
+        "rules": (rules, "count"),
+        "tell_apart": (figures.tell_apart, "count"),
+        "public.decisive_line_agreement": (round(figures.public_line_agreement, 4), "ratio"),
+    }
+    rows = {
+        "all": figures.everything,
+        "public": figures.public,
+        "by_repository": figures.by_repository,
+        "by_organisation": figures.by_organisation,
+        "by_year": figures.by_year,
+        "set_aside": figures.set_aside,
+    }
+    for row, summary in rows.items():
+        for what in ("right", "unknown", "wrong", "labelled_known"):
+            named[f"{row}.{what}"] = (getattr(summary, what), "count")
+        named[f"{row}.precision"] = (round(summary.precision, 4), "ratio")
+        named[f"{row}.coverage"] = (round(summary.coverage, 4), "ratio")
+    named |= {
+        "by_repository.sources": (figures.repositories, "count"),
+        "by_organisation.sources": (figures.organisations, "count"),
+        "by_year.years": (figures.years, "count"),
+        "by_year.dated_logs": (figures.dated_public_logs, "count"),
+        "set_aside.logs": (figures.set_aside_logs, "count"),
+    }
+    for corpus, buckets in (("all", figures.reliability_all), ("by_repository", figures.reliability_by_repository)):
+        for b in buckets:
+            key = f"reliability.{corpus}.{b.low:.2f}-{b.high:.2f}"
+            named[f"{key}.right"] = (b.right, "count")
+            named[f"{key}.wrong"] = (b.wrong, "count")
+            if b.right + b.wrong:
+                named[f"{key}.share"] = (round(b.share, 4), "ratio")
+    return Result.capture(
+        "diagnosis",
+        command="nox -s bench-diagnose -- --save",
+        figures=named,
+        versions={"python": platform.python_version()},
+        load=watch,
+        note="nothing is timed: the figures are counts over tests/logs, the same on any machine",
+    )
+
+
 def main(argv: list[str]) -> int:
+    watch = LoadWatch.start()
     book = load_rules()
     figures = measure(load_corpus(), book, set_aside_names())
+    if "--save" in argv:
+        print(f"bench-diagnose: wrote {result(figures, len(book.rules), watch).save(ROOT)}", file=sys.stderr)
     if "--json" in argv:
         print(json.dumps(asdict(figures), indent=2))
         return 0 if figures.public.wrong == 0 else 1

@@ -15,17 +15,17 @@ from pathlib import Path
 
 from builders.bootstrap import ensure_base
 from builders.build import BuildOptions, build
-from builders.config import Project
-from builders.container import Engine
+from builders.container import connect
 from builders.container.select import chosen
 from builders.errors import BuildFailed
 from builders.preflight import run_preflight
+from builders.project import Project
 from builders.sources import fetch_debian_source, fetch_wheelhouse, resolve_sdist
 
 
 def main() -> int:
     project = Project.load()
-    engine = Engine.connect(chosen())
+    engine = connect(chosen())
     distro, recipe = project.distro("debian-12"), project.recipe_for("cpu")
     ensure_base(distro, engine)
     onednn = recipe.fetched_sources[0]

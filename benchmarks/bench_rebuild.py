@@ -17,8 +17,9 @@ spends): a run stopped at one step (the host's disk, say) goes on from there ins
 
 --source is a vLLM checkout or unpacked sdist; without it the recipe's pinned sdist is unpacked into a
 scratch folder (fetched first if it is not cached). The tree is copied before editing: the source is never
-changed. Results go to reports/bench-rebuild/results.json and are printed as a table. It takes an hour or more
-(the cold build compiles all of vLLM's CPU kernels), so no test suite runs it: `nox -s bench-rebuild`.
+changed. Results go to reports/bench-rebuild/results.json and are printed as a table; `--save` (which
+`nox -s bench-rebuild` passes) also writes results/rebuild.json, the summary the README quotes. It takes an hour
+or more (the cold build compiles all of vLLM's CPU kernels), so no test suite runs it: `nox -s bench-rebuild`.
 """
 
 from __future__ import annotations
@@ -35,9 +36,10 @@ from pathlib import Path
 from typing import Any, get_args
 
 from builders.build import BuildOptions, build
-from builders.config import Project
 from builders.config.models import TorchIndex
 from builders.errors import ForgeError
+from builders.project import Project
+from builders.results import Figure, LoadWatch, Result
 from builders.sources import resolve_sdist
 
 Edit = Callable[[Path], None]
@@ -104,6 +106,38 @@ def _row(step: str, seconds: float, report: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# Issue 40's goals for a step's wall time (seconds).
+GOALS = {"no-change": 30, "python-edit": 60, "cpp-edit": 300}
+
+
+def result(rows: list[dict[str, Any]], argv: list[str], watch: LoadWatch, project: Project) -> Result:
+    """The run as results/rebuild.json: each step's wall time, its goal and by how much it missed, ccache's
+    counters."""
+    figures: dict[str, Figure | tuple[int | float, str]] = {}
+    for row in rows:
+        step = row["step"]
+        figures[f"{step}.wall"] = (row["wall_s"], "s")
+        if step in GOALS:
+            figures[f"{step}.goal"] = (GOALS[step], "s")
+            if row["wall_s"] > GOALS[step]:
+                figures[f"{step}.over_goal"] = (round(row["wall_s"] - GOALS[step], 1), "s")
+        ccache = row.get("ccache")
+        if isinstance(ccache, dict):
+            figures[f"{step}.ccache_hits"] = (int(ccache["hits"]), "count")
+            figures[f"{step}.ccache_misses"] = (int(ccache["misses"]), "count")
+    recipe = project.recipe_for("cpu")
+    pin = recipe.source.pypi if recipe.source else None
+    return Result.capture(
+        "rebuild",
+        command="nox -s bench-rebuild -- " + " ".join(argv),
+        figures=figures,
+        versions={"vllm": str(pin.version) if pin else "?", "python": sys.version.split()[0]},
+        load=watch,
+        source="reports/bench-rebuild/results.json",
+        note="test stage skipped in every step; " + ", ".join(f"{r['step']}: {r['result']}" for r in rows),
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--source", type=Path, help="a vLLM checkout or unpacked sdist (default: the pinned sdist)")
@@ -113,7 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     # --torch-index pypi`) is the one a build can get.
     parser.add_argument("--torch-index", choices=get_args(TorchIndex), default=None)
     parser.add_argument("--resume", choices=[step for step, _, _ in STEPS[1:]], default=None)
+    parser.add_argument("--save", action="store_true", help="also write results/rebuild.json")
     args = parser.parse_args(argv)
+    watch = LoadWatch.start()
     names = [step for step, _, _ in STEPS]
     first = names.index(args.resume) if args.resume else 0
     project = Project.load()
@@ -168,6 +204,11 @@ def main(argv: list[str] | None = None) -> int:
             if report.result != "succeeded":
                 break
     (out / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
+    if args.save:
+        given = sys.argv[1:] if argv is None else argv
+        print(
+            f"bench-rebuild: wrote {result(rows, [a for a in given if a != '--save'], watch, project).save(project.root)}"
+        )
     print(f"{'step':<14}{'wall s':>8}  {'env':<10}{'extension':<11}{'package':<10}ccache")
     for row in rows:
         ccache = row.get("ccache", row.get("error"))

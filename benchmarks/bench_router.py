@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # file reads of Forge comes from it too, whichever checkout `pip install -e` last pointed at.
 sys.path.insert(0, str(ROOT))
 
+from builders.results import Figure, LoadWatch, Result  # noqa: E402
 from builders.router.native import ENV_SWITCH, NativeRelay  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -663,6 +664,40 @@ SETTLE_S = 1.0
 """Load before each later round's window opens: connections are open and every stream in flight again."""
 
 
+def result(name: str, rows: list[Row], args: argparse.Namespace, watch: LoadWatch) -> Result:
+    """The run as results/NAME.json: each measured router's req/s, TTFT, what it adds over direct, CPU/request."""
+    direct = next((r for r in rows if r.name == "direct" and r.measured), None)
+    figures: dict[str, Figure | tuple[int | float, str]] = {}
+    for r in rows:
+        if not r.measured:
+            continue
+        figures |= {
+            f"{r.name}.req_s": (round(r.req_s, 1), "requests/s"),
+            f"{r.name}.ttft_p50": (round(r.ttft_p50_ms, 2), "ms"),
+            f"{r.name}.ttft_p99": (round(r.ttft_p99_ms, 2), "ms"),
+            f"{r.name}.failed": (r.failed, "count"),
+        }
+        if direct is not None and r is not direct:
+            figures[f"{r.name}.added_ttft_p50"] = (round(r.ttft_p50_ms - direct.ttft_p50_ms, 2), "ms")
+            figures[f"{r.name}.added_ttft_p99"] = (round(r.ttft_p99_ms - direct.ttft_p99_ms, 2), "ms")
+        if r.cpu_ms_per_req is not None:
+            figures[f"{r.name}.cpu_per_request"] = (round(r.cpu_ms_per_req, 3), "ms")
+        if r.sys_ms_per_req is not None:
+            figures[f"{r.name}.sys_per_request"] = (round(r.sys_ms_per_req, 3), "ms")
+    skipped = "; ".join(f"{r.name}: {r.note}" for r in rows if not r.measured)
+    argv = " ".join(sys.argv[1:])
+    return Result.capture(
+        name,
+        command=f"nox -s bench-router -- {argv}".rstrip(),
+        figures=figures,
+        versions={"python": sys.version.split()[0], **THIRD_PARTY},
+        load=watch,
+        note=f"{args.concurrency} streams, {args.chunks} chunks {args.interval_ms:g} ms apart, {args.duration:g} s per "
+        f"router in {args.rounds} rounds; req/s and TTFT depend on the host's load, CPU/request much less"
+        + (f"; not measured: {skipped}" if skipped else ""),
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--concurrency", type=int, default=32, help="streams in flight (default 32)")
@@ -698,6 +733,13 @@ def main() -> int:
     parser.add_argument("--no-install", action="store_true", help="use only routers already installed there")
     parser.add_argument("--start-timeout", type=float, default=60.0, help="seconds a router may take to serve")
     parser.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--save",
+        nargs="?",
+        const="router-bench",
+        metavar="NAME",
+        help="write the figures to results/NAME.json (default name: router-bench)",
+    )
     args = parser.parse_args()
     if args.serve_upstream is not None:
         asyncio.run(_serve_upstream(args.serve_upstream, args.chunks, args.interval_ms / 1000))
@@ -711,9 +753,12 @@ def main() -> int:
         )
         return 2
     os.sched_setaffinity(0, {args.client_cpu})
+    watch = LoadWatch.start()
     rows = asyncio.run(run(args))
     print()
     print(render(rows, args))
+    if args.save:
+        print(f"bench-router: wrote {result(args.save, rows, args, watch).save(ROOT)}")
     return 0 if all(r.measured for r in rows if r.name in ("direct", "forge")) else 1
 
 

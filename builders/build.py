@@ -1,6 +1,6 @@
-"""The executor: a list of phases over one Context (PHASES: engine → base → preflight → sources → lock → plan →
-context → build → reuse (a source tree only) → inspect-toolchain → test → tag → sbom), cheapest first, each
-`phase(ctx) -> None`.
+"""The executor: a list of phases over one Context (builders/context.py; PHASES: engine → base → preflight → sources →
+lock → plan → caches → context → build → reuse (a source tree only) → cache-stats → inspect-toolchain → test → tag →
+cache-export → sbom), cheapest first, each `phase(ctx) -> None`.
 
 Only this module (through builders.container) changes engine state. A failed or interrupted build leaves no
 container and no tag: the image is built untagged and tagged only after its test stage passed.
@@ -16,34 +16,47 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
-from builders import devloop, interrupt
+from builders import interrupt
 from builders.bootstrap import BaseResult, ensure_base, ensure_image, registry_of
-from builders.config import Project
+from builders.cache import phase as caches
 from builders.config.models import Distro, FetchedSource, Recipe
-from builders.container import Builder, BuildRequest, Engine, choose_builder
+from builders.container import BuildRequest, Engine, choose_builder, connect
 from builders.container.base import RunSpec
 from builders.container.image_builders import describe
+from builders.context import Context
 from builders.diagnose import diagnose_file
 from builders.diagnose.diagnosis import diagnose_text
 from builders.emulation import describe as describe_stand_in
-from builders.engines.checks import CheckResult, status_text
-from builders.engines.vllm.gpu_wheel import run_gpu_wheel_checks
-from builders.engines.vllm.image_tests import run_checks
+from builders.engines import cuda_plan, make_plan
+from builders.engines.checks import CheckResult
 from builders.errors import BaseUnavailable, BuildFailed, PreflightBlocked, SourceUnavailable
+from builders.gates.host import derive_max_jobs as derive_jobs
 from builders.log import Log, as_log
 from builders.options import BuildOptions as BuildOptions  # re-exported: callers build with it from here
 from builders.options import plan_options
-from builders.plan import BuildPlan, PlanOptions, make_plan
+from builders.plan import BuildPlan, PlanOptions
 from builders.platforms import platform_of
-from builders.preflight.host import derive_max_jobs as derive_jobs
-from builders.preflight.runner import gpu_plan, run_preflight
-from builders.preflight.source_facts import read_pins
-from builders.rebuild.devtree import TreeSplit
+from builders.preflight.runner import run_preflight
+from builders.project import Project
+from builders.rebuild.devtree import read_manifest, write_manifest
 from builders.render import render
-from builders.report import BuildReport
+from builders.report import (
+    BaseImageRecord,
+    BaseRecord,
+    BuilderRecord,
+    BuildReport,
+    CheckRecord,
+    EngineRecord,
+    FetchedSourceRecord,
+    ImageRecord,
+    PlatformRecord,
+    PreflightSkipped,
+    SourceRecord,
+    TorchRecord,
+)
 from builders.repro.integration import lock_phase, sbom_phase
 from builders.repro.sbom import SBOM_NAME, sbom_label
 from builders.sources import ResolvedSource, fetch_debian_source, resolve_fetched, resolve_sdist, wheelhouse_dir
@@ -58,26 +71,28 @@ def derive_max_jobs(recipe: Recipe) -> int:
     return derive_jobs(per_job_gb=recipe.resources.ram_per_job_gb)
 
 
-def _stage_context(
-    ctx: Path,
-    project: Project,
-    plan_items: list[tuple[str, str]],
-    sources: dict[str, ResolvedSource],
-    wheelhouse: Path | None,
-    ca_bundle: Path | None,
-    buildkit: bool,
-) -> None:
+def _stage_context(ctx: Context) -> None:
     """Put into the context exactly what the plan names: hard links where possible, so a 5 GB wheelhouse is free."""
-    shutil.copytree(project.containers_dir / "scripts", ctx / "scripts")
-    for name, kind in plan_items:
-        dest = ctx / name
+    folder, project, wheelhouse = ctx.context_dir, ctx.project, ctx.wheelhouse
+    assert folder is not None
+    shutil.copytree(project.containers_dir / "scripts", folder / "scripts")
+    for item in ctx.plan.context:
+        dest = folder / item.name
         dest.parent.mkdir(parents=True, exist_ok=True)
-        if kind == "sdist":
-            _link_or_copy(sources["vllm"].path, dest)
-        elif kind == "source-dir":
-            src = sources[Path(name).name].path
-            shutil.copytree(src, dest, symlinks=True, ignore=shutil.ignore_patterns(".git", ".forge-origin"))
-        elif kind == "wheelhouse":
+        if item.kind == "sdist":
+            assert ctx.source is not None, "the sources phase resolves the pinned source the plan stages"
+            _link_or_copy(ctx.source.path, dest)
+        elif item.kind == "source-dir":
+            # A fetched source by its name, else the recipe's own source given as a checkout.
+            own = ctx.source if ctx.source is not None and ctx.source.path.is_dir() else None
+            found = ctx.sources.get(dest.name) or own
+            if found is None:
+                raise SourceUnavailable(
+                    f"the plan stages {item.name} ({item.origin}), and no such source was resolved",
+                    hint=f"pass --source {dest.name}=PATH to a checkout of it",
+                )
+            shutil.copytree(found.path, dest, symlinks=True, ignore=shutil.ignore_patterns(".git", ".forge-origin"))
+        elif item.kind == "wheelhouse":
             if wheelhouse is None:
                 raise SourceUnavailable(
                     "this build needs a wheelhouse and none was given",
@@ -86,16 +101,18 @@ def _stage_context(
             dest.mkdir(exist_ok=True)
             for wheel in sorted(wheelhouse.glob("*.whl")):
                 _link_or_copy(wheel, dest / wheel.name)
-        elif kind == "package":
+        elif item.kind == "package":
             shutil.copytree(
                 project.root / "builders",
                 dest / "builders",
                 # A module compiled here (the router's C relay) is for this host's Python: the image builds its own.
                 ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so"),
             )
-    if ca_bundle and not buildkit:
-        (ctx / "trust").mkdir()
-        shutil.copy2(ca_bundle, ctx / "trust" / "ca_bundle.pem")
+    if ctx.ca_bundle and not ctx.builder.supports_secrets:
+        (folder / "trust").mkdir()
+        shutil.copy2(ctx.ca_bundle, folder / "trust" / "ca_bundle.pem")
+    if ctx.tree is not None:
+        ctx.engine_of.stage_tree(ctx.tree, folder)
 
 
 def _link_or_copy(src: Path, dest: Path) -> None:
@@ -105,149 +122,106 @@ def _link_or_copy(src: Path, dest: Path) -> None:
         shutil.copy2(src, dest)
 
 
-@dataclass(kw_only=True)
-class Context:
-    """What the phases share: the inputs, the report they fill in, and what each phase leaves for the next."""
-
-    project: Project
-    distro: Distro
-    recipe: Recipe
-    options: BuildOptions
-    log: Log
-    report: BuildReport
-    reports_dir: Path
-    target: Target
-    max_jobs: int
-    ca_bundle: Path | None
-    engine_: Engine | None = None
-    builder_: Builder | None = None
-    base: BaseResult | None = None
-    wheelhouse: Path | None = None
-    sources: dict[str, ResolvedSource] = field(default_factory=dict)
-    tree: TreeSplit | None = None  # --source vllm=DIR: the tree split into the parts a rebuild reuses
-    torch_pin: str | None = None
-    vllm_version: str | None = None
-    epoch: int | None = None
-    plan_: BuildPlan | None = None
-    context_dir: Path | None = None
-    image_id: str | None = None  # built but not yet proven: removed unless the build gets to keep it
-    running: str | None = None  # the phase under way, and since when
-    phase_started: float = 0.0
-
-    @classmethod
-    def start(cls, project: Project, distro: Distro, recipe: Recipe, options: BuildOptions, log: Log) -> Context:
-        report = BuildReport(distro=distro.name, target=recipe.target, recipe=recipe.name)
-        reports_dir = options.reports_dir or default_reports_dir(project, distro, recipe.target)
-        clear_report(reports_dir)
-        ca_bundle, ca_origin = find_ca_bundle(options.ca_bundle)
-        report.ca_bundle = f"{ca_bundle} ({ca_origin})" if ca_bundle else ca_origin
-        if options.skip_preflight:
-            report.preflight = {"verdict": "skipped", "complete": False, "why": "--skip-preflight: no gate evaluated"}
-        host = platform.machine()
-        # Under emulation every RUN and every test-stage check is an arm64 process interpreted by qemu-user-static.
-        report.platform = {"name": platform_of(distro).name, "host": host, "emulated": host != distro.arch}
-        stand_in = describe_stand_in(distro.arch, host)
-        if stand_in:
-            report.platform["stand_in"] = stand_in
-        return cls(
-            project=project,
-            distro=distro,
-            recipe=recipe,
-            options=options,
-            log=log,
-            report=report,
-            reports_dir=reports_dir,
-            max_jobs=options.max_jobs or recipe.max_jobs or derive_max_jobs(recipe),
-            ca_bundle=ca_bundle,
-            # A GPU build in wheel mode installs PyPI's CUDA wheel: no sdist to resolve, nothing compiled.
-            target=Target.resolve(distro, recipe, gpu_mode=options.gpu_mode),
+def start(project: Project, distro: Distro, recipe: Recipe, options: BuildOptions, log: Log) -> Context:
+    """The context of a new build: its report begun, its reports folder cleared of an earlier build's files."""
+    report = BuildReport(distro=distro.name, target=recipe.target, recipe=recipe.name)
+    reports_dir = options.reports_dir or default_reports_dir(project, distro, recipe.target)
+    clear_report(reports_dir)
+    ca_bundle, ca_origin = find_ca_bundle(options.ca_bundle)
+    report.ca_bundle = f"{ca_bundle} ({ca_origin})" if ca_bundle else ca_origin
+    if options.skip_preflight:
+        report.preflight = PreflightSkipped(
+            verdict="skipped", complete=False, why="--skip-preflight: no gate evaluated"
         )
+    host = platform.machine()
+    # Under emulation every RUN and every test-stage check is an arm64 process interpreted by qemu-user-static.
+    report.platform = PlatformRecord(
+        name=platform_of(distro).name,
+        host=host,
+        emulated=host != distro.arch,
+        stand_in=describe_stand_in(distro.arch, host) or None,
+    )
+    return Context(
+        project=project,
+        distro=distro,
+        recipe=recipe,
+        options=options,
+        log=log,
+        report=report,
+        reports_dir=reports_dir,
+        max_jobs=options.max_jobs or recipe.max_jobs or derive_max_jobs(recipe),
+        ca_bundle=ca_bundle,
+        # A GPU build in wheel mode installs PyPI's CUDA wheel: no sdist to resolve, nothing compiled.
+        target=Target.resolve(distro, recipe, gpu_mode=options.gpu_mode),
+    )
 
-    @property
-    def compiles(self) -> bool:
-        return self.target.compiles
 
-    @property
-    def engine(self) -> Engine:
-        assert self.engine_ is not None, "the engine phase runs first"
-        return self.engine_
+@contextmanager
+def in_phase(ctx: Context, name: str) -> Iterator[None]:
+    """One build phase: the log announces, folds and times it; the report records its seconds."""
+    ctx.running, ctx.phase_started = name, time.monotonic()
+    with ctx.log.step(name), ctx.report.phase(name):
+        yield
 
-    @property
-    def builder(self) -> Builder:
-        assert self.builder_ is not None, "the engine phase runs first"
-        return self.builder_
 
-    @property
-    def plan(self) -> BuildPlan:
-        assert self.plan_ is not None, "the plan phase runs before the stages that read it"
-        return self.plan_
+@contextmanager
+def recorded(ctx: Context) -> Iterator[BuildReport]:
+    """How the build ends, in one place whatever ends it: the outcome in the report (succeeded, or what stopped
+    it and in which phase), an image built but not proven removed, the staged context deleted, the report
+    written, and its summary shown when the build did not succeed."""
+    ctx.report.write(ctx.reports_dir)  # from now on the folder names this build, even if it is killed outright
+    with interrupt.on_second_signal(lambda: _ended_at_once(ctx)):
+        try:
+            yield ctx.report
+            ctx.running = None
+            ctx.report.result = "succeeded"
+            ctx.image_id = None  # tagged: keep it
+        except BaseException as exc:
+            ctx.report.record_end(exc, ctx.running)
+            if isinstance(exc, KeyboardInterrupt) and ctx.log_path.exists():
+                # The log is an artifact of its own: it says why it stops short.
+                with ctx.log_path.open("a", encoding="utf-8") as log_file:
+                    log_file.write(f"\nforge: {ctx.report.error}\n")
+            raise
+        finally:
+            _close(ctx)
 
-    @property
-    def log_path(self) -> Path:
-        return self.reports_dir / "build.log"
 
-    @contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        """One build phase: the log announces, folds and times it; the report records its seconds."""
-        self.running, self.phase_started = name, time.monotonic()
-        with self.log.step(name), self.report.phase(name):
-            yield
+def _close(ctx: Context) -> None:
+    report = ctx.report
+    report.ended_in = ctx.running
+    unproven = ctx.image_id is not None and ctx.engine_ is not None
+    if unproven:
+        # Removed below: the report must not name it, nor its SBOM (written, if at all, for a tag now undone).
+        report.image, report.sbom = None, None
+        (ctx.reports_dir / SBOM_NAME).unlink(missing_ok=True)
+    # Written before the engine is asked for anything: a second signal, which ends at once, leaves it true.
+    report.write(ctx.reports_dir)
+    if unproven:
+        assert ctx.engine_ is not None and ctx.image_id is not None
+        ctx.engine_.remove_image(ctx.image_id)  # built but not proven: no tag, no dangling image
+    _remove_context(ctx)
+    if report.result != "succeeded":
+        ctx.log.info(f"report ({report.result}): {ctx.reports_dir / 'summary.txt'}\n{report.summary()}")
 
-    @contextmanager
-    def recorded(self) -> Iterator[BuildReport]:
-        """How the build ends, in one place whatever ends it: the outcome in the report (succeeded, or what stopped
-        it and in which phase), an image built but not proven removed, the staged context deleted, the report
-        written, and its summary shown when the build did not succeed."""
-        self.report.write(self.reports_dir)  # from now on the folder names this build, even if it is killed outright
-        with interrupt.on_second_signal(self._ended_at_once):
-            try:
-                yield self.report
-                self.running = None
-                self.report.result = "succeeded"
-                self.image_id = None  # tagged: keep it
-            except BaseException as exc:
-                self.report.record_end(exc, self.running)
-                if isinstance(exc, KeyboardInterrupt) and self.log_path.exists():
-                    # The log is an artifact of its own: it says why it stops short.
-                    with self.log_path.open("a", encoding="utf-8") as log_file:
-                        log_file.write(f"\nforge: {self.report.error}\n")
-                raise
-            finally:
-                self._close()
 
-    def _close(self) -> None:
-        report = self.report
-        report.ended_in = self.running
-        unproven = self.image_id is not None and self.engine_ is not None
-        if unproven:
-            # Removed below: the report must not name it, nor its SBOM (written, if at all, for a tag now undone).
-            report.image, report.sbom = {}, None
-            (self.reports_dir / SBOM_NAME).unlink(missing_ok=True)
-        # Written before the engine is asked for anything: a second signal, which ends at once, leaves it true.
-        report.write(self.reports_dir)
-        if unproven:
-            assert self.engine_ is not None and self.image_id is not None
-            self.engine_.remove_image(self.image_id)  # built but not proven: no tag, no dangling image
-        self._remove_context()
-        if report.result != "succeeded":
-            self.log.info(f"report ({report.result}): {self.reports_dir / 'summary.txt'}\n{report.summary()}")
+def _ended_at_once(ctx: Context) -> None:
+    """A second signal ends Forge before its cleanup: the report still says how the build ended."""
+    report = ctx.report
+    if report.result == "running":
+        report.result, report.signal = "interrupted", interrupt.first_signal()
+        report.error = f"interrupted by {report.signal} during {ctx.running}"
+    report.ended_in = ctx.running
+    if ctx.running is not None:  # its step never ended: its time so far
+        report.phases.setdefault(ctx.running, round(time.monotonic() - ctx.phase_started, 2))
+    report.error = f"{report.error}; a second signal ended Forge before its cleanup"
+    report.write(ctx.reports_dir)
+    _remove_context(ctx)  # local files only: no engine call to wait for
 
-    def _ended_at_once(self) -> None:
-        """A second signal ends Forge before its cleanup: the report still says how the build ended."""
-        report = self.report
-        if report.result == "running":
-            report.result, report.signal = "interrupted", interrupt.first_signal()
-            report.error = f"interrupted by {report.signal} during {self.running}"
-        report.ended_in = self.running
-        if self.running is not None:  # its step never ended: its time so far
-            report.phases.setdefault(self.running, round(time.monotonic() - self.phase_started, 2))
-        report.error = f"{report.error}; a second signal ended Forge before its cleanup"
-        report.write(self.reports_dir)
-        self._remove_context()  # local files only: no engine call to wait for
 
-    def _remove_context(self) -> None:
-        if self.context_dir is not None and not self.options.keep_context:
-            shutil.rmtree(self.context_dir, ignore_errors=True)
+def _remove_context(ctx: Context) -> None:
+    if ctx.context_dir is not None and not ctx.options.keep_context:
+        shutil.rmtree(ctx.context_dir, ignore_errors=True)
 
 
 Phase = Callable[[Context], None]
@@ -260,12 +234,12 @@ def default_reports_dir(project: Project, distro: Distro, target: str) -> Path:
 
 def build(project: Project, distro: Distro, recipe: Recipe, options: BuildOptions, sink: Log | Sink) -> BuildReport:
     """Run the phases in order over one context. Each phase is a log step and a report phase; how the build
-    ends (its outcome, the cleanup, the report written whatever happened) is `Context.recorded`'s."""
-    ctx = Context.start(project, distro, recipe, options, as_log(sink))
-    with ctx.recorded() as report:
+    ends (its outcome, the cleanup, the report written whatever happened) is `recorded`'s."""
+    ctx = start(project, distro, recipe, options, as_log(sink))
+    with recorded(ctx) as report:
         for name, phase, runs in PHASES:
-            if runs(options):
-                with ctx.phase(name):
+            if runs(ctx):
+                with in_phase(ctx, name):
                     phase(ctx)
     return report
 
@@ -283,10 +257,10 @@ def clear_report(folder: Path) -> None:
 
 
 def _engine(ctx: Context) -> None:
-    ctx.engine_ = engine = Engine.connect(ctx.options.engine)
+    ctx.engine_ = engine = connect(ctx.options.engine)
     ctx.builder_ = builder = choose_builder(engine, ctx.options.builder)
-    ctx.report.engine = engine.facts.as_report()
-    ctx.report.builder = describe(builder)
+    ctx.report.engine = EngineRecord.model_validate(engine.facts.as_report())
+    ctx.report.builder = BuilderRecord.model_validate(describe(builder))
     # A container that cannot start here fails now, named, not 90 s into the build or at its test stage.
     engine.check()
     version = f" {builder.version}" if builder.version else ""
@@ -299,16 +273,16 @@ def _base(ctx: Context) -> None:
     distro = ctx.distro
     # A GPU image from PyPI's wheels sits on the distro's own base; only the CUDA-base distros need NVIDIA's.
     if ctx.target.cuda and not ctx.target.from_wheelhouse:
-        ctx.base = _ensure_gpu_bases(distro, ctx.recipe, ctx.options, ctx.engine, ctx.report, ctx.log)
+        ctx.base = _ensure_gpu_bases(ctx)
         return
     ctx.base = base = ensure_base(distro, ctx.engine)
-    ctx.report.base = {
-        "ref": base.ref,
-        "image_id": base.image_id,
-        "how": base.how,
-        "rootfs_sha256": base.rootfs_sha256,
-        "declared": distro.base.pinned_ref,
-    }
+    ctx.report.base = BaseRecord(
+        ref=base.ref,
+        image_id=base.image_id,
+        how=base.how,
+        rootfs_sha256=base.rootfs_sha256,
+        declared=distro.base.pinned_ref,
+    )
     ctx.log.info(f"base {base.ref} ({base.how})")
 
 
@@ -320,53 +294,74 @@ def _wheelhouse_at_hand(ctx: Context) -> Path | None:
 
 
 def _preflight(ctx: Context) -> None:
+    """Every gate against the real base, the source (fetched when missing) and the index this build uses. Blocked
+    stops the build; incomplete is said loudly and recorded, and the build goes on to find out for itself."""
     ctx.wheelhouse = _wheelhouse_at_hand(ctx)
-    _preflight_phase(
+    options, log = ctx.options, ctx.log
+    pre = run_preflight(
         ctx.project,
         ctx.distro,
         ctx.recipe,
-        ctx.engine,
-        ctx.options,
-        ctx.max_jobs,
-        ctx.wheelhouse,
-        ctx.report,
-        ctx.log,
+        engine=ctx.engine,
+        source=options.source_overrides.get("vllm"),
+        max_jobs=ctx.max_jobs,
+        scratch_dir=options.scratch_dir or Path(tempfile.gettempdir()),
+        wheelhouse=[ctx.wheelhouse] if ctx.wheelhouse else [],
+        gpu_mode=options.gpu_mode,
+        torch_index=options.torch_index,
+        torch_version=options.torch_version,
+        fetch=True,
+        progress=log.info,
+        given_sources={name: path for name, path in options.source_overrides.items() if name != "vllm"},
     )
+    ctx.report.preflight = pre
+    for finding in pre.findings:
+        log.info(f"preflight {finding.gate}: {finding.found} vs {finding.required} ({finding.verdict})")
+    log.info(f"{pre.summary()}")
+    if pre.blocked:
+        blocking = pre.blocking
+        raise PreflightBlocked(
+            f"{ctx.distro.name} {ctx.recipe.target}: "
+            + "; ".join(f"{f.gate}: {f.found} vs {f.required} ({f.source})" for f in blocking),
+            hint=blocking[0].remedy + " — or run with --skip-preflight to try anyway",
+        )
+    if not pre.complete:
+        log.warning(
+            f"preflight INCOMPLETE — not evaluated: {', '.join(pre.not_evaluated)}; "
+            "the build goes on, and its report says so"
+        )
 
 
 def _sources(ctx: Context) -> None:
-    project, distro, recipe, report = ctx.project, ctx.distro, ctx.recipe, ctx.report
-    if ctx.target.native:
-        from builders.engines import native_engine
-
-        # Another engine's pinned archive: staged as the plan's sdist, its version read by the engine's module.
-        sdist = ctx.sources["vllm"] = resolve_sdist(recipe, project.root, ctx.options.source_overrides)
-        report.source = {"origin": sdist.origin, "sha256": sdist.sha256, "path": str(sdist.path)}
-        # And the checkouts its build needs beside it (sgl-kernel's CPU kernels): the engine names what is missing.
-        for resolved in native_engine(recipe).sources(ctx.target, ctx.options.source_overrides):
-            ctx.sources[resolved.name] = resolved
-            report.fetched_sources.append(
-                {"name": resolved.name, "origin": resolved.origin, "path": str(resolved.path)}
-            )
-    if ctx.compiles:
-        vllm = ctx.sources["vllm"] = resolve_sdist(recipe, project.root, ctx.options.source_overrides)
-        report.source = {"origin": vllm.origin, "sha256": vllm.sha256, "path": str(vllm.path)}
-        if vllm.path.is_dir():
-            ctx.tree = tree = devloop.split_source(vllm.path)
-            report.source |= {"requirements_hash": tree.requirements_hash, "package_hash": tree.package_hash}
+    """What the plan stages from the source cache: the recipe's pinned source (a tree given with --source split
+    into the parts a rebuild reuses, where the engine builds one in layers), the sources CMake would fetch, and
+    what the pinned source says about the build (its torch pin, its version)."""
+    project, distro, recipe, report, engine = ctx.project, ctx.distro, ctx.recipe, ctx.report, ctx.engine_of
+    if engine.stages_source(ctx.target):
+        source = ctx.source = resolve_sdist(recipe, project.root, ctx.options.source_overrides)
+        report.source = record = SourceRecord(origin=source.origin, sha256=source.sha256, path=str(source.path))
+        ctx.tree = tree = engine.split_tree(source.path)
+        if tree is not None:
+            record.requirements_hash, record.package_hash = tree.requirements_hash, tree.package_hash
         for fetched in recipe.fetched_sources:
             resolved = _fetched_source(project, distro, fetched, ctx.engine, ctx.options, ctx.log)
             ctx.sources[fetched.name] = resolved
             report.fetched_sources.append(
-                {
-                    "name": fetched.name,
-                    "origin": resolved.origin,
-                    "path": str(resolved.path),
-                    "cmake_var": fetched.cmake_var,
-                }
+                FetchedSourceRecord(
+                    name=fetched.name, origin=resolved.origin, path=str(resolved.path), cmake_var=fetched.cmake_var
+                )
             )
-        ctx.torch_pin, ctx.vllm_version = read_pins(vllm.path, distro, ctx.target.device)
-    ctx.log.info(f"sources {', '.join(f'{k} ({v.origin})' for k, v in ctx.sources.items()) or 'none needed'}")
+        pins = engine.source_pins(ctx.target, source.path)
+        ctx.torch_pin, ctx.source_version = pins.torch, pins.version
+    # The checkouts the engine's build needs beside its pinned source (sgl-kernel's CPU kernels), from --source
+    # NAME=PATH: the engine says which, and names what to check out where one is missing.
+    for checkout in engine.checkouts(ctx.target, ctx.options.source_overrides):
+        ctx.sources[checkout.name] = checkout
+        report.fetched_sources.append(
+            FetchedSourceRecord(name=checkout.name, origin=checkout.origin, path=str(checkout.path), cmake_var=None)
+        )
+    staged = ([(recipe.engine, ctx.source)] if ctx.source else []) + list(ctx.sources.items())
+    ctx.log.info(f"sources {', '.join(f'{k} ({v.origin})' for k, v in staged) or 'none needed'}")
     ctx.wheelhouse = wheelhouse = _wheelhouse_at_hand(ctx)
     if ctx.options.wheelhouse is None and wheelhouse is not None and not any(wheelhouse.glob("*.whl")):
         raise SourceUnavailable(
@@ -374,10 +369,9 @@ def _sources(ctx: Context) -> None:
             hint=f"run `forge fetch {distro.name} {recipe.target}` or pass --wheelhouse DIR",
         )
     if wheelhouse is not None:
-        report.source = {
-            "origin": f"wheelhouse {wheelhouse}",
-            "wheels": sorted(p.name for p in wheelhouse.glob("*.whl")),
-        }
+        report.source = SourceRecord(
+            origin=f"wheelhouse {wheelhouse}", wheels=sorted(p.name for p in wheelhouse.glob("*.whl"))
+        )
 
 
 def _lock(ctx: Context) -> None:
@@ -397,7 +391,7 @@ def _plan(ctx: Context) -> None:
             buildkit=ctx.builder.supports_secrets,
             trust_ca_bundle=ctx.ca_bundle is not None,
             torch_version=options.torch_version or ctx.torch_pin,
-            vllm_version=ctx.vllm_version,
+            vllm_version=ctx.source_version,
             base_digest=base.image_id,
             source_date_epoch=ctx.epoch,
             source_tree=ctx.tree is not None,
@@ -406,32 +400,22 @@ def _plan(ctx: Context) -> None:
     ctx.report.build_args = dict(plan.build_args)
     ctx.report.compile_env = dict(plan.compile_env)
     if plan.torch:
-        ctx.report.torch = {
-            "requirement": plan.torch.requirement,
-            "index": plan.torch.index,
-            "index_url": plan.torch.index_url,
-            "cuda_build_on_cpu": plan.torch.cuda_build_on_cpu,
-        }
+        ctx.report.torch = TorchRecord(
+            requirement=plan.torch.requirement,
+            index=plan.torch.index,
+            index_url=plan.torch.index_url,
+            cuda_build_on_cpu=plan.torch.cuda_build_on_cpu,
+        )
 
 
 def _context(ctx: Context) -> None:
     plan = ctx.plan
     ctx.context_dir = folder = Path(tempfile.mkdtemp(prefix="forge-context-", dir=ctx.options.scratch_dir))
-    text = render(plan, ctx.project.containers_dir)
+    text = render(plan, ctx.project.containers_dir, compiler_cache=caches.template_launcher(ctx))
     (folder / plan.containerfile).write_text(text)
     (ctx.reports_dir / "Containerfile").write_text(text)
     ctx.report.containerfile = str(ctx.reports_dir / "Containerfile")
-    _stage_context(
-        folder,
-        ctx.project,
-        [(i.name, i.kind) for i in plan.context],
-        ctx.sources,
-        ctx.wheelhouse,
-        ctx.ca_bundle,
-        ctx.builder.supports_secrets,
-    )
-    if ctx.tree is not None:
-        devloop.stage_tree(ctx.tree, folder)
+    _stage_context(ctx)
 
 
 def _secrets(ctx: Context) -> dict[str, Path]:
@@ -441,17 +425,20 @@ def _secrets(ctx: Context) -> dict[str, Path]:
 def _build(ctx: Context) -> None:
     plan, builder, folder = ctx.plan, ctx.builder, ctx.context_dir
     assert folder is not None
-    result = builder.build(
+    result = caches.run_build(
+        ctx,
+        builder,
         BuildRequest(
             context_dir=folder,
             containerfile=folder / plan.containerfile,
             target=plan.final_stage,
             build_args=plan.build_args,
-            secrets=_secrets(ctx),
+            secrets={**_secrets(ctx), **caches.build_secrets(ctx)},
             labels={**plan.labels, **sbom_label(ctx.distro.name, ctx.recipe.target)},
             no_cache=ctx.options.no_cache,
             log_path=ctx.log_path,
             platform=plan.platform,
+            **caches.request_fields(ctx),
         ),
         ctx.log,
     )
@@ -461,35 +448,48 @@ def _build(ctx: Context) -> None:
         _diagnose_into(ctx.report, ctx.log_path)
         raise BuildFailed(
             f"the {builder.name} build exited {result.returncode}; log: {ctx.log_path}",
-            hint=(ctx.report.diagnosis or {}).get("remedy") or "read the log's last error",
+            hint=ctx.report.diagnosis.remedy if ctx.report.diagnosis else "read the log's last error",
         )
     assert result.image_id is not None
     ctx.image_id = result.image_id
 
 
+def _reuse(ctx: Context) -> None:
+    """What each layer of a tree build reused (the engine reads it from the build's log), then this build's
+    manifest for the next one in the same reports folder to compare with."""
+    tree, plan = ctx.tree, ctx.plan
+    assert tree is not None
+    log = ctx.log_path.read_text(errors="replace") if ctx.log_path.exists() else ""
+    ctx.report.reuse = section = ctx.engine_of.reuse(
+        tree,
+        log=log,
+        plan=plan,
+        base_image_id=ctx.report.base.image_id if ctx.report.base else "",
+        cache_mounted=plan.buildkit and ctx.builder.supports_cache_mounts,
+        previous=read_manifest(ctx.reports_dir),
+    )
+    for layer, part in (
+        ("environment", section.environment),
+        ("extension", section.extension),
+        ("package", section.package),
+    ):
+        if part is not None:
+            ctx.log.info(f"{layer}: {part.verdict}")
+    write_manifest(ctx.reports_dir, tree, started=ctx.report.started)
+
+
 def _inspect_toolchain(ctx: Context) -> None:
     if ctx.compiles and ctx.context_dir is not None:
-        versions = _toolchain_versions(ctx.engine, ctx.builder, ctx.context_dir, ctx.plan, ctx.ca_bundle, ctx.log_path)
-        ctx.report.versions.update(versions)
+        ctx.report.versions.update(_toolchain_versions(ctx))
 
 
 def _test(ctx: Context) -> None:
     assert ctx.image_id is not None
-    if ctx.target.native:
-        from builders.engines import native_engine
-
-        checks = native_engine(ctx.recipe).checks(ctx.engine, ctx.image_id, ctx.plan)
-    else:
-        checks = run_checks(ctx.engine, ctx.image_id, ctx.plan)
-    if ctx.target.cuda and ctx.target.from_wheelhouse:
-        checks += run_gpu_wheel_checks(ctx.engine, ctx.image_id, ctx.plan)
-    ctx.report.tests = [c.as_report() for c in checks]
+    checks = ctx.engine_of.checks(ctx.engine, ctx.image_id, ctx.plan)
+    ctx.report.tests = [CheckRecord.model_validate(c.as_report()) for c in checks]
     for entry in ctx.report.tests:
-        ctx.log.info(f"test {entry['name']}: {status_text(entry)}")
-    imported = next((c for c in checks if c.name == "import-vllm" and c.ok), None)
-    if imported:
-        vllm_v, torch_v = ([*imported.detail.split(), "", ""])[:2]
-        ctx.report.versions.update({"vllm": vllm_v, "torch": torch_v})
+        ctx.log.info(f"test {entry.name}: {entry.status_text()}")
+    ctx.report.versions.update(ctx.engine_of.versions(checks))
     judge_checks(checks, ctx.report)
 
 
@@ -502,7 +502,7 @@ def judge_checks(checks: Sequence[CheckResult], report: BuildReport) -> None:
         return
     detail = failed[0].detail.strip()
     diagnosis = diagnose_text("\n".join(c.detail for c in failed))
-    report.diagnosis = diagnosis.to_dict()
+    report.diagnosis = diagnosis
     known = diagnosis.category != "unknown"
     raise BuildFailed(
         f"test stage failed: {', '.join(c.name for c in failed)}"
@@ -518,9 +518,8 @@ def _tag(ctx: Context) -> None:
     # `:latest` names the newest proven image of this distro × target: smoke sessions start from it.
     engine.tag(image_id, tag.rsplit(":", 1)[0] + ":latest")
     info = engine.image_info(image_id)
-    ctx.report.image = {"id": info.id, "tags": list(info.tags), "size": info.size}
-    if not ctx.target.native:
-        # A native engine's runtime has no Python to ask (llama-server's image is one binary).
+    ctx.report.image = ImageRecord(id=info.id, tags=list(info.tags), size=info.size)
+    if ctx.engine_of.runtime_python:
         ctx.report.versions.setdefault("python", _python_version(engine, tag))
 
 
@@ -528,79 +527,36 @@ def _sbom(ctx: Context) -> None:
     sbom_phase(ctx.engine, ctx.plan.image_tag, ctx.reports_dir, ctx.report, ctx.epoch, ctx.log)
 
 
-def _always(_options: BuildOptions) -> bool:
+def _always(_ctx: Context) -> bool:
     return True
 
 
-def _tree_source(options: BuildOptions) -> bool:
-    """--source vllm=DIR: a tree, built in layers, whose reuse the report records (an sdist has no parts)."""
-    source = options.source_overrides.get("vllm")
-    return source is not None and source.is_dir()
+def _tree(ctx: Context) -> bool:
+    """A source tree (`--source vllm=DIR`), built in layers, whose reuse the report records (an sdist has no
+    parts): known once the sources phase has split it."""
+    return ctx.tree is not None
 
 
-# The build, in order: (report/log name, phase, whether the options ask for it).
-PHASES: tuple[tuple[str, Phase, Callable[[BuildOptions], bool]], ...] = (
+# The build, in order: (report/log name, phase, whether it runs: asked for by the options, or, for the reuse
+# phase, given a tree by an earlier phase).
+PHASES: tuple[tuple[str, Phase, Callable[[Context], bool]], ...] = (
     ("engine", _engine, _always),
     ("base", _base, _always),
-    ("preflight", _preflight, lambda o: not o.skip_preflight),
+    ("preflight", _preflight, lambda ctx: not ctx.options.skip_preflight),
     ("sources", _sources, _always),
     ("lock", _lock, _always),
     ("plan", _plan, _always),
+    ("caches", caches.prepare, _always),
     ("context", _context, _always),
     ("build", _build, _always),
-    ("reuse", devloop.record_reuse, _tree_source),
+    ("reuse", _reuse, _tree),
+    ("cache-stats", caches.record, _always),
     ("inspect-toolchain", _inspect_toolchain, _always),
-    ("test", _test, lambda o: not o.skip_tests),
+    ("test", _test, lambda ctx: not ctx.options.skip_tests),
     ("tag", _tag, _always),
-    ("sbom", _sbom, lambda o: o.sbom),
+    ("cache-export", caches.export, _always),
+    ("sbom", _sbom, lambda ctx: ctx.options.sbom),
 )
-
-
-def _preflight_phase(
-    project: Project,
-    distro: Distro,
-    recipe: Recipe,
-    engine: Engine,
-    options: BuildOptions,
-    max_jobs: int,
-    wheelhouse: Path | None,
-    report: BuildReport,
-    log: Log,
-) -> None:
-    """Every gate against the real base, the source (fetched when missing) and the index this build uses. Blocked
-    stops the build; incomplete is said loudly and recorded, and the build goes on to find out for itself."""
-    pre = run_preflight(
-        project,
-        distro,
-        recipe,
-        engine=engine,
-        source=options.source_overrides.get("vllm"),
-        max_jobs=max_jobs,
-        scratch_dir=options.scratch_dir or Path(tempfile.gettempdir()),
-        wheelhouse=[wheelhouse] if wheelhouse else [],
-        gpu_mode=options.gpu_mode,
-        torch_index=options.torch_index,
-        torch_version=options.torch_version,
-        fetch=True,
-        progress=log.info,
-        local_sources={k: v for k, v in options.source_overrides.items() if k != "vllm"},
-    )
-    report.preflight = pre.model_dump(mode="json")
-    for finding in pre.findings:
-        log.info(f"preflight {finding.gate}: {finding.found} vs {finding.required} ({finding.verdict})")
-    log.info(f"{pre.summary()}")
-    if pre.blocked:
-        blocking = pre.blocking
-        raise PreflightBlocked(
-            f"{distro.name} {recipe.target}: "
-            + "; ".join(f"{f.gate}: {f.found} vs {f.required} ({f.source})" for f in blocking),
-            hint=blocking[0].remedy + " — or run with --skip-preflight to try anyway",
-        )
-    if not pre.complete:
-        log.warning(
-            f"preflight INCOMPLETE — not evaluated: {', '.join(pre.not_evaluated)}; "
-            "the build goes on, and its report says so"
-        )
 
 
 def _fetched_source(
@@ -620,20 +576,14 @@ def _fetched_source(
 
 
 def _diagnose_into(report: BuildReport, log_path: Path) -> None:
-    report.diagnosis = diagnose_file(log_path).to_dict()
+    report.diagnosis = diagnose_file(log_path)
 
 
-def _ensure_gpu_bases(
-    distro: Distro,
-    recipe: Recipe,
-    options: BuildOptions,
-    engine: Engine,
-    report: BuildReport,
-    sink: Sink,
-) -> BaseResult:
+def _ensure_gpu_bases(ctx: Context) -> BaseResult:
     """The plan's BASE_IMAGE and RUNTIME_IMAGE in the engine: the distro's own base as `forge bootstrap` makes it,
     a CUDA base local or pulled. Every missing one is named before the build stops; returns the runtime base."""
-    cuda = gpu_plan(distro, recipe, options.gpu_mode)
+    distro, recipe, options, engine, report, sink = ctx.distro, ctx.recipe, ctx.options, ctx.engine, ctx.report, ctx.log
+    cuda = cuda_plan(distro, recipe, options.gpu_mode)
     if cuda is None:  # no cuda section: the plan's own error names the fix
         make_plan(distro, recipe, PlanOptions(max_jobs=1, gpu_mode=options.gpu_mode))
         raise AssertionError("make_plan accepted a GPU target on a distro without a cuda section")
@@ -657,32 +607,32 @@ def _ensure_gpu_bases(
     for arg, ref in wanted.items():
         sink(f"forge: {arg} {ref} ({got[ref].how})")
     runtime = got[wanted["RUNTIME_IMAGE"]]
-    report.base = {
-        "ref": runtime.ref,
-        "image_id": runtime.image_id,
-        "how": runtime.how,
-        "rootfs_sha256": runtime.rootfs_sha256,
-        "declared": wanted["RUNTIME_IMAGE"],
-        "images": {
-            arg: {"ref": ref, "image_id": got[ref].image_id, "how": got[ref].how} for arg, ref in wanted.items()
+    report.base = BaseRecord(
+        ref=runtime.ref,
+        image_id=runtime.image_id,
+        how=runtime.how,
+        rootfs_sha256=runtime.rootfs_sha256,
+        declared=wanted["RUNTIME_IMAGE"],
+        images={
+            arg: BaseImageRecord(ref=ref, image_id=got[ref].image_id, how=got[ref].how) for arg, ref in wanted.items()
         },
-    }
+    )
     return runtime
 
 
-def _toolchain_versions(
-    engine: Engine, builder: Builder, ctx: Path, plan: BuildPlan, ca_bundle: Path | None, log_path: Path
-) -> dict[str, str]:
+def _toolchain_versions(ctx: Context) -> dict[str, str]:
     """The compiler, cmake and python as the compile saw them (plus nvcc for GPU builds): the toolchain stage is
     cached, so this costs seconds."""
-    result = builder.build(
+    engine, plan, folder = ctx.engine, ctx.plan, ctx.context_dir
+    assert folder is not None
+    result = ctx.builder.build(
         BuildRequest(
-            context_dir=ctx,
-            containerfile=ctx / plan.containerfile,
+            context_dir=folder,
+            containerfile=folder / plan.containerfile,
             target="toolchain",
             build_args=plan.build_args,
-            secrets={"ca_bundle": ca_bundle} if ca_bundle and builder.supports_secrets else {},
-            log_path=log_path.with_name("toolchain.log"),
+            secrets=_secrets(ctx),
+            log_path=ctx.log_path.with_name("toolchain.log"),
             platform=plan.platform,
         ),
         lambda _line: None,

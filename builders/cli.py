@@ -1,33 +1,44 @@
-"""The `forge` command line: one subcommand per module that registers itself."""
+"""The `forge` command line: each command module below registers its subcommands."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
 from importlib import metadata
-from typing import Any
+from types import ModuleType
+from typing import Any, NoReturn
 
 from builders import interrupt
+from builders.commands import core, schema
+from builders.config.types import unseen_character
 from builders.container.select import CHOICES as ENGINE_CHOICES
 from builders.container.select import chosen as chosen_engine
-from builders.errors import ForgeError
+from builders.deploy import command as deploy_command
+from builders.diagnose import command as diagnose_command
+from builders.errors import ForgeError, UsageError
+from builders.kvlab import command as kvlab_command
+from builders.preflight import command as preflight_command
+from builders.redact import mask_urls
+from builders.repro import command as repro_command
+from builders.smoke import command as smoke_command
+from builders.sweep import command as sweep_command
+from builders.verify import command as verify_command
 
-# Each module exposes `register(subparsers)`, adding its subcommands with a `func`
-# default that takes the parsed namespace and returns an exit code.
-COMMAND_MODULES = (
-    "builders.commands.core",
-    "builders.preflight.command",
-    "builders.diagnose.command",
-    "builders.smoke.command",
-    "builders.deploy.command",
-    "builders.repro.command",
-    "builders.verify.command",
-    "builders.commands.schema",
-    "builders.sweep.command",
-    "builders.kvlab.command",
+# Each module exposes `register(subparsers)`, adding its subcommands with a `func` default that takes the parsed
+# namespace and returns an exit code; `forge --help` lists them in this order.
+COMMAND_MODULES: tuple[ModuleType, ...] = (
+    core,
+    preflight_command,
+    diagnose_command,
+    smoke_command,
+    deploy_command,
+    repro_command,
+    verify_command,
+    schema,
+    sweep_command,
+    kvlab_command,
 )
 
 Handler = Callable[[argparse.Namespace], int]
@@ -40,6 +51,10 @@ class ForgeParser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        # argparse quotes the value it refused: a URL's password must not reach the terminal this way either.
+        super().error(mask_urls(message))
 
 
 def forge_version() -> str:
@@ -58,17 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"forge {forge_version()}")
     parser.add_argument("--root", default=None, help="project root holding distros/, recipes/, containers/")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMAND_MODULES:
-        try:
-            module: Any = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name and name.startswith(exc.name):
-                continue
-            raise
+    for module in COMMAND_MODULES:
         module.register(subparsers)
     for sub in subparsers.choices.values():
         # Every command that meets an engine takes the same choice; main() resolves it once and the command
-        # passes it down to its Engine.connect.
+        # passes it down to its connect.
         sub.add_argument(
             "--engine",
             choices=ENGINE_CHOICES,
@@ -89,17 +98,42 @@ def innermost_parser(parser: argparse.ArgumentParser, argv: Sequence[str]) -> ar
     return current
 
 
+def unseen_argument(argv: Sequence[str]) -> UsageError | None:
+    """A command-line value holding a line break, a control or an invisible format character (a right-to-left
+    override) becomes a tag, a path, a session name or a line of a file: refused here, once, for every command."""
+    for index, token in enumerate(argv):
+        found = unseen_character(token)
+        if found is None:
+            continue
+        flag = argv[index - 1] if index and argv[index - 1].startswith("-") else None
+        # A key is never printed, not even a broken one.
+        shown = "the value" if flag in SECRET_FLAGS else mask_urls(repr(token))
+        return UsageError(
+            f"argument {index + 1}, {shown}{f' after {flag}' if flag else ''}, holds {found}",
+            hint="a command-line value is one line of visible text; retype it without the character",
+        )
+    return None
+
+
+SECRET_FLAGS = frozenset({"--api-key"})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    unseen = unseen_argument(argv)
+    if unseen is not None:
+        print(unseen.render(), file=sys.stderr)
+        return unseen.exit_code
     args, extras = parser.parse_known_args(argv)
     if extras:
         innermost_parser(parser, argv).error(f"unrecognized arguments: {' '.join(extras)}")
     handler: Handler = args.func
     try:
-        if hasattr(args, "engine"):
-            # Decided here, once: the flag, else FORGE_ENGINE, else auto. Written back to FORGE_ENGINE only so
-            # that processes the command starts (a test stage, a nox session) make the same choice.
+        if getattr(args, "engine", None):
+            # The flag is written to FORGE_ENGINE so that processes the command starts (a test stage, a nox
+            # session) make the same choice. Without the flag FORGE_ENGINE is read only where an engine is
+            # connected (`connect()`): `forge diagnose` or `forge kvlab` do not care what it says.
             args.engine = chosen_engine(args.engine)
             os.environ["FORGE_ENGINE"] = args.engine
         # SIGTERM and SIGHUP unwind as Ctrl-C does, in every command (builders/interrupt.py).
@@ -123,6 +157,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ForgeError.exit_code
     except UnicodeDecodeError as exc:
         print(ForgeError(f"a file is not UTF-8 text: {exc}").render(), file=sys.stderr)
+        return ForgeError.exit_code
+    except Exception as exc:
+        # A failure no command turned into a typed error is a bug in Forge, but a traceback would show the user
+        # nothing they can act on, and its frames may hold a URL with a password: one line, masked, exit 1.
+        # FORGE_DEBUG=1 shows the traceback to whoever fixes it.
+        if os.environ.get("FORGE_DEBUG"):
+            raise
+        error = ForgeError(
+            f"internal error: {type(exc).__name__}: {exc}",
+            hint="this is a bug in Forge: report it with the command line; FORGE_DEBUG=1 prints the traceback",
+        )
+        print(error.render(), file=sys.stderr)
         return ForgeError.exit_code
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from builders.redact import mask_urls
+
 
 class ForgeError(Exception):
     """Base of every error Forge reports to a user; never a traceback."""
@@ -10,9 +12,12 @@ class ForgeError(Exception):
     kind = "error"
 
     def __init__(self, message: str, *, hint: str | None = None) -> None:
+        # A message may quote a URL the user gave (a mirror, an index, an --endpoint), and it travels further than
+        # the terminal (preflight findings, reports, JSON): its password is masked here, once.
+        message = mask_urls(message)
         super().__init__(message)
         self.message = message
-        self.hint = hint
+        self.hint = mask_urls(hint) if hint is not None else None
 
     def render(self) -> str:
         text = f"forge: {self.kind}: {self.message}"

@@ -197,9 +197,15 @@ def parse_arch_list(text: str, *, where: str) -> list[tuple[Capability, bool]]:
     for item in re.split(r"[\s;,]+", text.strip()):
         if not item:
             continue
-        ptx = item.endswith("+PTX")
-        base = item.removesuffix("+PTX").rstrip("af")
-        out.append((Capability.parse(base, where=where), ptx))
+        # The whole entry as written: `9.0+PTX+PTX` is refused as itself, not as the `9.0+PTX` left after
+        # one suffix came off.
+        entry = re.fullmatch(r"(\d+\.\d+)[af]?(\+PTX)?", item)
+        if entry is None:
+            raise ConfigError(
+                f"{where}: {item!r} is not a compute capability",
+                hint="write each as MAJOR.MINOR, optionally with a or f, then +PTX once: 9.0, 9.0a, 12.0+PTX",
+            )
+        out.append((Capability.parse(entry[1], where=where), entry[2] is not None))
     if not out:
         raise ConfigError(f"{where}: the arch list is empty", hint='list capabilities, e.g. "8.0 9.0 10.0"')
     return out

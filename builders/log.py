@@ -19,6 +19,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from builders.redact import mask_urls
+
 CI = Literal["github", "gitlab"]
 PREFIX = "forge: "
 
@@ -53,6 +55,8 @@ class Log:
         self.timings: dict[str, float] = {}
 
     def _write(self, line: str) -> None:
+        # The build's own output too: pip and apt print index and mirror URLs, user-info included.
+        line = mask_urls(line)
         self._emit(line)
         if self._on_line:
             self._on_line(line)

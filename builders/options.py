@@ -11,16 +11,16 @@ from __future__ import annotations
 import argparse
 import re
 import types
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, Literal, TypedDict, Union, get_args, get_origin, get_type_hints
 
 from packaging.version import InvalidVersion, Version
 
 from builders.config.models import GpuMode, TorchIndex
+from builders.config.types import INT32_MAX
 from builders.container.base import BuilderChoice, EngineChoice
-from builders.container.select import chosen as chosen_engine
 from builders.errors import UsageError
 from builders.plan import PlanOptions
 from builders.target import Target
@@ -42,13 +42,16 @@ def cuda_arch_list(value: str) -> str:
 
 
 def positive_int(value: str) -> int:
-    """argparse type: a whole number ≥ 1 (0 or -3 parallel jobs mean nothing a compiler can do)."""
+    """argparse type: a whole number ≥ 1 (0 or -3 parallel jobs mean nothing a compiler can do), and within 32 bits
+    (what ninja, make and Kubernetes keep a count in)."""
     try:
         number = int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r}: not a whole number") from None
     if number < 1:
         raise argparse.ArgumentTypeError(f"{value!r}: must be 1 or more")
+    if number > INT32_MAX:
+        raise argparse.ArgumentTypeError(f"{value!r}: must be at most {INT32_MAX:,}")
     return number
 
 
@@ -173,6 +176,28 @@ class BuildOptions:
         ),
     ] = None
     no_cache: Annotated[bool, Flag("build every step again, ignoring the engine's layer cache")] = False
+    # Caches that outlive the runner (builders/cache/, docs/ci-caches.md); each flag's FORGE_* variable is its default.
+    compiler_cache: Annotated[
+        str | None,
+        Flag(
+            "shared compiler cache: local (ccache, default), redis://HOST:PORT, s3://BUCKET?endpoint=URL, "
+            "webdav+https://HOST/PATH or gha; credentials from the environment (default: $FORGE_COMPILER_CACHE)",
+            metavar="URL",
+        ),
+    ] = None
+    cache_registry: Annotated[
+        str | None,
+        Flag(
+            "registry repository for the build's layers, imported and exported (default: $FORGE_CACHE_REGISTRY)",
+            metavar="HOST/REPO",
+        ),
+    ] = None
+    cache_export: Annotated[
+        bool | None, Flag("export this build's layers to --cache-registry (default: yes; $FORGE_CACHE_EXPORT)")
+    ] = None
+    require_cache: Annotated[
+        bool, Flag("a cache that fails is an error, not a warning (default: $FORGE_REQUIRE_CACHE)")
+    ] = False
     reports_dir: Annotated[
         Path | None,
         Flag(
@@ -189,9 +214,9 @@ class BuildOptions:
     keep_context: bool = False
     lock_file: Path | None = None  # default: forge.lock at the project root
     sbom: bool = True  # write a CycloneDX SBOM of the tagged image beside the report
-    # The container engine: every command's --engine, which builders/cli.py resolves once. A caller that builds
-    # without the CLI (a test, a benchmark) gets what the CLI would have chosen: FORGE_ENGINE, else auto.
-    engine: EngineChoice = field(default_factory=chosen_engine)
+    # The container engine: every command's --engine. None: FORGE_ENGINE, else auto, read by connect() when
+    # the build connects one, so rendering or planning never reads FORGE_ENGINE.
+    engine: EngineChoice | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> BuildOptions:
@@ -242,6 +267,18 @@ def flag(field_name: str) -> str:
     return next(o.name for o in cli_options() if o.field == field_name)
 
 
+class _Argument(TypedDict, total=False):
+    """argparse's add_argument keywords, as far as the options table sets them."""
+
+    dest: str
+    help: str | None
+    action: str | type[argparse.Action]
+    default: object
+    choices: Sequence[str]
+    type: Callable[[str], object]
+    metavar: str
+
+
 def add_flags(
     parser: argparse.ArgumentParser,
     options: Iterable[CliOption],
@@ -251,11 +288,11 @@ def add_flags(
     """The options' flags on a parser; `helps` rewords a flag's help where the command gives it a default of its
     own (verify-repro's report folder)."""
     for o in options:
-        kwargs: dict[str, Any] = {"dest": o.field, "help": (helps or {}).get(o.field, o.flag.help)}
+        kwargs: _Argument = {"dest": o.field, "help": (helps or {}).get(o.field, o.flag.help)}
         if o.type is bool:
             kwargs["action"] = "store_true"
         elif _is_union(o.type) and bool in get_args(o.type):
-            kwargs.update(action=argparse.BooleanOptionalAction, default=None)
+            kwargs["action"], kwargs["default"] = argparse.BooleanOptionalAction, None
         else:
             kwargs["default"] = None if o.flag.convert else _default(o.field)
             if o.choices:

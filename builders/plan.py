@@ -1,20 +1,19 @@
-"""distro + recipe + options → BuildPlan. Pure: no engine, no network, no filesystem writes.
+"""What a build plan is: the frozen BuildPlan a serving engine's planner makes of distro + recipe + options (pure:
+no engine, no network, no filesystem writes), and the pieces every planner shares (torch, labels, build args).
 
-The executor (builders/build.py) stages what the plan names and runs it; tests check plans in milliseconds.
+`make_plan` (builders/engines/__init__.py) hands a recipe to its engine's planner; the executor
+(builders/build.py) stages what the plan names and runs it; tests check plans in milliseconds.
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from types import ModuleType
-from typing import Literal, Protocol
+from typing import Literal
 
 from builders.config.models import Distro, GpuMode, Recipe, TorchIndex, WheelFile
-from builders.errors import ConfigError, UsageError
+from builders.errors import UsageError
 from builders.platforms import platform_of
-from builders.target import Target, engine_module
+from builders.target import Target
 
 TORCH_INDEXES = {
     "pytorch-cpu": "https://download.pytorch.org/whl/cpu",
@@ -26,9 +25,6 @@ TORCH_INDEXES = {
 BUILD_DIR = "/var/tmp/forge"
 
 PYTORCH_WHEEL_ROOT = "https://download.pytorch.org/whl"
-
-# vLLM's planner: CPU, CUDA on NVIDIA's bases and CUDA from PyPI's wheels.
-VLLM_PLANNER = "builders.engines.vllm.plan"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -143,7 +139,8 @@ class BuildPlan:
 
 
 def torch_spec(target: Target, options: PlanOptions) -> TorchSpec | None:
-    if not target.runs_vllm:
+    """The torch an image installs (recipe, --torch-version, --torch-index); None for one that installs none."""
+    if not target.installs_torch:
         return None
     recipe = target.recipe
     index = options.torch_index or recipe.torch.index
@@ -164,28 +161,6 @@ def torch_spec(target: Target, options: PlanOptions) -> TorchSpec | None:
         index_url=url,
         cuda_build_on_cpu=target.cpu and index == "pypi",
     )
-
-
-class NativePlanner(Protocol):
-    def plan(self, distro: Distro, recipe: Recipe, options: PlanOptions) -> BuildPlan: ...
-
-
-def native_module(recipe: Recipe) -> ModuleType:
-    """The engine module of a kind=native recipe. A plugin boundary: engine modules (builders/engines/) import this
-    module, never the reverse, so it is loaded by the name the recipe's engine gives it."""
-    target_module = engine_module(recipe)
-    try:
-        return importlib.import_module(target_module)
-    except ModuleNotFoundError as exc:
-        raise ConfigError(
-            f"recipes/{recipe.name}.yaml: engine {recipe.engine!r} with kind native has no module {target_module}",
-            hint="kind: native is for engines with a module in builders/engines/; vLLM recipes use source or wheel",
-        ) from exc
-
-
-def native_planner(target: Target) -> NativePlanner:
-    planner: NativePlanner = native_module(target.recipe).ENGINE
-    return planner
 
 
 def image_labels(
@@ -216,24 +191,6 @@ def image_build_args(base: dict[str, str], options: PlanOptions) -> dict[str, st
     if options.source_date_epoch is not None:
         args["SOURCE_DATE_EPOCH"] = str(options.source_date_epoch)
     return args
-
-
-def make_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> BuildPlan:
-    """The plan of one distro × recipe, made by the recipe's engine (builders/engines/<engine>/): a kind=native
-    recipe by its engine module's ENGINE, every other by vLLM's planner (the router's image included, which
-    shares vLLM's CPU plan). Both are loaded by name: engine packages import this module, never the reverse."""
-    if not recipe.supports(distro.name):
-        # A usage error, not a traceback: `forge plan debian-13 gpu` says which distros the recipe takes.
-        supported = ", ".join(recipe.distros) if recipe.distros != "all" else "all"
-        raise UsageError(
-            f"recipes/{recipe.name}.yaml does not support {distro.name}",
-            hint=f"its distros: {supported} (`forge list` shows every distro × target)",
-        )
-    target = Target.resolve(distro, recipe, gpu_mode=options.gpu_mode)
-    if target.native:
-        return native_planner(target).plan(distro, recipe, options)
-    planner: Callable[[Distro, Recipe, PlanOptions], BuildPlan] = importlib.import_module(VLLM_PLANNER).make_vllm_plan
-    return planner(distro, recipe, options)
 
 
 # --- GPU (CUDA) ---------------------------------------------------------------------------------------------

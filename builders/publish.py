@@ -17,17 +17,19 @@ from __future__ import annotations
 
 import json
 import platform as host_platform
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from builders.container import Engine
 from builders.errors import ForgeError
 from builders.log import Log
 from builders.platforms import BY_ARCH, Platform
+from builders.records import ReportInvalid
 from builders.registry import Reference, RegistryClient
 from builders.registry.client import DOCKER_LIST, DOCKER_MANIFEST, OCI_INDEX, OCI_MANIFEST
-from builders.report import BuildReport
+from builders.report import BuildReport, IndexRecord, PushedSbom, PushRecord
+from builders.repro.lockfile import PushedAt
+from builders.repro.sbom import SbomRecord
 
 SBOM_MEDIA_TYPE = "application/vnd.cyclonedx+json"
 EMPTY_MEDIA_TYPE = "application/vnd.oci.empty.v1+json"
@@ -65,7 +67,7 @@ class Pushed:
     digest: str  # as the registry serves it (HEAD), equal to the engine's
     media_type: str
     size: int
-    sbom: dict[str, str] | None
+    sbom: PushedSbom | None
 
 
 def sbom_tag(digest: str) -> str:
@@ -74,20 +76,20 @@ def sbom_tag(digest: str) -> str:
 
 
 def load_report(report_dir: Path) -> BuildReport:
+    """The build report, validated: an edited or foreign report.json proves nothing, and the error names its field."""
     path = report_dir / "report.json"
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
+    if not path.is_file():
         raise PushRefused(
             f"no build report at {path}: nothing says this image passed its test stage",
             hint="build it first (`forge build DISTRO TARGET`), or pass --report-dir where its report is",
-        ) from None
-    except ValueError as exc:
-        raise PushRefused(f"{path}: not a build report ({exc})") from exc
+        )
     try:
-        return BuildReport(**data)
-    except TypeError as exc:
-        raise PushRefused(f"{path}: not a build report Forge wrote ({exc})") from exc
+        return BuildReport.read(path)
+    except ReportInvalid as exc:
+        raise PushRefused(
+            f"not a build report Forge wrote: {exc.message}",
+            hint="build it again (`forge build DISTRO TARGET`): a report edited by hand proves nothing",
+        ) from None
 
 
 def proven(engine: Engine, report_dir: Path, platform: Platform) -> Proven:
@@ -100,7 +102,7 @@ def proven(engine: Engine, report_dir: Path, platform: Platform) -> Proven:
             f"{pair}: the build {report.result}; {where} records no proven image",
             hint="fix the build and run it again; only an image whose test stage passed is pushed",
         )
-    failed = [t["name"] for t in report.tests if t.get("status", "passed" if t.get("ok") else "failed") == "failed"]
+    failed = [t.name for t in report.tests if t.status == "failed"]
     if failed:
         raise PushRefused(f"{pair}: test stage failed ({', '.join(failed)}) in {where}")
     if not report.tests or "test" not in report.phases:
@@ -108,11 +110,11 @@ def proven(engine: Engine, report_dir: Path, platform: Platform) -> Proven:
             f"{pair}: the test stage did not run (built with --skip-tests?); {where} proves nothing",
             hint="build it again without --skip-tests",
         )
-    built_for = report.platform.get("name") or "linux/amd64"
+    built_for = report.platform.name if report.platform else "linux/amd64"
     if built_for != platform.name:
         raise PushRefused(f"{pair}: {where} is a {built_for} build, not {platform.name}")
-    image_id = str(report.image.get("id") or "")
-    tags = list(report.image.get("tags") or [])
+    image_id = report.image.id if report.image else ""
+    tags = list(report.image.tags) if report.image else []
     local = engine.image_info(tags[0]).id if tags and engine.image_exists(tags[0]) else None
     if not image_id or local != image_id:
         raise PushRefused(
@@ -149,10 +151,11 @@ def push_one(engine: Engine, client: RegistryClient, image: Proven, ref: Referen
 
 def push_sbom(
     client: RegistryClient, ref: Reference, image: Proven, digest: str, media_type: str, size: int, log: Log
-) -> dict[str, str] | None:
+) -> PushedSbom | None:
     """The report's SBOM as an OCI artifact tagged sha256-<hex>.sbom, its subject the image (module docstring)."""
-    path = Path(str((image.report.sbom or {}).get("path") or ""))
-    if not path.is_file():
+    sbom = image.report.sbom
+    path = Path(sbom.path) if isinstance(sbom, SbomRecord) else None
+    if path is None or not path.is_file():
         log.warning(f"no SBOM beside {image.report_dir / 'report.json'}: {ref.repository}@{digest} has none")
         return None
     data = path.read_bytes()
@@ -177,10 +180,10 @@ def push_sbom(
     tag = sbom_tag(digest)
     artifact = client.put_manifest(ref.name, tag, json.dumps(manifest, sort_keys=True).encode(), OCI_MANIFEST)
     log.info(f"sbom {ref.repository}:{tag} ({artifact})")
-    return {"ref": f"{ref.repository}:{tag}", "digest": artifact, "blob": blob, "convention": "cosign tag"}
+    return PushedSbom(ref=f"{ref.repository}:{tag}", digest=artifact, blob=blob, convention="cosign tag")
 
 
-def write_index(client: RegistryClient, ref: Reference, pushed: list[Pushed]) -> dict[str, Any]:
+def write_index(client: RegistryClient, ref: Reference, pushed: list[Pushed]) -> IndexRecord:
     """One name for every platform: a Docker manifest list over Docker manifests (what Docker pushes), an OCI
     index over OCI ones, so the list never mixes the two families."""
     media_type = DOCKER_LIST if all(p.media_type == DOCKER_MANIFEST for p in pushed) else OCI_INDEX
@@ -201,15 +204,10 @@ def write_index(client: RegistryClient, ref: Reference, pushed: list[Pushed]) ->
     served = client.head_manifest(ref.name, tag)
     if served is None or served[0] != digest:
         raise PushFailed(f"{ref}: the index Forge wrote is {digest}, the registry serves {served}")
-    return {
-        "ref": str(ref),
-        "digest": digest,
-        "media_type": media_type,
-        "platforms": [p.platform for p in pushed],
-    }
+    return IndexRecord(ref=str(ref), digest=digest, media_type=media_type, platforms=[p.platform for p in pushed])
 
 
-def index_of_digests(ref: Reference, digests: dict[str, str], log: Log) -> dict[str, Any]:
+def index_of_digests(ref: Reference, digests: dict[str, str], log: Log) -> IndexRecord:
     """The index over images already pushed by digest (one per platform, by jobs on other machines): each is
     read back from the registry first, so the index names only manifests the registry holds."""
     client = RegistryClient(ref)
@@ -232,7 +230,7 @@ def index_of_digests(ref: Reference, digests: dict[str, str], log: Log) -> dict[
             )
         )
     index = write_index(client, ref, pushed)
-    log.info(f"index {ref} = {index['digest']} names {', '.join(index['platforms'])}")
+    log.info(f"index {ref} = {index.digest} names {', '.join(index.platforms)}")
     return index
 
 
@@ -250,25 +248,29 @@ def publish(engine: Engine, images: list[Proven], ref: Reference, log: Log) -> l
     ]
     index = write_index(client, ref.with_tag(tag), pushed) if many else None
     if index:
-        log.info(f"index {ref.repository}@{index['digest']} names {', '.join(index['platforms'])}")
+        log.info(f"index {ref.repository}@{index.digest} names {', '.join(index.platforms)}")
     reports = []
     for image, done in zip(images, pushed, strict=True):
         report = image.report
-        record: dict[str, Any] = {
-            **asdict(done),
-            "registry": ref.host,
-            "scheme": ref.scheme,
-            "verified": "registry HEAD /v2/<name>/manifests/<tag>: Docker-Content-Digest equals the engine's",
-            "pull": f"{ref.repository}@{done.digest}",
-            "tests": {t["name"]: t.get("status", "?") for t in report.tests},
-            "pushed_by": f"{engine.kind} {engine.version} on {host_platform.machine()}",
-        }
-        if index:
-            record["index"] = index
+        record = PushRecord(
+            platform=done.platform,
+            ref=done.ref,
+            digest=done.digest,
+            media_type=done.media_type,
+            size=done.size,
+            sbom=done.sbom,
+            registry=ref.host,
+            scheme=ref.scheme,
+            verified="registry HEAD /v2/<name>/manifests/<tag>: Docker-Content-Digest equals the engine's",
+            pull=f"{ref.repository}@{done.digest}",
+            tests={t.name: t.status for t in report.tests},
+            pushed_by=f"{engine.kind} {engine.version} on {host_platform.machine()}",
+            index=index,
+        )
         report.push = record
         if report.lock is not None:
             # The lock entry this image was built from, and the digest it became where it was published.
-            report.lock = {**report.lock, "pushed": {"pull": record["pull"], "digest": done.digest}}
+            report.lock.pushed = PushedAt(pull=record.pull, digest=done.digest)
         reports.append(report)
     for image, report in zip(images, reports, strict=True):
         report.write(image.report_dir)

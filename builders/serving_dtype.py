@@ -11,7 +11,10 @@ from __future__ import annotations
 import platform
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+from pydantic import Field
+
+from builders.records import Record
 
 CPUINFO = Path("/proc/cpuinfo")
 
@@ -98,18 +101,32 @@ class DtypeChoice:
     reason: str
     warning: str | None = None
 
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "dtype": self.dtype,
-            "requested": self.requested,
-            "native_bf16": self.native_bf16,
-            "cpu": self.host.model,
-            "arch": self.host.arch,
-            "isa": self.host.isa_summary(),
-            "source": self.host.source,
-            "reason": self.reason,
-            "warning": self.warning,
-        }
+    def as_json(self) -> DtypeRecord:
+        return DtypeRecord(
+            dtype=self.dtype,
+            requested=self.requested,
+            native_bf16=self.native_bf16,
+            cpu=self.host.model,
+            arch=self.host.arch,
+            isa=self.host.isa_summary(),
+            source=self.host.source,
+            reason=self.reason,
+            warning=self.warning,
+        )
+
+
+class DtypeRecord(Record):
+    """The dtype in a smoke or sweep report: what was served, what was asked for, and the CPU it was decided on."""
+
+    dtype: str = Field(description="the dtype the replicas serve")
+    requested: str = Field(description="the profile's model.dtype (auto: decided from the CPU)")
+    native_bf16: bool = Field(description="the serving CPU has native BF16")
+    cpu: str = Field(description="the serving CPU's model name")
+    arch: str = Field(description="its architecture")
+    isa: str = Field(description="the BF16-related ISA extensions it has and lacks")
+    source: str = Field(description="where the CPU's facts were read")
+    reason: str = Field(description="why this dtype, in words")
+    warning: str | None = Field(description="set when the dtype asked for is slow on this CPU")
 
 
 def choose_dtype(requested: str, host: CpuHost) -> DtypeChoice:

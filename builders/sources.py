@@ -24,6 +24,7 @@ from builders.config.models import Distro, FetchedSource, Recipe
 from builders.container import Engine, RunSpec
 from builders.errors import SourceUnavailable
 from builders.locks import exclusive
+from builders.redact import mask_url
 
 PYPI_SIMPLE = "https://pypi.org/simple"
 
@@ -102,7 +103,9 @@ def fetch_sdist(recipe: Recipe, root: Path) -> ResolvedSource:
             hint="the file changed upstream or was tampered with; do not build from it",
         )
     Path(tmp.name).replace(dest)
-    return ResolvedSource(name="vllm", path=dest, origin=f"fetched: {url}", sha256=pin.sha256, version=pin.version)
+    return ResolvedSource(
+        name="vllm", path=dest, origin=f"fetched: {mask_url(url)}", sha256=pin.sha256, version=pin.version
+    )
 
 
 def fetch_debian_source(source: FetchedSource, distro: Distro, engine: Engine, root: Path) -> ResolvedSource:
@@ -286,12 +289,12 @@ def _torch_first(recipe: Recipe, cmd: list[str], dest: Path) -> str:
     )
     got = sorted(set(dest.glob("torch-*.whl")) - before) or sorted(dest.glob("torch-*.whl"))
     if proc.returncode == 0 and got:
-        return f"torch: {got[-1].name} (from {url}, or a local wheel folder pip is configured with)"
+        return f"torch: {got[-1].name} (from {mask_url(url)}, or a local wheel folder pip is configured with)"
     # pip words "no candidate anywhere" as a conflict with its constraints; a connection error names the host.
     host = urlsplit(url).netloc or url
     why = next((ln.strip() for ln in proc.stderr.splitlines() if host in ln and "WARNING" in ln), "")
     return (
-        f"torch: {', '.join(pins)} not fetched from {url} ({why or 'unreachable, or no wheel for this platform'}); "
+        f"torch: {', '.join(pins)} not fetched from {mask_url(url)} ({why or 'unreachable, or no wheel for this platform'}); "
         "the wheelhouse takes PyPI's torch, a CUDA build on Linux, and the image's cpu-kernels check says whether "
         "vLLM's kernels load beside it"
     )

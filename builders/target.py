@@ -10,14 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from builders.config.engines import engine_package
 from builders.config.models import Distro, GpuMode, Recipe
-
-
-def engine_module(recipe: Recipe) -> str:
-    """The module that plans, preflights and tests a kind=native recipe, named by its engine (llama-cpp →
-    builders/engines/llama_cpp/image.py)."""
-    return f"{engine_package(recipe.engine)}.image"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,7 +29,7 @@ class Target:
 
     @property
     def device(self) -> Literal["cpu", "cuda", "none"]:
-        """VLLM_TARGET_DEVICE: which of vLLM's requirement files and torch pins apply."""
+        """What the image computes on: cpu, cuda, or none (the router)."""
         return self.recipe.device
 
     @property
@@ -50,41 +43,32 @@ class Target:
 
     @property
     def cpu(self) -> bool:
-        """vLLM's CPU backend: the ISA settings apply, and the image gets a smoke test."""
+        """A CPU image: the ISA settings apply, and the image gets a smoke test."""
         return self.recipe.device == "cpu"
 
     @property
     def smokes(self) -> bool:
-        """A vLLM CPU image that serves in its test stage: smoke and sweep sessions and CI's smoke step run the ci
-        profile (vLLM pools) on it. A native engine's image serves too, but its pools need its own profile
-        (ci-llama, ci-sglang) and option (--llama-image, --sglang-image)."""
-        return self.cpu and self.recipe.serve_test and not self.native
-
-    @property
-    def runs_vllm(self) -> bool:
-        """The image carries vLLM (not the router alone): a toolchain, tcmalloc and the base probe matter."""
-        return self.recipe.device != "none" and not self.native
-
-    @property
-    def native(self) -> bool:
-        """Another engine's C/C++ server (llama.cpp): its module in builders/engines/ plans, preflights and tests
-        it, so none of the vLLM phases above apply."""
-        return self.recipe.kind == "native"
-
-    @property
-    def engine_module(self) -> str:
-        return engine_module(self.recipe)
+        """A CPU image that serves in its test stage and is not a native engine's: smoke and sweep sessions and CI's
+        smoke step run the ci profile (vLLM pools) on it. A native engine's image serves too, but its pools need their
+        own profile (ci-llama, ci-sglang) and option (--llama-image, --sglang-image)."""
+        return self.cpu and self.recipe.serve_test and self.recipe.kind != "native"
 
     @property
     def compiles(self) -> bool:
-        """vLLM is compiled from its sdist here; a GPU build in wheel mode installs PyPI's CUDA wheel instead."""
+        """Compiled from its sdist here; a GPU build in wheel mode installs PyPI's CUDA wheel instead."""
         return self.recipe.kind == "source" and self.gpu_mode != "wheel"
 
     @property
     def from_sdist(self) -> bool:
-        """vLLM's sdist and the sources it pins are this recipe's inputs: locked even when a GPU build in wheel
-        mode will not compile them, so one forge.lock serves both modes."""
+        """The sdist and the sources it pins are this recipe's inputs: locked even when a GPU build in wheel mode
+        will not compile them, so one forge.lock serves both modes."""
         return self.recipe.kind == "source"
+
+    @property
+    def pinned_source(self) -> bool:
+        """The recipe's pinned source archive is an input of its image (compiled from it, or, for a GPU build in
+        wheel mode, read for what the wheel's release requires): fetched, locked and preflighted."""
+        return self.recipe.kind in {"source", "native"}
 
     @property
     def gpu_wheel(self) -> bool:

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from builders.config import Project
-from builders.container import Engine
+from builders.container import Engine, connect
 from builders.container.select import chosen
-from builders.preflight import host, runner
+from builders.gates import common, host
+from builders.project import Project
 from builders.router.native import ENV_SWITCH, NativeRelay
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,7 +39,7 @@ def ample_disk(monkeypatch: pytest.MonkeyPatch) -> None:
     """Preflight's disk gates read statvfs of the engine's data root and the scratch dir. Tests whose subject is
     another gate pin a roomy disk, so their verdict does not depend on how full the machine running them is (a
     CI machine with under ~35 GB free used to turn their clear/incomplete into blocked)."""
-    monkeypatch.setattr(runner, "free_bytes", lambda path: (2**40, host.existing_ancestor(path)))
+    monkeypatch.setattr(common, "free_bytes", lambda path: (2**40, host.existing_ancestor(path)))
 
 
 @pytest.fixture(scope="session")
@@ -47,7 +47,7 @@ def engine() -> Iterator[Engine]:
     from builders.errors import EngineError
 
     try:
-        eng = Engine.connect(chosen())
+        eng = connect(chosen())
     except EngineError as exc:
         pytest.fail(f"engine-backed test, but no engine answers: {exc.message} (start dockerd as .ci/run does)")
     yield eng
@@ -89,7 +89,7 @@ def small_engine(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
         engine: Engine | None = None
         while time.monotonic() < deadline and engine is None:
             try:
-                engine = Engine.connect(chosen())
+                engine = connect(chosen())
             except Exception:  # not up yet
                 time.sleep(1)
         if engine is None:

@@ -7,6 +7,10 @@ on a loaded host (issue 34), so running them beside a build changes no verdict, 
 
 The engine part's output streams to the terminal; the engine-free part's goes to a file that is printed when it
 ends, so neither log interleaves with the other. The exit status is the worse of the two.
+
+A skip (or xfail) among the engine- and server-backed tests fails the run unless tests/allowed_skips.toml excuses
+it (tests/skip_policy.py): a proof that did not run is not a proof that passed. Under CI (FORGE_CI=1, set by
+.ci/run) only the entries marked `ci = true` do. FORGE_ALLOWED_SKIPS names another allow-list.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from skip_policy import ALLOWED_SKIPS, AllowListError, load_allowed, unexcused
 
 # Builds under emulation are long proofs with nox sessions of their own (publish-multiplatform), not suite tests.
 ENGINE_FREE = "not engine and not server and not emulation"
@@ -29,7 +35,15 @@ def _pytest(marker: str, basetemp: Path, extra: list[str]) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
+    ci = os.environ.get("FORGE_CI") == "1"
+    try:
+        # Read before anything runs: a broken allow-list should cost seconds, not the suite's 40 minutes.
+        allowed = load_allowed(Path(os.environ.get("FORGE_ALLOWED_SKIPS") or ALLOWED_SKIPS))
+    except AllowListError as exc:
+        print(f"== {exc}", flush=True)
+        return 2
     work = Path(tempfile.mkdtemp(prefix="forge-suite-"))
+    junit = work / "engine.xml"
     log_path = work / "engine-free.log"
     started = time.monotonic()
     with log_path.open("w", encoding="utf-8") as log:
@@ -37,7 +51,7 @@ def main(argv: list[str]) -> int:
             _pytest(ENGINE_FREE, work / "free", argv), stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy()
         )
         try:
-            engine_code = subprocess.call(_pytest(ENGINE_BACKED, work / "engine", argv))
+            engine_code = subprocess.call(_pytest(ENGINE_BACKED, work / "engine", [f"--junitxml={junit}", *argv]))
         finally:
             free_code = free.wait()
     print(f"\n== the engine-free tests (run beside the engine-backed ones; {log_path}):", flush=True)
@@ -47,8 +61,20 @@ def main(argv: list[str]) -> int:
         f"== engine-backed pytest exited {engine_code}, engine-free pytest exited {free_code} ({took:.0f} s)",
         flush=True,
     )
+    skip_code = 0
+    if junit.exists():
+        for skip in unexcused(junit, allowed, ci=ci):
+            how = "xfailed" if skip.kind == "pytest.xfail" else "skipped"
+            print(f"== not excused: {skip.test} {how} ({skip.raised_in}): {skip.reason}", flush=True)
+            skip_code = 1
+    elif engine_code == 0:
+        print(f"== the engine-backed pytest wrote no {junit}: its skips cannot be judged", flush=True)
+        skip_code = 1
+    if skip_code:
+        where = os.environ.get("FORGE_ALLOWED_SKIPS") or ALLOWED_SKIPS
+        print(f"== an engine- or server-backed test did not run: fix the host, or the test (allow-list: {where})")
     # pytest's 5 (no test collected) is a failure here: each half has tests, and finding none means a broken filter.
-    return max(engine_code, free_code)
+    return max(engine_code, free_code, skip_code)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import re
 import sys
@@ -11,15 +12,17 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from builders.config import Project
+from builders.container import connect
 from builders.container.base import EngineChoice
+from builders.engines import ENGINES, make_plan
 from builders.errors import SourceUnavailable, UsageError
 from builders.log import Log, print_table
 from builders.log import console as wide_console
 from builders.options import BuildOptions, add_flags, cli_options, gpu_args_apply, plan_options
 from builders.output import output_dir, write_output
-from builders.plan import PlanOptions, make_plan
+from builders.plan import PlanOptions
 from builders.platforms import PLATFORMS, Platform, for_platform, parse_platforms
+from builders.project import Project
 from builders.registry import parse_reference
 from builders.render import render
 from builders.target import Target
@@ -81,14 +84,13 @@ def _plan_options(args: argparse.Namespace) -> PlanOptions:
 
 
 def _torch_pin(project: Project, target: Target, args: argparse.Namespace) -> str | None:
-    """vLLM's torch pin, read from the pinned sdist (fetched, sha256-checked, when the cache lacks it) so a
+    """The torch pin the engine's pinned sdist states (fetched, sha256-checked, when the cache lacks it) so a
     Containerfile rendered without a build names the torch a build would install; never a placeholder."""
     recipe = target.recipe
-    if args.torch_version or recipe.torch.version or not target.runs_vllm:
+    if args.torch_version or recipe.torch.version or not target.installs_torch:
         return None
     if not (recipe.source and recipe.source.pypi):
         return None  # the planner then refuses, naming --torch-version
-    from builders.preflight.source_facts import read_pins
     from builders.sources import cache_dir, fetch_sdist
 
     pin = recipe.source.pypi
@@ -102,15 +104,28 @@ def _torch_pin(project: Project, target: Target, args: argparse.Namespace) -> st
                 "--torch-version VERSION",
             )
         print(f"forge: fetching {sdist.name} to read vLLM's torch pin (--no-fetch: refuse instead)", file=sys.stderr)
-        sdist = fetch_sdist(recipe, project.root).path
-    return read_pins(sdist, target.distro, target.device)[0]
+        try:
+            sdist = fetch_sdist(recipe, project.root).path
+        except SourceUnavailable as exc:
+            # The fetch's own hint names build's --source, which render and plan do not take.
+            raise SourceUnavailable(
+                f"{recipe.target}'s torch version is read from vLLM's sdist, which cannot be had: {exc.message}",
+                hint=f"`forge fetch {target.distro.name} {recipe.target} vllm` where PyPI is reachable, or pass "
+                "--torch-version VERSION",
+            ) from None
+    return ENGINES.of(recipe).source_pins(target, sdist).torch
 
 
 def cmd_render(args: argparse.Namespace) -> int:
     project = _project(args)
     out = output_dir(Path(args.output))
     texts = {}
-    for distro, recipe in _selection(project, args.distro, args.target):
+    pairs = _selection(project, args.distro, args.target)
+    targets = [Target.resolve(distro, recipe) for distro, recipe in pairs]
+    if not any(target.cuda for target in targets):
+        # --gpu-mode / --cuda-arch-list shape GPU pairs only: with none selected they would change nothing.
+        gpu_args_apply(targets[0], args)
+    for distro, recipe in pairs:
         options = _plan_options(args)
         pin = _torch_pin(project, Target.resolve(distro, recipe), args)
         if pin:
@@ -144,7 +159,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
-    from builders.container import Engine
     from builders.sources import fetch_debian_source, fetch_sdist, fetch_wheelhouse
 
     project = _project(args)
@@ -152,6 +166,19 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     distro = for_platform(project.distro(args.distro), plat)
     recipe = project.recipe_for(args.target)
     wanted = set(args.sources or [])
+    known = [
+        *(["vllm"] if recipe.source and recipe.source.pypi else []),
+        *(["wheelhouse"] if recipe.wheelhouse else []),
+        *(f.name for f in recipe.fetched_sources),
+    ]
+    unknown = sorted(wanted - set(known))
+    if unknown:
+        # A typo (onedn) would otherwise fetch nothing and exit 0 without a word.
+        close = difflib.get_close_matches(unknown[0], known, n=1, cutoff=0.6)
+        raise UsageError(
+            f"{recipe.target} has no source {unknown[0]!r}" + (f" — did you mean {close[0]!r}?" if close else ""),
+            hint=f"{recipe.target}'s sources: {', '.join(known) or 'none'} (recipes/{recipe.name}.yaml)",
+        )
     if recipe.source and recipe.source.pypi and (not wanted or "vllm" in wanted):
         got = fetch_sdist(recipe, project.root)
         print(f"{recipe.source.pypi.name}: {got.path} ({got.origin})")
@@ -162,7 +189,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
             continue
         if fetched.debian_source:
             carrier = project.distro(fetched.debian_source_distro) if fetched.debian_source_distro else distro
-            got = fetch_debian_source(fetched, carrier, Engine.connect(args.engine), project.root)
+            got = fetch_debian_source(fetched, carrier, connect(args.engine), project.root)
             print(f"{fetched.name}: {got.path} ({got.origin})")
         else:
             raise UsageError(
@@ -175,12 +202,11 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 def cmd_bootstrap(args: argparse.Namespace) -> int:
     from builders.bootstrap import bootstrap
-    from builders.container import Engine
 
     project = _project(args)
     for plat in parse_platforms(args.platform):
         distro = for_platform(project.distro(args.distro), plat)
-        result = bootstrap(distro, Engine.connect(args.engine), source_date_epoch=args.source_date_epoch)
+        result = bootstrap(distro, connect(args.engine), source_date_epoch=args.source_date_epoch)
         print(
             f"{result.ref} {result.image_id} ({result.how} in {result.seconds:.1f}s, "
             f"rootfs sha256 {result.rootfs_sha256})"
@@ -231,13 +257,12 @@ def _push(
     ref: Any,
     platforms: tuple[Platform, ...],
     report_dir: Path | None,
-    engine_choice: EngineChoice,
+    engine_choice: EngineChoice | None,
 ) -> int:
     from builders.build import default_reports_dir
-    from builders.container import Engine
     from builders.publish import proven, publish
 
-    engine = Engine.connect(engine_choice)
+    engine = connect(engine_choice)
     log = Log(lambda line: print(line, flush=True))
     images = [
         proven(engine, report_dir or default_reports_dir(project, for_platform(distro, p), target), p)
@@ -261,7 +286,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         digests[plat.name] = digest
     # Progress to stderr: stdout is the index alone (`forge index … --json > index.json`).
     index = index_of_digests(ref, digests, Log(lambda line: print(line, file=sys.stderr, flush=True)))
-    print(json.dumps(index, indent=2) if args.json else f"{index['ref']}@{index['digest']}")
+    print(index.to_json() if args.json else f"{index.ref}@{index.digest}")
     return 0
 
 
@@ -395,9 +420,3 @@ def _platform_arg(p: argparse.ArgumentParser) -> None:
         help=f"comma-separated, of {', '.join(PLATFORMS)} (default: linux/amd64); "
         "arm64 runs under qemu-user-static on an x86_64 host",
     )
-
-
-def main() -> None:  # pragma: no cover - convenience for `python -m builders.commands.core`
-    from builders.cli import main as cli_main
-
-    sys.exit(cli_main())

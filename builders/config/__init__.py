@@ -1,7 +1,7 @@
-"""Distros, recipes and other YAML data, validated into frozen models."""
+"""Distros, recipes, profiles and other YAML data, validated into frozen models: the common part of each, which
+a serving engine's package extends with its own keys (builders/project.py loads the project's files with them)."""
 
 from builders.config.loading import load_model, validation_error_to_config_error
 from builders.config.models import Distro, Recipe
-from builders.config.project import Project
 
-__all__ = ["Distro", "Project", "Recipe", "load_model", "validation_error_to_config_error"]
+__all__ = ["Distro", "Recipe", "load_model", "validation_error_to_config_error"]

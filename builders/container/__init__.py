@@ -1,6 +1,5 @@
 """The only code in Forge that talks to a container engine: one module per engine behind `Engine` (base.py)."""
 
-from builders.container import select as _select  # noqa: F401  (registers how Engine.connect chooses)
 from builders.container.base import (
     Builder,
     BuildRequest,
@@ -12,6 +11,7 @@ from builders.container.base import (
     RunSpec,
 )
 from builders.container.image_builders import choose_builder
+from builders.container.select import connect
 
 __all__ = [
     "BuildRequest",
@@ -23,4 +23,5 @@ __all__ = [
     "ImageInfo",
     "RunSpec",
     "choose_builder",
+    "connect",
 ]

@@ -1,8 +1,8 @@
 """The Engine interface: what Forge asks of a container engine, whichever one answers.
 
 One module per engine implements it (docker_engine.py over the Docker Engine API, podman_engine.py over the
-`podman` CLI); `Engine.connect(choice)` opens the one the CLI chose from `--engine` / FORGE_ENGINE
-(builders/container/select.py). No code
+`podman` CLI); `connect(choice)` in select.py (builders.container.connect) opens the one the CLI chose from
+`--engine` / FORGE_ENGINE. No code
 outside builders/container/ asks which engine it has: what differs is a capability, recorded once in `facts`.
 """
 
@@ -23,7 +23,7 @@ LineSink = Callable[[str], None]
 BuilderChoice = Literal["auto", "buildkit", "legacy", "buildah"]
 
 # --engine: auto finds what is there (select.py). The CLI resolves it once, FORGE_ENGINE its default, and passes it
-# down to the one `Engine.connect` of the command.
+# down to the one `connect` of the command.
 EngineChoice = Literal["auto", "docker", "podman"]
 
 
@@ -40,6 +40,10 @@ class BuildRequest:
     log_path: Path | None = None
     # linux/arm64 on an x86_64 host runs each RUN under qemu-user-static (binfmt_misc); None: the engine's own.
     platform: str | None = None
+    # A registry layer cache (builders/cache/layers.py), spelled by each builder its own way (Builder.layer_cache):
+    # buildah takes one repository both ways; BuildKit imports images and, with cache_to set, embeds an inline cache.
+    cache_from: tuple[str, ...] = ()
+    cache_to: str | None = None
 
     def cli_flags(self) -> list[str]:
         """The flags `docker build` and `podman build` spell alike, sorted so the same request gives the same
@@ -88,22 +92,19 @@ class BuildResult:
         )
 
 
+# How a builder shares layers through a registry: buildah pushes and pulls each step itself (`registry`), BuildKit
+# without buildx embeds an inline cache in the images it builds (`inline`), the legacy builder does neither.
+LayerCache = Literal["registry", "inline", "none"]
+
+
 class Builder(Protocol):
     name: str
     supports_secrets: bool
     supports_cache_mounts: bool
+    layer_cache: LayerCache
     version: str | None
 
     def build(self, request: BuildRequest, sink: LineSink) -> BuildResult: ...
-
-
-# select.py registers how `Engine.connect(choice)` opens an engine: the implementations import this module, so this
-# module cannot import them.
-_CONNECT: list[Callable[[EngineChoice], Engine]] = []
-
-
-def register_connector(connect: Callable[[EngineChoice], Engine]) -> None:
-    _CONNECT[:] = [connect]
 
 
 # Every container Forge starts carries this label, so a cleanup can find what a crashed run left behind.
@@ -183,16 +184,10 @@ class EngineFacts:
 
 
 class Engine(ABC):
-    """A connected engine. Construct with `Engine.connect(choice)`."""
+    """A connected engine. Open one with `connect(choice)` (select.py): this module cannot, since each engine's
+    module imports it."""
 
     facts: EngineFacts
-
-    @classmethod
-    def connect(cls, choice: EngineChoice) -> Engine:
-        """The engine `choice` names: docker, podman, or auto (whatever answers here; select.py)."""
-        # Importing any module of builders.container runs the package's __init__ first, which imports select.py.
-        assert _CONNECT, "builders/container/select.py registers the connector when builders.container is imported"
-        return _CONNECT[0](choice)
 
     @property
     def kind(self) -> str:

@@ -15,7 +15,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypedDict
 
 import docker
 import docker.errors
@@ -44,7 +44,31 @@ def docker_host() -> str:
     return os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
 
 
-def open_client() -> tuple[Any, dict[str, Any], dict[str, Any]]:
+class DockerComponent(TypedDict, total=False):
+    Name: str
+    Version: str
+
+
+class DockerVersion(TypedDict, total=False):
+    """What Docker's `GET /version` answers, as far as Forge reads it."""
+
+    Version: str
+    ApiVersion: str
+    Components: list[DockerComponent]
+
+
+class DockerInfo(TypedDict, total=False):
+    """What Docker's `GET /info` answers, as far as Forge reads it."""
+
+    Name: str
+    DockerRootDir: str
+    DefaultRuntime: str
+    CgroupVersion: str
+    CgroupDriver: str
+    SecurityOptions: list[str]
+
+
+def open_client() -> tuple[Any, DockerInfo, DockerVersion]:
     """(client, info, version) of whatever answers at DOCKER_HOST; EngineError when nothing does."""
     try:
         client = docker.from_env(timeout=600)
@@ -57,20 +81,20 @@ def open_client() -> tuple[Any, dict[str, Any], dict[str, Any]]:
         ) from exc
 
 
-def is_podman_service(version: dict[str, Any]) -> bool:
+def is_podman_service(version: DockerVersion) -> bool:
     """Podman's API service names itself among the version's components; Docker's never does."""
     return any("podman" in str(c.get("Name", "")).lower() for c in version.get("Components") or [])
 
 
 class DockerEngine(Engine):
-    """Docker through its Engine API. Construct with `Engine.connect("docker")`."""
+    """Docker through its Engine API. Opened by `connect("docker")` (select.py)."""
 
     def __init__(self, client: Any, *, facts: EngineFacts) -> None:
         self.client = client
         self.facts = facts
 
     @classmethod
-    def open(cls, opened: tuple[Any, dict[str, Any], dict[str, Any]] | None = None) -> DockerEngine:
+    def open(cls, opened: tuple[Any, DockerInfo, DockerVersion] | None = None) -> DockerEngine:
         """From open_client()'s answer, when the caller already has it."""
         client, info, version = opened or open_client()
         security = " ".join(str(o) for o in info.get("SecurityOptions") or [])

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, get_args
 
 from builders import interrupt
-from builders.container.base import Builder, BuilderChoice, BuildRequest, BuildResult, LineSink
+from builders.container.base import Builder, BuilderChoice, BuildRequest, BuildResult, LayerCache, LineSink
 from builders.errors import EngineError
+from builders.redact import mask_urls
 
 if TYPE_CHECKING:
     from builders.container.base import Engine
@@ -68,6 +69,7 @@ class BuildKitCliBuilder:
     name = "buildkit"
     supports_secrets = True
     supports_cache_mounts = True
+    layer_cache: LayerCache = "inline"
     version: str | None = None
 
     def __init__(self, cli: str) -> None:
@@ -93,6 +95,11 @@ class BuildKitCliBuilder:
                 cmd += ["--platform", request.platform]
             if request.no_cache:
                 cmd.append("--no-cache")
+            for ref in request.cache_from:
+                cmd += ["--cache-from", ref]
+            if request.cache_to:
+                # No buildx here: the only export is the inline cache, which a later push of this image carries.
+                cmd += ["--build-arg", "BUILDKIT_INLINE_CACHE=1"]
             cmd += request.cli_flags()
             env = {**os.environ, "DOCKER_BUILDKIT": "1", "BUILDKIT_PROGRESS": "plain"}
             start = time.monotonic()
@@ -136,7 +143,7 @@ def _stream(cmd: list[str], env: dict[str, str], log_path: Path | None, sink: Li
             try:
                 for line in proc.stdout:
                     if log:
-                        log.write(line)
+                        log.write(mask_urls(line))
                     sink(line.rstrip("\n"))
                     match = _STEP_DONE.match(line)
                     if match and match.group("stage"):
@@ -163,6 +170,7 @@ class LegacySdkBuilder:
     name = "legacy"
     supports_secrets = False
     supports_cache_mounts = False
+    layer_cache: LayerCache = "none"
     version: str | None = None
 
     def __init__(self, engine: _DockerClient) -> None:
@@ -198,7 +206,7 @@ class LegacySdkBuilder:
                     image_id = str(chunk["aux"]["ID"])
                 for line in text.splitlines():
                     if log:
-                        log.write(line + "\n")
+                        log.write(mask_urls(line) + "\n")
                     sink(line)
         except KeyboardInterrupt:
             # Ctrl-C or SIGTERM: the engine cancels a legacy build when its connection closes; drop it now rather
@@ -207,7 +215,7 @@ class LegacySdkBuilder:
             raise
         except Exception as exc:  # the SDK raises several unrelated types for one failed build
             if log:
-                log.write(f"ERROR: {exc}\n")
+                log.write(mask_urls(f"ERROR: {exc}\n"))
             sink(f"ERROR: {exc}")
             rc = 1
         finally:
@@ -255,6 +263,7 @@ def describe(builder: Builder) -> dict[str, object]:
         "name": builder.name,
         "secrets": builder.supports_secrets,
         "cache_mounts": builder.supports_cache_mounts,
+        "layer_cache": builder.layer_cache,
         "cli": getattr(builder, "cli", None),
         "version": builder.version,
     }

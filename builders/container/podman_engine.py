@@ -17,11 +17,11 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypedDict
 
 from packaging.version import InvalidVersion, Version
 
-from builders.container.base import Engine, EngineFacts, ImageInfo, RunSpec
+from builders.container.base import Engine, EngineFacts, ImageInfo, LayerCache, RunSpec
 from builders.container.image_builders import Builder, BuildRequest, BuildResult, LineSink, stream_build
 from builders.errors import EngineError
 
@@ -52,6 +52,29 @@ def _version(text: str) -> Version | None:
         return Version(text)
     except InvalidVersion:
         return None
+
+
+class _ImageConfig(TypedDict, total=False):
+    Labels: dict[str, str] | None
+
+
+class _RootFs(TypedDict, total=False):
+    Layers: list[str]
+
+
+class PodmanImage(TypedDict, total=False):
+    """One image of `podman image inspect --format json`, as far as Forge reads it (Podman's JSON, not Forge's)."""
+
+    Id: str
+    RepoTags: list[str] | None
+    RepoDigests: list[str] | None
+    Size: int
+    Created: str
+    Os: str
+    Architecture: str
+    Labels: dict[str, str] | None
+    Config: _ImageConfig | None
+    RootFS: _RootFs | None
 
 
 def facts_from_info(info: dict[str, Any]) -> EngineFacts:
@@ -125,7 +148,7 @@ def explain_start_failure(output: str) -> tuple[str, str]:
 
 
 class PodmanEngine(Engine):
-    """Podman through its CLI. Construct with `Engine.connect("podman")`."""
+    """Podman through its CLI. Opened by `connect("podman")` (select.py)."""
 
     def __init__(self, cli: str, *, facts: EngineFacts) -> None:
         self.cli = cli
@@ -193,11 +216,11 @@ class PodmanEngine(Engine):
     def image_exists(self, ref: str) -> bool:
         return self._run("image", "exists", qualify(ref), check=False).returncode == 0
 
-    def _inspect(self, ref: str) -> dict[str, Any]:
+    def _inspect(self, ref: str) -> PodmanImage:
         proc = self._run("image", "inspect", "--format", "json", qualify(ref), check=False)
         if proc.returncode != 0:
             raise EngineError(f"image {ref!r} is not in the engine (podman: {qualify(ref)})")
-        found: list[dict[str, Any]] = json.loads(proc.stdout)
+        found: list[PodmanImage] = json.loads(proc.stdout)
         return found[0]
 
     def image_info(self, ref: str) -> ImageInfo:
@@ -208,7 +231,7 @@ class PodmanEngine(Engine):
             tags=tuple(attrs.get("RepoTags") or ()),
             digests=tuple(attrs.get("RepoDigests") or ()),
             size=int(attrs.get("Size", 0)),
-            labels=dict((attrs.get("Config") or {}).get("Labels") or attrs.get("Labels") or {}),
+            labels=dict((attrs.get("Config") or _ImageConfig()).get("Labels") or attrs.get("Labels") or {}),
             created=str(attrs.get("Created", "")),
         )
 
@@ -311,7 +334,7 @@ class PodmanEngine(Engine):
         return proc.stdout
 
     def rootfs_layers(self, ref: str) -> tuple[str, ...]:
-        return tuple(str(layer) for layer in (self._inspect(ref).get("RootFS") or {}).get("Layers") or ())
+        return tuple(str(layer) for layer in (self._inspect(ref).get("RootFS") or _RootFs()).get("Layers") or ())
 
     # --- containers ---------------------------------------------------------------------------------------
 
@@ -420,6 +443,7 @@ class PodmanBuilder:
     the buildah found has them, and --timestamp from SOURCE_DATE_EPOCH so two builds of one input match."""
 
     name = "buildah"
+    layer_cache: LayerCache = "registry"
 
     def __init__(self, engine: PodmanEngine) -> None:
         self.engine = engine
@@ -456,6 +480,14 @@ class PodmanBuilder:
                 cmd.append("--no-cache")
             if request.platform:
                 cmd += ["--platform", request.platform]
+            # buildah 1.28 takes one repository each way and tags each step's layer by the hash of its inputs.
+            cache_repos = [*request.cache_from[:1], *([request.cache_to] if request.cache_to else [])]
+            if request.cache_from:
+                cmd += ["--cache-from", request.cache_from[0]]
+            if request.cache_to:
+                cmd += ["--cache-to", request.cache_to]
+            if any(self.engine._tls_args(repo) for repo in cache_repos):
+                cmd += ["--tls-verify=false"]
             epoch = request.build_args.get("SOURCE_DATE_EPOCH")
             if epoch:
                 # Every file's mtime and the image's created time become the epoch: verify-repro compares them.

@@ -12,7 +12,7 @@ import shutil
 import subprocess
 from typing import cast, get_args
 
-from builders.container.base import Engine, EngineChoice, register_connector
+from builders.container.base import Engine, EngineChoice
 from builders.container.docker_engine import DockerEngine, docker_host, is_podman_service, open_client
 from builders.container.podman_engine import PodmanEngine
 from builders.errors import EngineError, UsageError
@@ -42,7 +42,9 @@ def docker_cli_is_podman() -> bool:
     return out.lower().startswith("podman")
 
 
-def connect(choice: EngineChoice) -> Engine:
+def connect(choice: EngineChoice | None = None) -> Engine:
+    """The engine `choice` names: docker, podman, or auto (whatever answers here); None: FORGE_ENGINE, else auto,
+    read now (a command that connects no engine never reads FORGE_ENGINE)."""
     # Checked again: a caller outside the CLI (a test, a benchmark) may hand in any text.
     value = chosen(choice)
     if value == "podman":
@@ -71,6 +73,3 @@ def connect(choice: EngineChoice) -> Engine:
             hint="start Docker (`dockerd --bridge=none --iptables=false`) or install Podman; .ci/engines does both",
         ) from docker_error
     return PodmanEngine.open() if is_podman_service(opened[2]) else DockerEngine.open(opened)
-
-
-register_connector(connect)

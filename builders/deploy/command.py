@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from builders import log
-from builders.config.project import find_root
+from builders.config.types import INT32_MAX
 from builders.deploy.manifests import DeployOptions, Object, kustomization, render
 from builders.errors import UsageError
 from builders.output import output_dir, write_output
 from builders.preflight.gpu_gate import add_gpu_gate_args, gate_from_args
+from builders.project import find_root
 from builders.smoke.profile import load_profile
+from builders.smoke.stack import check_traffic
 
 DEFAULT_ROUTER_IMAGE = "forge/debian-12-router:latest"
 
@@ -78,10 +81,15 @@ def run_render(args: argparse.Namespace) -> int:
     console = log.console()
     root = Path(args.root).resolve() if getattr(args, "root", None) else find_root()
     profile, path = load_profile(args.profile, root=root)
+    # The same checks as `forge smoke --validate-only` that do not depend on this host (its CPUs, its dtype):
+    # a profile smoke refuses is refused here, with the same file and key.
+    check_traffic(profile, str(path))
     replicas = args.router_replicas if args.router_replicas is not None else (1 if args.network == "host" else 2)
-    if replicas < 1:
-        raise UsageError(f"--router-replicas {replicas}: give at least 1")
-    if args.dns_interval <= 0:
+    if not 1 <= replicas <= INT32_MAX:
+        raise UsageError(
+            f"--router-replicas {replicas}: give 1 to {INT32_MAX:,} (Kubernetes keeps replicas in 32 bits)"
+        )
+    if not math.isfinite(args.dns_interval) or args.dns_interval <= 0:
         raise UsageError(f"--dns-interval {args.dns_interval}: give a positive number of seconds")
     if args.base_port is not None and (args.network != "host" or not 1024 <= args.base_port <= 65000):
         raise UsageError("--base-port goes with --network host and takes a port between 1024 and 65000")

@@ -18,14 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from builders.config.profile import StackProfile
+from builders.config.types import IMAGE_REFERENCE
 from builders.cpusets import parse_cpuset
+from builders.engines import serving_engine
 from builders.engines.args import SERVE_ENTRIES
 from builders.engines.tiny_model import ModelShape, write_tiny_model
 from builders.errors import ConfigError, UsageError
 from builders.router.config import RouterConfig, config_from_mapping
 from builders.serving_dtype import AUTO
 from builders.smoke.plan import CONTAINER_MODEL_DIR, plan_stack, pool_args
-from builders.smoke.profile import StackProfile
 
 Object = dict[str, Any]
 Network = Literal["cluster", "host"]
@@ -54,10 +56,6 @@ SHM_HEADROOM_MIB = 64
 """Torch's own shared tensors and the rings' metadata."""
 SHM_STEP_MIB = 64
 
-_IMAGE = re.compile(
-    r"^[a-z0-9]+(?:[._/-][a-z0-9]+)*(?::[0-9]+)?(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*(?::[\w.-]{1,128})?"
-    r"(?:@sha256:[0-9a-f]{64})?$"
-)
 _NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -85,7 +83,9 @@ class Rendered:
 
 def check_image(flag: str, ref: str) -> list[str]:
     """UsageError for a reference no registry could accept; a note when it is a tag rather than a digest."""
-    if not _IMAGE.match(ref):
+    # fullmatch: the `$` this used to end with also matched before a trailing newline, which went into the
+    # manifests as is.
+    if not IMAGE_REFERENCE.fullmatch(ref):
         raise UsageError(f"{flag} {ref!r} is not an image reference like registry/name:tag or name@sha256:DIGEST")
     if "@sha256:" in ref:
         return []
@@ -115,14 +115,32 @@ def shm_mib(profile: StackProfile, pool: str) -> int:
     return math.ceil(total / SHM_STEP_MIB) * SHM_STEP_MIB
 
 
-def _tensor_parallel(extra_args: tuple[str, ...]) -> int:
+def _tensor_parallel(extra_args: tuple[str, ...], *, where: str = "extra_args") -> int:
     for i, token in enumerate(extra_args):
         for flag in ("--tensor-parallel-size", "-tp"):
-            if token == flag and i + 1 < len(extra_args):
-                return int(extra_args[i + 1])
+            value = extra_args[i + 1] if token == flag and i + 1 < len(extra_args) else None
             if token.startswith(flag + "="):
-                return int(token.split("=", 1)[1])
+                value = token.split("=", 1)[1]
+            if value is not None:
+                return _whole(value, where=f"{where}: {flag}", what="a whole number of GPUs")
     return 1
+
+
+def _whole(text: str, *, where: str, what: str) -> int:
+    """A positive whole number the manifests are sized by (a tensor-parallel size, a ring's MiB)."""
+    if not re.fullmatch(r"[1-9][0-9]{0,5}", text):
+        raise ConfigError(f"{where}: {text!r} is not {what} (1 or more)", hint="fix the profile and render again")
+    return int(text)
+
+
+def check_sizes(profile: StackProfile, source: str) -> None:
+    """What the manifests' memory and /dev/shm sizes are computed from, checked with the file and key before any
+    is: vLLM reads these as numbers when it starts, which a cluster would show as a crash loop."""
+    for name, settings in profile.pools.items():
+        chunk = settings.env.get("VLLM_MQ_MAX_CHUNK_BYTES_MB")
+        if chunk is not None:
+            _whole(chunk, where=f"{source}: pools.{name}.env.VLLM_MQ_MAX_CHUNK_BYTES_MB", what="a whole number of MiB")
+        _tensor_parallel(settings.extra_args, where=f"{source}: pools.{name}.extra_args")
 
 
 def cpus_of(profile: StackProfile, pool: str) -> int:
@@ -140,6 +158,7 @@ def _rendered_dtype(profile: StackProfile) -> str:
 
 def render(profile: StackProfile, source: str, options: DeployOptions) -> Rendered:
     notes = check_image("--image", options.image) + check_image("--router-image", options.router_image)
+    check_sizes(profile, source)
     prefix = f"forge-{profile.name}"
     if not _NAME.match(prefix) or len(prefix) + 1 + max(len(p) for p in profile.pools) > 63:
         raise UsageError(
@@ -151,11 +170,11 @@ def render(profile: StackProfile, source: str, options: DeployOptions) -> Render
     if host and options.router_replicas != 1:
         raise UsageError("--network host runs one router: two would listen on the same host port")
     for name, settings in profile.pools.items():
-        if not settings.serving.deployable:
+        serving = serving_engine(settings.engine)
+        if not serving.deployable:
             # The manifests start `vllm serve` on a model ConfigMap; another server needs its own pod spec.
             raise UsageError(
-                f"{source}: pools.{name}: forge deploy renders vLLM pools only, and this pool runs "
-                f"{settings.serving.title}",
+                f"{source}: pools.{name}: forge deploy renders vLLM pools only, and this pool runs {serving.title}",
                 hint="deploy a profile whose pools all run engine: vllm",
             )
     plan = plan_stack(profile, run_id="deploy", base_port=options.base_port)

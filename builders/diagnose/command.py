@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from builders.diagnose.diagnosis import CONFIDENCE_THRESHOLD, diagnose_text, read_log
+from builders.diagnose.diagnosis import CONFIDENCE_THRESHOLD, diagnose_log
 from builders.diagnose.rules import load_rules
 
 _EPILOG = f"""\
@@ -43,6 +43,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def run_diagnose(args: argparse.Namespace) -> int:
     rules = load_rules(args.rules) if args.rules is not None else None
-    diagnosis = diagnose_text(read_log(args.logfile), rules=rules)
+    diagnosis = diagnose_log(args.logfile, rules=rules)
     print(diagnosis.to_json() if args.json else diagnosis.render())
     return 0

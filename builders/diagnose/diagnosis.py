@@ -41,18 +41,18 @@ from __future__ import annotations
 import json
 import math
 import re
-import sys
 import textwrap
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from builders.diagnose.loglines import LogLine, failing_step, split_log
+from builders.diagnose.loglines import LogLine, failing_step, split_log, split_window
 from builders.diagnose.rules import UNKNOWN, LineKinds, Rule, RuleBook, load_rules, strip_names
+from builders.diagnose.window import FULL_BYTES, FULL_LINES, LOG_LIMIT_BYTES, Window, open_log, select
 from builders.errors import UsageError
+from builders.redact import mask_urls
 
 CONFIDENCE_THRESHOLD = 0.5
 END_HALF_LIFE_LINES = 200.0
@@ -118,10 +118,16 @@ class Diagnosis(BaseModel):
         default=(),
         description="With cannot_tell_apart, the categories the answer could be; `category` is the first.",
     )
+    read: str | None = Field(
+        default=None,
+        description="For a log too long to read whole (builders/diagnose/window.py): which of its lines the rules "
+        "read, and what was cut. None: every line.",
+    )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """Plain JSON-ready data, the shape `forge diagnose --json` prints and build reports store."""
-        return self.model_dump(mode="json")
+        data: dict[str, object] = self.model_dump(mode="json")
+        return data
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, ensure_ascii=False)
@@ -159,6 +165,8 @@ class Diagnosis(BaseModel):
         if others:
             listed = ", ".join(f"{alt.category} (line {alt.line_number}, {alt.confidence:.2f})" for alt in others)
             lines.append(f"  also matched: {listed}")
+        if self.read is not None:
+            lines.append(textwrap.fill(self.read, width=width, initial_indent="  read:   ", subsequent_indent=" " * 10))
         return "\n".join(lines)
 
 
@@ -313,14 +321,21 @@ class _LogView:
     survived: frozenset[str]
     anchor: LogLine | None
     """The first fatal line of the failing step that is neither fallout nor seen in a completed step."""
+    last: int
+    """The number of the log's last line (a window of a long log ends before it may)."""
+    index: dict[int, int]
+    """Line number -> position in `lines` (a window's numbers are not its positions)."""
 
     @classmethod
-    def of(cls, lines: list[LogLine], kinds_of: _CompiledKinds) -> _LogView:
+    def of(
+        cls, lines: list[LogLine], kinds_of: _CompiledKinds, *, window: tuple[frozenset[int] | None, int] | None = None
+    ) -> _LogView:
+        """window: for a window of a long log, the failing step's lines within it and the log's last line."""
         kinds = [kinds_of.kind(line.text) for line in lines]
         fallout = [
             kind is Kind.FATAL and kinds_of.is_fallout(line.text) for kind, line in zip(kinds, lines, strict=True)
         ]
-        step = failing_step(lines)
+        step, last = window if window is not None else (failing_step(lines), lines[-1].number)
         # A message that also appears in a step that completed did not stop that step: it is background
         # noise (a loader complaining about LD_PRELOAD in every RUN), not where this build broke.
         survived = frozenset(line.text for line in lines if step is not None and line.number not in step and line.text)
@@ -343,13 +358,15 @@ class _LogView:
             step=step,
             survived=survived,
             anchor=anchor,
+            last=last,
+            index={line.number: i for i, line in enumerate(lines)},
         )
 
     def in_step(self, line: LogLine) -> bool:
         return self.step is None or line.number in self.step
 
     def position(self, number: int) -> float:
-        from_end = math.pow(0.5, (self.lines[-1].number - number) / END_HALF_LIFE_LINES)
+        from_end = math.pow(0.5, (self.last - number) / END_HALF_LIFE_LINES)
         if self.anchor is None:
             return from_end
         return max(from_end, math.pow(0.5, abs(number - self.anchor.number) / ANCHOR_HALF_LIFE_LINES))
@@ -434,13 +451,56 @@ def _rank(candidate: _Candidate) -> tuple[float, bool, float, int]:
 
 
 def diagnose_text(text: str, *, rules: RuleBook | None = None) -> Diagnosis:
-    """Diagnose a failed build from its full log text. Never raises on odd input: worst case is 'unknown'."""
+    """Diagnose a failed build from its full log text. Never raises on odd input: worst case is 'unknown'.
+    A log longer than FULL_LINES lines is diagnosed from a window (builders/diagnose/window.py)."""
+    raw = text.split("\n")
+    if len(raw) > FULL_LINES + 1:  # + 1: the empty string after a final newline is no line
+        return _diagnose_window(select(lambda: enumerate(raw, start=1)), rules, cut=None)
+    return _diagnose(split_log(text), rules)
+
+
+def diagnose_log(path: Path | str, *, rules: RuleBook | None = None, strict: bool = True) -> Diagnosis:
+    """Diagnose a saved log ('-': standard input) in bounded memory, whatever its size.
+
+    Strict (what a user's `forge diagnose` gets): an empty or binary input is a UsageError that says what it is.
+    A build's own log is read leniently: an empty one is a fact about that build, diagnosed as 'unknown'."""
+    source = open_log(path)
+    try:
+        if source.cut is None and source.size() <= FULL_BYTES:
+            data = source.head(FULL_BYTES)
+            problem = _not_a_log(data, source.name) if strict else None
+            if problem is not None:
+                raise problem
+            return diagnose_text(data.decode("utf-8", errors="replace"), rules=rules)
+        problem = _not_a_log(source.head(), source.name) if strict else None
+        if problem is not None:
+            raise problem
+        window = select(source.lines)
+        if strict and not any(shown.strip() for _, shown in window.lines):
+            raise UsageError(
+                f"{source.name} is empty: there is no log to diagnose", hint="pass the saved output of the failed build"
+            )
+        return _diagnose_window(window, rules, cut=source.cut)
+    finally:
+        source.close()
+
+
+def _diagnose_window(window: Window, rules: RuleBook | None, *, cut: str | None) -> Diagnosis:
+    lines = split_window(window.lines)
+    if not lines:
+        return _unknown(None, None, ()).model_copy(update={"read": window.note(cut)})
+    diagnosis = _diagnose(lines, rules, window=(window.step, window.last))
+    return diagnosis.model_copy(update={"read": window.note(cut)})
+
+
+def _diagnose(
+    lines: list[LogLine], rules: RuleBook | None, *, window: tuple[frozenset[int] | None, int] | None = None
+) -> Diagnosis:
     book = rules if rules is not None else load_rules()
     compiled_kinds, compiled_rules = _compile(book)
-    lines = split_log(text)
     if not lines:
         return _unknown(None, None, ())
-    view = _LogView.of(lines, compiled_kinds)
+    view = _LogView.of(lines, compiled_kinds, window=window)
     candidates, context_evidence = _candidates(view, compiled_rules)
     best_per_rule: dict[str, _Candidate] = {}
     for candidate in candidates:
@@ -493,7 +553,7 @@ def diagnose_text(text: str, *, rules: RuleBook | None = None) -> Diagnosis:
     return Diagnosis(
         category=best.rule.id,
         line_number=reported.number,
-        line=reported.raw.strip(),
+        line=mask_urls(reported.raw.strip()),  # pip prints an index URL with its credentials
         cause=cause,
         remedy=remedy,
         subject=subject,
@@ -528,7 +588,7 @@ def _unknown(view: _LogView | None, line: LogLine | None, alternatives: tuple[Al
     return Diagnosis(
         category=UNKNOWN,
         line_number=line.number if line is not None else None,
-        line=line.raw.strip() if line is not None else None,
+        line=mask_urls(line.raw.strip()) if line is not None else None,
         cause="No known cause in builders/diagnose/rules.yaml explains this log with enough confidence.",
         remedy=f"Start reading at {where}. If the cause is one Forge should recognise, add a rule with "
         "examples to builders/diagnose/rules.yaml and the log to tests/logs/.",
@@ -541,7 +601,7 @@ def _unknown_score(view: _LogView | None, line: LogLine | None) -> float:
     """The catch-all rule's score at `line`, by the same formula as every rule (no context supports it)."""
     if view is None or line is None:
         return 0.0
-    severity = view.severities[line.number - 1]
+    severity = view.severities[view.index[line.number]]
     return UNKNOWN_WEIGHT * (0.5 * severity + 0.3 * view.position(line.number) + 0.2 * 0.5)
 
 
@@ -574,27 +634,15 @@ def _not_a_log(data: bytes, name: str) -> UsageError | None:
 
 
 def read_log(path: Path | str, *, strict: bool = True) -> str:
-    """A log's text from a file, or from standard input when path is '-'; undecodable bytes are replaced.
-    Strict (what a user's `forge diagnose` gets): an empty or binary input is a UsageError that says what it is.
-    A build's own log is read leniently: an empty one is a fact about that build, diagnosed as 'unknown'."""
-    if str(path) == "-":
-        data = sys.stdin.buffer.read()
-        problem = _not_a_log(data, "standard input") if strict else None
-        if problem is not None:
-            raise problem
-        return data.decode("utf-8", errors="replace")
-    log_path = Path(path)
+    """A log's text from a file, or from standard input when path is '-'; undecodable bytes are replaced. Special
+    files are refused and at most LOG_LIMIT_BYTES are read (diagnose_log reads a log of any size in bounded
+    memory). Strict: an empty or binary input is a UsageError that says what it is."""
+    source = open_log(path)
     try:
-        data = log_path.read_bytes()
-    except FileNotFoundError as exc:
-        raise UsageError(
-            f"build log {log_path} does not exist", hint="pass the path of a saved build log, or '-' for stdin"
-        ) from exc
-    except IsADirectoryError as exc:
-        raise UsageError(f"{log_path} is a directory, not a build log", hint="pass a log file") from exc
-    except OSError as exc:
-        raise UsageError(f"cannot read build log {log_path}: {exc.strerror}", hint="check its permissions") from exc
-    problem = _not_a_log(data, f"build log {log_path}") if strict else None
+        data = source.head(LOG_LIMIT_BYTES)
+    finally:
+        source.close()
+    problem = _not_a_log(data, source.name) if strict else None
     if problem is not None:
         raise problem
     return data.decode("utf-8", errors="replace")
@@ -602,4 +650,4 @@ def read_log(path: Path | str, *, strict: bool = True) -> str:
 
 def diagnose_file(path: Path | str, *, rules: RuleBook | None = None) -> Diagnosis:
     """Diagnose a failed build from a saved log file ('-' reads standard input)."""
-    return diagnose_text(read_log(path, strict=False), rules=rules)
+    return diagnose_log(path, rules=rules, strict=False)

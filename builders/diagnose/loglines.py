@@ -64,17 +64,38 @@ def _strip_prefixes(line: str) -> tuple[str, int]:
     return text.rstrip(), indent
 
 
+def visible(line: str) -> str:
+    """A line as a person sees it (ANSI codes and progress-bar redraws removed), cut to MAX_LINE_CHARS."""
+    if "\x1b" not in line and "\r" not in line:
+        return line.rstrip()[:MAX_LINE_CHARS]  # what _visible gives such a line, without its regex
+    return _visible(line)
+
+
+def _line(number: int, shown: str) -> LogLine:
+    text, indent = _strip_prefixes(shown)
+    key = _RECORD_PREFIX.sub("", text, count=1).strip()
+    return LogLine(number=number, raw=shown, text=text, indent=indent, key=key)
+
+
 def split_log(text: str) -> list[LogLine]:
     """Number lines the way editors and `grep -n` do: 1-based, split on newlines only."""
-    lines: list[LogLine] = []
-    for index, line in enumerate(text.split("\n"), start=1):
-        visible = _visible(line)
-        text, indent = _strip_prefixes(visible)
-        key = _RECORD_PREFIX.sub("", text, count=1).strip()
-        lines.append(LogLine(number=index, raw=visible, text=text, indent=indent, key=key))
+    lines = [_line(index, visible(line)) for index, line in enumerate(text.split("\n"), start=1)]
     if lines and not lines[-1].raw:
         lines.pop()
     return _rejoin(lines)
+
+
+def split_window(shown: list[tuple[int, str]]) -> list[LogLine]:
+    """Lines of a window of a long log, each (number, visible text) as `visible` gave it: numbered as in the
+    whole log, and rejoined within each run of consecutive lines (a wrapped line never joins across a gap)."""
+    lines = [_line(number, text) for number, text in shown]
+    runs: list[list[LogLine]] = []
+    for line in lines:
+        if runs and runs[-1][-1].number + 1 == line.number:
+            runs[-1].append(line)
+        else:
+            runs.append([line])
+    return [line for run in runs for line in _rejoin(run)]
 
 
 # A wrapped line's tail never starts a message of its own: a tool's `name: `, a `file:line:` location, a
@@ -170,25 +191,44 @@ def failing_step(lines: list[LogLine]) -> frozenset[int] | None:
     logged `#N ERROR`, and BuildKit's closing summary after the last `#` line belongs to it. The classic
     builder runs steps in order, so the failing step is everything from the last `Step k/n :` on.
     """
-    if any(_BUILDKIT_HEADER.match(line.raw) for line in lines):
-        failed: str | None = None
-        last_step_line = 0
-        for line in lines:
-            step = _BUILDKIT_LINE.match(line.raw)
-            if step is None:
-                continue
-            last_step_line = line.number
-            if _BUILDKIT_ERROR.match(line.raw):
-                failed = step.group(1)
-        if failed is None:
-            for line in reversed(lines):
-                step = _BUILDKIT_LINE.match(line.raw)
-                if step is not None:
-                    failed = step.group(1)
-                    break
-        prefix = f"#{failed} "
-        return frozenset(line.number for line in lines if line.raw.startswith(prefix) or line.number > last_step_line)
-    starts = [line.number for line in lines if _LEGACY_STEP.match(line.raw)]
-    if starts:
-        return frozenset(line.number for line in lines if line.number >= starts[-1])
-    return None
+    steps = StepScan()
+    for line in lines:
+        steps.feed(line.number, line.raw)
+    if not steps.structured:
+        return None
+    return frozenset(line.number for line in lines if steps.in_failing_step(line.number, line.raw))
+
+
+class StepScan:
+    """The step structure of a log, read one visible line at a time: what `failing_step` needs, in one pass and
+    constant memory, so that a log too long to hold is split the same way as a short one."""
+
+    def __init__(self) -> None:
+        self.buildkit = False  # a BuildKit step header was seen
+        self.failed: str | None = None  # the step that logged `#N ERROR`
+        self.last_step: str | None = None  # the step of the last `#N ` line
+        self.last_step_line = 0
+        self.legacy_start: int | None = None  # the last `Step k/n :` line
+
+    def feed(self, number: int, shown: str) -> None:
+        if shown[:1] == "#":
+            if not self.buildkit and _BUILDKIT_HEADER.match(shown):
+                self.buildkit = True
+            step = _BUILDKIT_LINE.match(shown)
+            if step is not None:
+                self.last_step_line = number
+                self.last_step = step.group(1)
+                if _BUILDKIT_ERROR.match(shown):
+                    self.failed = step.group(1)
+        elif shown[:5] == "Step " and _LEGACY_STEP.match(shown):
+            self.legacy_start = number
+
+    @property
+    def structured(self) -> bool:
+        return self.buildkit or self.legacy_start is not None
+
+    def in_failing_step(self, number: int, shown: str) -> bool:
+        if self.buildkit:
+            failed = self.failed if self.failed is not None else self.last_step
+            return shown.startswith(f"#{failed} ") or number > self.last_step_line
+        return self.legacy_start is not None and number >= self.legacy_start

@@ -1,53 +1,62 @@
-"""The serving engines, one package each: `builders/engines/<name>/` (vllm, llama_cpp, sglang).
+"""The serving engines, one package each (builders/engines/<name>/), and the one registry of them.
 
-An engine's package holds what Forge knows about it: how its image is planned, the gates its preflight runs, the
-checks run in the image just built (`image.py` for an engine whose recipes are kind: native, loaded by name from the
-recipe's `engine:`), and how a pool serves it (`serve.py`: its command line, argument checks and readiness probe).
-Smoke, sweep and deploy import this package; it imports none of them. SERVING_ENGINES below is the registry of
-the engines a pool can run, by the name profiles use (`engine: vllm | llama-cpp | sglang`): adding one is a package with a
-`ServingEngine` subclass and a line there; nothing else branches on the kind.
+Each package holds what Forge knows about its engine behind one interface (`ServingEngine`, serving.py): how its
+image is planned, the gates its preflight runs, the checks run in the image just built, the recipe and pool
+settings models that hold its own keys, the options smoke and sweep take for it, and how a pool serves it.
+`ENGINES` below is the registry, one line per engine: every list of engine names is derived from it, and the core
+(plan, preflight, build, lock, smoke, sweep, deploy) imports it and asks the engine a recipe or pool names.
 """
 
 from __future__ import annotations
 
-from builders.config.engines import ServedEngine
-from builders.config.models import Recipe
-from builders.engines.llama_cpp.serve import LlamaCpp, LlamaCppSettings
-from builders.engines.native import NativeEngine
+from builders.config.models import Distro, GpuMode, Recipe
+from builders.engines.llama_cpp import LlamaCpp
+from builders.engines.registry import Registry
 from builders.engines.serving import ModelFormat, PoolCommand, ServerProbe, ServingEngine
-from builders.engines.sglang.serve import SGLang, SGLangSettings
-from builders.engines.vllm.serve import VLLM
-from builders.plan import native_module
+from builders.engines.sglang import SGLang
+from builders.engines.vllm import Vllm
+from builders.errors import UsageError
+from builders.plan import BuildPlan, CudaPlan, PlanOptions
+from builders.target import Target
 
-ServerKind = ServedEngine
-"""What profiles accept as a pool's `engine` (named in builders/config/engines.py); each has an entry below."""
-
-SERVING_ENGINES: dict[str, ServingEngine] = {engine.kind: engine for engine in (VLLM(), LlamaCpp(), SGLang())}
-DEFAULT_KIND: ServerKind = "vllm"
-
-
-def serving_engine(kind: str) -> ServingEngine:
-    """The serving engine a profile names (validated there, so an unknown kind is a programming error)."""
-    return SERVING_ENGINES[kind]
+ENGINES = Registry(Vllm(), LlamaCpp(), SGLang())
+"""Every serving engine, the default (what a recipe or pool naming none gets) first."""
 
 
-def native_engine(recipe: Recipe) -> NativeEngine:
-    """The engine of a kind=native recipe (builders/engines/<engine>/image.py): its planner, gates and test stage."""
-    engine: NativeEngine = native_module(recipe).ENGINE
-    return engine
+def make_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> BuildPlan:
+    """The plan of one distro × recipe, made by the recipe's engine (the router's image rides vLLM's CPU plan)."""
+    if not recipe.supports(distro.name):
+        # A usage error, not a traceback: `forge plan debian-13 gpu` says which distros the recipe takes.
+        supported = ", ".join(recipe.distros) if recipe.distros != "all" else "all"
+        raise UsageError(
+            f"recipes/{recipe.name}.yaml does not support {distro.name}",
+            hint=f"its distros: {supported} (`forge list` shows every distro × target)",
+        )
+    return ENGINES.of(recipe).plan(distro, recipe, options)
+
+
+def cuda_plan(distro: Distro, recipe: Recipe, gpu_mode: GpuMode | None) -> CudaPlan | None:
+    """The CUDA part of the plan a build would make (mode, bases); None for a CPU image or a distro without a
+    cuda section."""
+    if not Target.resolve(distro, recipe).cuda or distro.cuda is None:
+        return None
+    # Only the mode and the bases are read from this plan; the torch gate judges torch from the real pin.
+    options = PlanOptions(max_jobs=1, gpu_mode=gpu_mode, torch_version=recipe.torch.version or "0")
+    return make_plan(distro, recipe, options).cuda
+
+
+def serving_engine(name: str) -> ServingEngine:
+    """The engine a pool names (validated when its profile loaded)."""
+    return ENGINES.get(name)
 
 
 __all__ = [
-    "DEFAULT_KIND",
-    "SERVING_ENGINES",
-    "LlamaCppSettings",
+    "ENGINES",
     "ModelFormat",
-    "NativeEngine",
     "PoolCommand",
-    "SGLangSettings",
-    "ServerKind",
     "ServerProbe",
     "ServingEngine",
-    "native_engine",
+    "cuda_plan",
+    "make_plan",
     "serving_engine",
 ]

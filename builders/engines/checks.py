@@ -7,11 +7,34 @@ from __future__ import annotations
 import json
 import socket
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal, NotRequired, TypedDict
 
 import requests
 
 from builders.container import Engine
+
+# cuda-archs: per library, the archs with machine code ("sass") and with PTX ("ptx"), as builders/gpu_archs.py
+# writes them.
+ArchsByLibrary = dict[str, dict[str, list[str]]]
+CheckStatus = Literal["passed", "failed", "skipped"]
+
+
+class CheckDataEntry(TypedDict, total=False):
+    """What a check read and the report keeps (builders/report.CheckData validates it there)."""
+
+    cuda_archs: ArchsByLibrary  # cuda-archs: each CUDA library's archs
+    ops: list[str]  # kernel-ops: the custom ops a kernel library registered with torch, by name
+
+
+class CheckEntry(TypedDict):
+    """A check as the build report stores it (builders/report.CheckRecord validates it there)."""
+
+    name: str
+    status: CheckStatus
+    ok: bool
+    detail: str
+    seconds: float
+    data: NotRequired[CheckDataEntry]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -21,32 +44,25 @@ class CheckResult:
     detail: str
     seconds: float
     skipped: bool = False
-    data: dict[str, Any] | None = None  # what the check read, kept in the report (cuda-archs: each library's archs)
+    # What the check read, kept in the report (cuda_archs: each library's archs; ops: a kernel library's ops).
+    data: CheckDataEntry | None = None
 
     @property
-    def status(self) -> Literal["passed", "failed", "skipped"]:
+    def status(self) -> CheckStatus:
         return "skipped" if self.skipped else ("passed" if self.ok else "failed")
 
-    def as_report(self) -> dict[str, Any]:
+    def as_report(self) -> CheckEntry:
         """The entry the build report stores: status says skipped apart from passed."""
-        return {
+        entry: CheckEntry = {
             "name": self.name,
             "status": self.status,
             "ok": self.ok,
             "detail": self.detail,
             "seconds": round(self.seconds, 1),
-            **({"data": self.data} if self.data is not None else {}),
         }
-
-
-def status_text(entry: dict[str, Any]) -> str:
-    """A report.tests entry as a line reads it: `ok DETAIL`, `FAILED DETAIL` or `skipped: REASON` (never `ok`)."""
-    detail = str(entry.get("detail") or "").strip().splitlines()
-    first = detail[0] if detail else ""
-    status = entry.get("status") or ("passed" if entry.get("ok") else "failed")
-    if status == "skipped":
-        return first if first.startswith("skipped") else f"skipped: {first or 'no reason given'}"
-    return f"{'ok' if status == 'passed' else 'FAILED'} {first}".rstrip()
+        if self.data is not None:
+            entry["data"] = self.data
+        return entry
 
 
 def server_log_excerpt(engine: Engine, cid: str) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
@@ -127,9 +127,35 @@ def build_tokenizer() -> Tokenizer:
     return tokenizer
 
 
+class LlamaConfig(TypedDict):
+    """The model's config.json, in Hugging Face transformers' LlamaConfig keys (theirs, not Forge's)."""
+
+    architectures: list[str]
+    model_type: str
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    hidden_act: str
+    max_position_embeddings: int
+    rms_norm_eps: float
+    rope_theta: float
+    attention_bias: bool
+    mlp_bias: bool
+    tie_word_embeddings: bool
+    vocab_size: int
+    bos_token_id: int
+    eos_token_id: int
+    pad_token_id: int
+    torch_dtype: str
+    use_cache: bool
+
+
 def _model_config(
     vocab_size: int, bos_id: int, eos_id: int, pad_id: int, max_position: int, shape: ModelShape
-) -> dict[str, Any]:
+) -> LlamaConfig:
     heads = shape.hidden_size // HEAD_DIM
     return {
         "architectures": ["LlamaForCausalLM"],

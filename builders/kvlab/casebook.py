@@ -44,6 +44,10 @@ REQUIRED_FEATURES: dict[str, str] = {
     "fp8-saturation": "fp8 saturation at ±448",
     "cascade-merge": "cascade (LSE) merge equals monolithic attention",
     "pool-invariants": "pool invariants after random allocate/free/evict (Hypothesis)",
+    "request-id-reuse": "a request id reused across steps after its request finished",
+    "evicted-duplicate": "two copies of a block cached, one evicted",
+    "hash-boundaries": "token lists whose digits run together hash apart",
+    "chain-hole": "a cached chain with an evicted block in the middle",
 }
 
 # Layouts and oracle both run in fp32, over the same values, but sum in other orders (a grouped einsum vs one

@@ -307,6 +307,80 @@ def _prefix_evicted(ctx: Ctx) -> None:
     ctx.verify(lab, ctx.layout(lab), [survivor, again])
 
 
+@case("request-id-reused-across-steps", ["request-id-reuse", "prefix-reuse", "partial-final-block"], block_size=8)
+def _request_id_reused(ctx: Ctx) -> None:
+    # x finishes; another request takes x's last block, and a new request with x's id gets x's first block
+    # back at the same logical place with other tokens in it, while the layout still remembers x's 12 tokens. A layout that keys what it keeps by request id
+    # (the virtual layout's buffer) must see the block was handed out again.
+    lab = ctx.lab(_spec(), block_size=8, num_blocks=4)
+    layout = ctx.layout(lab)
+    first = lab.admit("x", lab.prompt(12))
+    ctx.verify(lab, layout, [first], label="first x")
+    old = first.block_ids
+    lab.pool.free(first)
+    # The free queue is now [3, 2, 1] (x's tail first): d takes 3 and 2, the new x gets 1.
+    other = lab.admit("d", lab.prompt(9))
+    again = lab.admit("x", lab.prompt(8))
+    ctx.require(again.block_ids[0] == old[0], f"x's first block {old[0]} was not handed back ({again.block_ids})")
+    ctx.verify(lab, layout, [again, other], label="x again")
+    lab.pool.check_invariants()
+
+
+@case("pool-evicted-duplicate", ["evicted-duplicate", "prefix-hit"], target="pool", tolerance=POOL)
+def _evicted_duplicate(ctx: Ctx) -> None:
+    # b's hit is capped below its 16-token prompt, so b computes a's second block again: two copies of one hash.
+    pool = BlockPool(8, 8, bug=ctx.pool_bug)
+    prompt = list(range(16))
+    a = pool.add_request("a", prompt)
+    pool.append(a, prompt)
+    b = pool.add_request("b", prompt)
+    pool.append(b, prompt[b.num_tokens :])
+    second = a.hashes[1]
+    copies = sorted(pool.cached.get(second, {}))
+    ctx.require(copies == sorted([a.block_ids[1], b.block_ids[1]]), f"copies cached under one hash: {copies}")
+    pool.check_invariants()
+    pool.free(a)
+    filler = pool.add_request("filler", [])
+    pool.append(filler, [-1] * 8 * pool.free_queue.num_free)
+    ctx.require(a.hashes[1] == second and pool.evictions >= 1, "a's copy was not evicted")
+    # b's copy still holds the block: a prompt that starts with it hits both blocks.
+    hit = pool.add_request("c", [*prompt, 99]).num_tokens
+    ctx.require(hit == 16, f"{hit}-token hit after a's copy was evicted; b's copy holds all 16")
+    pool.check_invariants()
+
+
+@case("pool-hash-token-boundaries", ["hash-boundaries", "prefix-hit"], target="pool", tolerance=POOL)
+def _hash_boundaries(ctx: Ctx) -> None:
+    pool = BlockPool(6, 4, bug=ctx.pool_bug)
+    a = pool.add_request("a", [1, 23, 4, 5, 6])
+    pool.append(a, [1, 23, 4, 5, 6])
+    # Digits that run together: "1,23,4,5" and "12,3,4,5" differ, "12345" and "12345" do not.
+    hit = pool.add_request("b", [12, 3, 4, 5, 6]).num_tokens
+    ctx.require(hit == 0, f"[12, 3, 4, 5] hit the block holding [1, 23, 4, 5] ({hit} tokens)")
+    ctx.require(pool.add_request("c", [1, 23, 4, 5, 7]).num_tokens == 4, "the same tokens must still hit")
+
+
+@case("pool-chain-with-hole", ["chain-hole", "window-free", "prefix-hit"], target="pool", tolerance=POOL)
+def _chain_hole(ctx: Ctx) -> None:
+    # Blocks 1 2 3 of a prompt are cached; b holds block 1, a sliding window frees a's blocks 1 and 2, and
+    # allocation evicts 2: block 3 is still cached (a holds it) behind a hole. A hit stops at the hole.
+    pool = BlockPool(8, 8, sliding_window=8, bug=ctx.pool_bug)
+    prompt = list(range(100, 124))
+    a = pool.add_request("a", prompt)
+    pool.append(a, prompt)
+    b = pool.add_request("b", [*prompt[:8], 1, 2, 3])
+    pool.append(b, [1, 2, 3])
+    freed = pool.remove_skipped_blocks(a, 24)
+    ctx.require(len(freed) == 2, f"the window freed {freed}, not a's first two blocks")
+    filler = pool.add_request("filler", [])
+    pool.append(filler, [-1] * 8 * pool.free_queue.num_free)
+    third = pool.cached.get(a.hashes[2], {})
+    ctx.require(bool(third) and a.hashes[1] not in pool.cached, "no hole: block 2 cached or block 3 gone")
+    hit = len(pool.cached_prefix([*prompt, 7]))
+    ctx.require(hit == 1, f"a hit of {hit} blocks over a chain whose second block was evicted, not 1")
+    pool.check_invariants()
+
+
 @case("prefix-hash-at-shifted-positions", ["prefix-hit", "prefix-reuse"], block_size=8, num_blocks=10)
 def _prefix_shifted(ctx: Ctx) -> None:
     lab = ctx.lab(_spec(), block_size=8, num_blocks=10)

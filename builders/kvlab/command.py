@@ -52,9 +52,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--device",
         choices=("cpu", "cuda"),
         default="cpu",
-        help="time NumPy on the CPU (default) or PyTorch's CUDA kernels on a GPU",
+        help="cpu (default): count each layout's bytes and indirections, NumPy times only break ties; cuda: time "
+        "the Triton kernels against the GPU's memory bandwidth, beside SDPA and FlashInfer",
     )
+    rank.add_argument("--reps", type=int, default=20, help="with --device cuda: timed repetitions per layout")
     rank.set_defaults(func=run_rank)
+    kernels = sub.add_parser(
+        "kernels",
+        help="run the Triton kernel of every layout on the kernel cases (the interpreter on a CPU, compiled on a GPU)",
+    )
+    kernels.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cpu: Triton's interpreter")
+    kernels.add_argument("--mutants", action="store_true", help="also plant each kernel bug; fail if one survives")
+    kernels.add_argument("--json", action="store_true", help="print the runs as JSON")
+    kernels.set_defaults(func=run_kernels)
 
 
 def _case_json(case: Case, outcomes: Sequence[Outcome]) -> dict[str, Any]:
@@ -209,11 +219,7 @@ def run_rank(args: argparse.Namespace) -> int:
     if args.steps is not None and args.steps < 1:
         raise UsageError(f"--steps {args.steps}: time at least one decode step")
     if args.device == "cuda":
-        from builders.kvlab.cuda import unavailable
-
-        why = unavailable()
-        if why:
-            raise UsageError(f"--device cuda: {why}", hint="run on a machine with a GPU, or leave --device at cpu")
+        return _rank_cuda(args)
     out = log.Log()
     with out.step("gate: cases and planted bugs per layout"):
         outcomes = run_all()
@@ -224,24 +230,17 @@ def run_rank(args: argparse.Namespace) -> int:
         name: all(o.passed for o in outcomes if o.layout in (name, None)) and name not in survivors for name in LAYOUTS
     }
     with out.step("measure every layout"):
-        timed = None
-        if args.device == "cuda":
-            from builders.kvlab.cuda import measure_cuda
-
-            timed = measure_cuda
-        results = rank.run_ranking(
-            quick=args.quick, steps=args.steps, timed=timed, progress=lambda line: out.info(line)
-        )
+        results = rank.run_ranking(quick=args.quick, steps=args.steps, progress=lambda line: out.info(line))
     rows = rank.rank(results, gate, quick=args.quick)
     args.report.mkdir(parents=True, exist_ok=True)
-    host = _host() + (" — timed on CUDA" if args.device == "cuda" else "")
-    tables = render_rank(results, rows, quick=args.quick)
+    host = _host()
+    tables = CPU_LABEL + "\n\n" + render_rank(results, rows, quick=args.quick)
     (args.report / "rank.md").write_text(f"Host: {host}\n\n" + tables)
     (args.report / "rank.json").write_text(
         json.dumps({"host": host, "rank": rows, "measures": rank.as_json(results)}, indent=2) + "\n"
     )
     if not args.no_plots:
-        rank.write_plots(results, args.report, quick=args.quick, device=args.device)
+        rank.write_plots(results, args.report, quick=args.quick)
     print(f"host: {host}\n")
     print(tables)
     out.info(f"report: {args.report / 'rank.md'}, rank.json" + ("" if args.no_plots else ", rank.png"))
@@ -314,3 +313,117 @@ def render_rank(results: Sequence[Any], rows: Sequence[dict[str, Any]], *, quick
             + " |"
         )
     return "\n".join(lines) + "\n"
+
+
+CPU_LABEL = (
+    "What this ranks: bytes and indirections each layout's attention reads, counted; the times are NumPy on this "
+    "CPU and only break ties. It is not a ranking of speed: `forge kvlab rank --device cuda` times the Triton "
+    "kernels on a GPU against its memory bandwidth."
+)
+
+
+def _rank_cuda(args: argparse.Namespace) -> int:
+    """The Triton kernels timed on the GPU (gpu_bench), ranked by their step times."""
+    from builders.kvlab.gpu_bench import unavailable
+
+    why = unavailable()
+    if why:
+        raise UsageError(f"--device cuda: {why}", hint="run on a machine with a GPU, or leave --device at cpu")
+    if args.reps < 1:
+        raise UsageError(f"--reps {args.reps}: time at least one repetition")
+    from builders.kvlab.triton_layouts import load_kernels
+
+    load_kernels(interpret=False)
+    from builders.kvlab import gpu_bench
+
+    out = log.Log()
+    scenarios = gpu_bench.SCENARIOS[:2] if args.quick else gpu_bench.SCENARIOS
+    with out.step(f"time {len(scenarios)} scenarios × 4 layouts, SDPA and FlashInfer"):
+        report = gpu_bench.run_bench(
+            "cuda",
+            scenarios=scenarios,
+            spec=gpu_bench.SPEC,
+            reps=args.reps,
+            copy_bytes=2**30,
+            deadline=time.monotonic() + 3600,
+            progress=lambda line: out.info(line),
+        )
+    args.report.mkdir(parents=True, exist_ok=True)
+    text = gpu_bench.render(report)
+    (args.report / "rank-cuda.md").write_text(text)
+    (args.report / "rank-cuda.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    print(text)
+    failed = [f"{s}/{n}" for s, row in report["scenarios"].items() for n, r in row["layouts"].items() if "failed" in r]
+    if failed:
+        raise KvlabFailed(f"layouts differ from the oracle on the GPU: {', '.join(failed)}")
+    out.info(f"report: {args.report / 'rank-cuda.md'}, rank-cuda.json")
+    return 0
+
+
+def run_kernels(args: argparse.Namespace) -> int:
+    """The kernel cases on every Triton layout; with --mutants, each planted kernel bug against every case."""
+    if args.device == "cuda":
+        from builders.kvlab.gpu_bench import unavailable
+
+        why = unavailable()
+        if why:
+            raise UsageError(f"--device cuda: {why}", hint="leave --device at cpu to run Triton's interpreter")
+    else:
+        import importlib.util
+
+        missing = [m for m in ("torch", "triton") if importlib.util.find_spec(m) is None]
+        if missing:
+            raise UsageError(
+                f"the Triton kernels need {' and '.join(missing)}", hint="pip install -e '.[kernels]' (a CPU torch)"
+            )
+    from builders.kvlab.triton_layouts import load_kernels
+
+    load_kernels(interpret=args.device == "cpu")
+    from builders.kvlab.kernel_cases import KERNEL_CASES, run_kernel_cases, run_kernel_mutant
+    from builders.kvlab.triton_layouts import KERNEL_BUGS, TRITON_LAYOUTS
+
+    out = log.Log()
+    with out.step(f"{len(KERNEL_CASES)} kernel cases × {len(TRITON_LAYOUTS)} layouts on {args.device}"):
+        outcomes = run_kernel_cases(args.device)
+    mutant_rows = []
+    if args.mutants:
+        with out.step(f"{len(KERNEL_BUGS)} planted kernel bugs × {len(TRITON_LAYOUTS)} layouts"):
+            mutant_rows = [
+                run_kernel_mutant(bug, name, device=args.device) for bug in KERNEL_BUGS for name in TRITON_LAYOUTS
+            ]
+    failed = [o for o in outcomes if not o.passed]
+    survivors = [m for m in mutant_rows if m.caught_by is None]
+    if args.json:
+        json.dump(
+            {
+                "cases": [
+                    {"case": o.case, "layout": o.layout, "passed": o.passed, "detail": o.detail} for o in outcomes
+                ],
+                "mutants": [vars(m) for m in mutant_rows],
+            },
+            sys.stdout,
+            indent=2,
+        )
+        print()
+    else:
+        log.print_table(
+            "kernel cases",
+            ["case", "layout", "verdict", "detail"],
+            [[o.case, o.layout or "", "pass" if o.passed else "FAIL", o.detail] for o in outcomes],
+        )
+        if mutant_rows:
+            log.print_table(
+                "planted kernel bugs",
+                ["bug", "layout", "caught by", "how it showed"],
+                [[m.bug, m.layout, m.caught_by or "SURVIVED", m.detail] for m in mutant_rows],
+            )
+    if failed or survivors:
+        raise KvlabFailed(
+            f"{len(failed)} kernel case runs failed, {len(survivors)} planted kernel bugs survived",
+            hint="the detail column says what differed",
+        )
+    out.info(
+        f"{len(outcomes)} kernel case runs passed"
+        + (f"; {len(mutant_rows)} planted bugs caught" if mutant_rows else "")
+    )
+    return 0

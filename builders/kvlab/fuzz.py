@@ -1,9 +1,13 @@
 """The pool's invariants after random admit / append / fork / free / window-trim sequences.
 
 Hypothesis draws the sequences (derandomized, so `forge kvlab check` gives the same verdict every run) and shrinks
-a failure to a short one. Beside the pool's own invariants, a shadow of which token each slot holds checks that
-every request's table still leads to its own tokens, through prefix hits, evictions and copies, and an operation
-the pool refuses must leave every request as it was.
+a failure to a short one. Beside the pool's own invariants (its cache map holds exactly the blocks that carry a
+hash), a shadow of which token each slot holds checks that every request's table still leads to its own tokens,
+through prefix hits, evictions and copies; an operation the pool refuses must leave every request as it was; and
+after every operation each probe prompt's prefix hit is exactly as long as the run of its blocks the shadow says
+are still resident, from the first block on (an evicted block is a hole the hit stops at), each hit block
+holding the prompt's own tokens. `readmit` reuses the id of the request freed last; `twin` admits one of two
+prompts whose first blocks' token ids run together into the same digits.
 
 Without Hypothesis the same `run_ops` runs over seeded sequences drawn from the same ranges, and a failure is
 shrunk by deleting operations, so both paths check the same properties and report a short sequence. The
@@ -17,7 +21,7 @@ from collections.abc import Sequence
 
 from builders.kvlab.pool import NULL_BLOCK_ID, BlockPool, PoolError, Request
 
-OPS = ("admit", "append", "fork", "free", "trim")
+OPS = ("admit", "append", "fork", "free", "trim", "readmit", "twin")
 Op = tuple[str, int, int]
 EXAMPLES = 60
 MAX_OPS = 40
@@ -43,29 +47,59 @@ def run_ops(ops: Sequence[Op], *, cow: bool, window: int | None, bug: str | None
     block_size = 4
     pool = BlockPool(24, block_size, cow=cow, sliding_window=window, bug=bug)
     content: dict[int, dict[int, int]] = {}
+    chain: dict[int, tuple[int, ...]] = {}
+    """block id → the tokens from the prompt's start to the block's end, for a full block not handed out since."""
     prompts = [[(p * 7 + i) % 13 for i in range(40)] for p in range(3)]
+    rest = [(i * 5) % 13 for i in range(38)]
+    twins = [[1, 23, *rest], [12, 3, *rest]]
     live: list[Request] = []
+    freed: list[str] = []
     serial = 0
 
     def write(request: Request, tokens: Sequence[int]) -> None:
         copies = len(pool.copies)
+        start = request.num_tokens
         slots = pool.append(request, tokens)
         for source, destination in pool.copies[copies:]:
             content[destination] = dict(content.get(source, {}))
-        for (block, offset), token in zip(slots, tokens, strict=False):
+            chain.pop(destination, None)
+        for position, ((block, offset), token) in enumerate(zip(slots, tokens, strict=False), start):
             if offset == 0:
                 content[block] = {}
+                chain.pop(block, None)
             content[block][offset] = token
+            if offset == block_size - 1:
+                chain[block] = tuple(request.tokens[: position + 1])
+
+    def admit(req_id: str, prompt: list[int]) -> None:
+        try:
+            request = pool.add_request(req_id, prompt)
+        except PoolError as exc:
+            if "already in the pool" in exc.message and all(r.req_id != req_id for r in live):
+                raise AssertionError(f"{req_id} finished, but a new request with its id is refused") from exc
+            raise
+        live.append(request)
+        write(request, prompt[request.num_tokens :])
+
+    def expected_hit(prompt: Sequence[int]) -> int:
+        resident = set(chain.values())
+        hit = 0
+        while hit < (len(prompt) - 1) // block_size and tuple(prompt[: (hit + 1) * block_size]) in resident:
+            hit += 1
+        return hit
 
     for name, pick, size in ops:
         before = {r.req_id: (list(r.tokens), r.block_ids) for r in live}
         try:
             if name == "admit":
                 prompt = prompts[pick % 3][: size + pick % 5] + [100 + serial] * (pick % 2)
-                request = pool.add_request(f"r{serial}", prompt)
                 serial += 1
-                live.append(request)
-                write(request, prompt[request.num_tokens :])
+                admit(f"r{serial - 1}", prompt)
+            elif name == "readmit" and freed:
+                admit(freed.pop(), prompts[pick % 3][: size + pick % 5])
+            elif name == "twin":
+                serial += 1
+                admit(f"r{serial - 1}", twins[pick % 2][: size + 4])
             elif live and name == "append":
                 write(live[pick % len(live)], [200 + serial + i for i in range(size % 7 + 1)])
                 serial += 1
@@ -73,7 +107,9 @@ def run_ops(ops: Sequence[Op], *, cow: bool, window: int | None, bug: str | None
                 live.append(pool.fork(live[pick % len(live)], f"r{serial}"))
                 serial += 1
             elif live and name == "free":
-                pool.free(live.pop(pick % len(live)))
+                request = live.pop(pick % len(live))
+                pool.free(request)
+                freed.append(request.req_id)
             elif live and name == "trim":
                 request = live[pick % len(live)]
                 pool.remove_skipped_blocks(request, request.num_tokens)
@@ -94,6 +130,16 @@ def run_ops(ops: Sequence[Op], *, cow: bool, window: int | None, bug: str | None
                     continue
                 held = content.get(block, {}).get(position % block_size)
                 assert held == token, f"{request.req_id} position {position}: block {block} holds {held}, not {token}"
+        for probe in [*prompts, *twins, *([*r.tokens, 999] for r in live)]:
+            hits = pool.cached_prefix(probe)
+            want = expected_hit(probe)
+            assert len(hits) == want, (
+                f"prefix hit of {len(hits)} blocks for a prompt whose first {want} blocks are resident"
+            )
+            for i, hit in enumerate(hits):
+                assert chain.get(hit.block_id) == tuple(probe[: (i + 1) * block_size]), (
+                    f"the hit's block {i} (id {hit.block_id}) holds other tokens"
+                )
 
 
 def _fails(ops: Sequence[Op], cow: bool, window: int | None, bug: str | None) -> AssertionError | None:

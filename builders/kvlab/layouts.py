@@ -262,8 +262,9 @@ class CompactSpans(Layout):
 class _Buffer:
     k: Array
     v: Array
-    mapped: dict[int, int] = field(default_factory=dict)
-    """logical block → physical block whose KV the buffer holds there."""
+    mapped: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """logical block → (physical block, its generation) whose KV the buffer holds there. The generation tells a
+    block handed out again (to a request that reuses a finished one's id) from the one copied before."""
     synced_tokens: int = 0
 
 
@@ -308,12 +309,13 @@ class VirtualContiguous(Layout):
                     buffer.v[region] = np.nan
                     del buffer.mapped[logical]
                 continue
-            moved = buffer.mapped.get(logical) != physical
+            held = (physical, int(store.generation[physical]))
+            moved = buffer.mapped.get(logical) != held
             grew = logical >= written_from and self.bug != "stale-tail"
             if moved or grew:
                 buffer.k[region] = store.k[physical]
                 buffer.v[region] = store.v[physical]
-                buffer.mapped[logical] = physical
+                buffer.mapped[logical] = held
                 self.stats.copy_bytes += b * store.bytes_per_token
         buffer.synced_tokens = entry.seq_len
         return buffer

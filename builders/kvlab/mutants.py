@@ -21,6 +21,11 @@ POOL_BUG_WHY = {
     "window-frees-extra": "frees the block that holds the sliding window's first key",
     "append-not-atomic": "fails an append half way when blocks run out, keeping tokens the caller never wrote",
     "parentless-hash": "hashes a full block's tokens without its parent's hash, so equal blocks at other positions hit",
+    "one-copy-per-hash": "caches only the first copy of a block, so evicting it loses a hash another copy still holds",
+    "stale-hash-after-eviction": "leaves an evicted block in the cache map, so a hit serves a block holding other tokens",
+    "hash-without-separator": "joins a block's token ids with nothing between them, so [1, 23] and [12, 3] collide",
+    "free-keeps-request": "keeps a finished request's id registered, so a later request with that id is refused",
+    "hit-skips-hole": "looks past an evicted block in a cached chain, serving later blocks after a gap",
 }
 
 

@@ -68,6 +68,20 @@ def e4m3_round_trip(x: npt.ArrayLike) -> Wide:
     return np.where(np.isnan(x), np.nan, np.copysign(nearest, x))
 
 
+def half_round_trip(x: npt.ArrayLike, precision: str) -> Wide:
+    """x to the nearest fp16 or bf16 value and back, ties to even. fp16 by NumPy's IEEE half; bf16, which NumPy
+    lacks, from float32's bits: keep the top 16, rounding on the 16 dropped (NaN kept)."""
+    x = np.asarray(x, dtype=np.float64)
+    if precision == "fp16":
+        with np.errstate(over="ignore"):
+            return x.astype(np.float16).astype(np.float64)
+    if precision != "bf16":
+        raise ValueError(f"precision {precision!r}: use fp16 or bf16")
+    bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
+    return np.where(np.isnan(x), np.nan, rounded.view(np.float32).astype(np.float64))
+
+
 def reference_attention(
     q: Array,
     k: Array,
@@ -77,10 +91,13 @@ def reference_attention(
     sliding_window: int | None = None,
     k_scale: float | None = None,
     v_scale: float | None = None,
+    precision: str | None = None,
 ) -> Wide:
     """Dense causal attention of q[n_q, H, D] over k, v[L, KV, D]: keys at positions 0…L-1, the queries at the
     last n_q of them. k and v are the values before any cache: with k_scale and v_scale they go through the e4m3
-    round trip the cache would hold. The result is float64; the caller compares it with a layout's fp32."""
+    round trip the cache would hold. precision ("fp16" or "bf16"): the kernel takes its queries, and a cache
+    without fp8 scales holds its K and V, in that format; the oracle rounds them the same way before computing.
+    The result is float64; the caller compares it with a layout's fp32."""
     n_q, heads, head_size = q.shape
     length, kv_heads = k.shape[0], k.shape[1]
     if n_q > length:
@@ -90,9 +107,14 @@ def reference_attention(
     if (k_scale is None) != (v_scale is None):
         raise ValueError("fp8 needs both k_scale and v_scale")
     keys, values = np.asarray(k, np.float64), np.asarray(v, np.float64)
+    queries = np.asarray(q, np.float64)
+    if precision is not None:
+        queries = half_round_trip(queries, precision)
     if k_scale is not None and v_scale is not None:
         keys = e4m3_round_trip(keys / k_scale) * k_scale
         values = e4m3_round_trip(values / v_scale) * v_scale
+    elif precision is not None:
+        keys, values = half_round_trip(keys, precision), half_round_trip(values, precision)
     keys = np.repeat(keys, heads // kv_heads, axis=1)
     values = np.repeat(values, heads // kv_heads, axis=1)
     q_pos = np.arange(length - n_q, length)[:, None]
@@ -104,7 +126,7 @@ def reference_attention(
     scale = softmax_scale(head_size)
     out = np.empty((n_q, heads, head_size), dtype=np.float64)
     for h in range(heads):
-        logits = (np.asarray(q[:, h, :], np.float64) @ keys[:, h, :].T) * scale + slopes[h] * (k_pos - q_pos)
+        logits = (queries[:, h, :] @ keys[:, h, :].T) * scale + slopes[h] * (k_pos - q_pos)
         logits = np.where(visible, logits, -np.inf)
         weights = np.exp(logits - logits.max(axis=1, keepdims=True))
         out[:, h, :] = (weights / weights.sum(axis=1, keepdims=True)) @ values[:, h, :]

@@ -7,6 +7,9 @@ What it keeps from vLLM V1 (`vllm/v1/core/block_pool.py`, `kv_cache_utils.py`, `
 - blocks whose reference count falls to zero go to the tail of an LRU free queue (a doubly linked list with
   O(1) removal), a request's blocks in reverse order so its tail is evicted first; a new block comes from the
   head and, if it was cached, leaves the hash map then (eviction is lazy, as in V1);
+- every copy of a block is cached under its hash (V1's `cached_block_hash_to_block` maps a hash to every block id
+  holding it: a block is never de-duplicated, so block tables stay append-only); a hit takes the copy cached first,
+  and evicting one copy leaves the others findable;
 - a prefix hit is capped so at least one token is computed (`num_tokens - 1`);
 - under a sliding window, blocks wholly before the window become the null block and are freed.
 
@@ -25,7 +28,18 @@ from builders.errors import ForgeError
 
 NULL_BLOCK_ID = 0
 
-POOL_BUGS = ("no-hit-cap", "mru-eviction", "window-frees-extra", "append-not-atomic", "parentless-hash")
+POOL_BUGS = (
+    "no-hit-cap",
+    "mru-eviction",
+    "window-frees-extra",
+    "append-not-atomic",
+    "parentless-hash",
+    "one-copy-per-hash",
+    "stale-hash-after-eviction",
+    "hash-without-separator",
+    "free-keeps-request",
+    "hit-skips-hole",
+)
 """Planted pool bugs for `forge kvlab check --mutants`: each must fail a case."""
 
 
@@ -93,15 +107,21 @@ class FreeBlockQueue:
         return self.num_free
 
 
-def hash_block(parent: bytes | None, tokens: Sequence[int], *, drop_parent: bool = False) -> bytes:
+def hash_block(
+    parent: bytes | None, tokens: Sequence[int], *, drop_parent: bool = False, no_separator: bool = False
+) -> bytes:
     """The chained hash of a full block: equal hashes mean equal tokens *and* equal prefixes before them.
 
-    drop_parent: the planted "parentless-hash" bug, a hash of the block's own tokens only."""
+    drop_parent: the planted "parentless-hash" bug, a hash of the block's own tokens only. no_separator: the
+    planted "hash-without-separator" bug, token ids joined with nothing between them, so [1, 23] and [12, 3]
+    hash alike."""
     root = b"kvlab-root" if parent is None else parent
-    if drop_parent:  # pragma: no mutate block
-        root = b"kvlab-root"
+    separator = b","
+    if drop_parent or no_separator:  # pragma: no mutate block
+        root = b"kvlab-root" if drop_parent else root
+        separator = b"" if no_separator else separator
     digest = hashlib.sha256(root)
-    digest.update(b",".join(str(t).encode() for t in tokens))
+    digest.update(separator.join(str(t).encode() for t in tokens))
     return digest.digest()
 
 
@@ -152,7 +172,8 @@ class BlockPool:
         self.null_block = self.blocks[NULL_BLOCK_ID]
         self.null_block.is_null = True
         self.free_queue = FreeBlockQueue(self.blocks[1:])
-        self.cached: dict[bytes, KVBlock] = {}
+        self.cached: dict[bytes, dict[int, KVBlock]] = {}
+        """hash → {block id: block}, every copy, in the order they were cached (V1's cached_block_hash_to_block)."""
         self.requests: dict[str, Request] = {}
         self.evictions = 0
         self.copies: list[tuple[int, int]] = []
@@ -163,14 +184,22 @@ class BlockPool:
     def _new_block(self) -> KVBlock:
         block = self.free_queue.popleft()
         if block.block_hash is not None:
-            if self.cached.get(block.block_hash) is block:
-                del self.cached[block.block_hash]
-                self.evictions += 1
+            if self.bug != "stale-hash-after-eviction":
+                self._evict(block, block.block_hash)
             block.block_hash = None
         block.ref_cnt = 1
         if self.on_new_block:
             self.on_new_block(block.block_id)
         return block
+
+    def _evict(self, block: KVBlock, block_hash: bytes) -> None:
+        """Drop this copy from the cache map, the hash with it once no copy is left (V1's
+        `_maybe_evict_cached_block`)."""
+        copies = self.cached.get(block_hash, {})
+        if copies.pop(block.block_id, None) is not None:
+            self.evictions += 1
+        if not copies:
+            self.cached.pop(block_hash, None)
 
     def _touch(self, block: KVBlock) -> None:
         if block.is_null:
@@ -202,12 +231,22 @@ class BlockPool:
         hits: list[KVBlock] = []
         parent: bytes | None = None
         for i in range(limit):
-            parent = hash_block(parent, tokens[i * b : (i + 1) * b], drop_parent=self.bug == "parentless-hash")
-            block = self.cached.get(parent)
-            if block is None:
+            parent = self._hash(parent, tokens[i * b : (i + 1) * b])
+            copies = self.cached.get(parent)
+            if not copies:
+                if self.bug == "hit-skips-hole":  # pragma: no mutate block
+                    continue
                 break
-            hits.append(block)
+            hits.append(next(iter(copies.values())))
         return hits
+
+    def _hash(self, parent: bytes | None, tokens: Sequence[int]) -> bytes:
+        return hash_block(
+            parent,
+            tokens,
+            drop_parent=self.bug == "parentless-hash",
+            no_separator=self.bug == "hash-without-separator",
+        )
 
     def add_request(self, req_id: str, prompt: Sequence[int]) -> Request:
         """Admit a request: its cached prefix blocks are taken; the rest is for `append` to compute."""
@@ -243,13 +282,14 @@ class BlockPool:
             request.tokens.append(token)
             if offset == b - 1:
                 parent = request.hashes[-1] if request.hashes else None
-                block_hash = hash_block(
-                    parent, request.tokens[index * b : (index + 1) * b], drop_parent=self.bug == "parentless-hash"
-                )
+                block_hash = self._hash(parent, request.tokens[index * b : (index + 1) * b])
                 request.hashes.append(block_hash)
                 block.block_hash = block_hash
-                # Two requests that computed the same block: the first stays the cached one, as in V1.
-                self.cached.setdefault(block_hash, block)
+                # Two requests that computed the same block: both copies are cached, the first is the one a hit
+                # takes, as in V1 (which keeps block tables append-only rather than de-duplicate).
+                copies = self.cached.setdefault(block_hash, {})
+                if self.bug != "one-copy-per-hash" or not copies:  # pragma: no mutate
+                    copies[block.block_id] = block
         return slots
 
     def _check_room(self, request: Request, count: int) -> None:
@@ -305,6 +345,8 @@ class BlockPool:
         for block in reversed(request.blocks):
             self._release(block)
         request.blocks = []
+        if self.bug == "free-keeps-request":  # pragma: no mutate block
+            return
         del self.requests[request.req_id]
 
     def remove_skipped_blocks(self, request: Request, num_computed: int) -> list[int]:
@@ -343,8 +385,17 @@ class BlockPool:
             assert (block.ref_cnt == 0) == (block.block_id in in_queue), f"block {block.block_id}: free iff ref 0"
             if block.ref_cnt > 1 and not self.cow:
                 assert block.block_hash is not None, f"block {block.block_id}: shared but not full"
-        for block_hash, block in self.cached.items():
-            assert block.block_hash == block_hash, f"cached block {block.block_id} has another hash"
+        for block_hash, copies in self.cached.items():
+            assert copies, "a hash is cached with no block"
+            for block_id, block in copies.items():
+                assert block.block_id == block_id, f"cached block {block.block_id} is filed under id {block_id}"
+                assert block.block_hash == block_hash, f"cached block {block.block_id} has another hash"
+        filed = {block_id for copies in self.cached.values() for block_id in copies}
+        for block in self.blocks[1:]:
+            # Every full block keeps its hash until it is handed out again, and is cached until then.
+            assert (block.block_hash is not None) == (block.block_id in filed), (
+                f"block {block.block_id}: hashed but not cached, or cached without its hash"
+            )
         assert len(queue) + sum(1 for b in self.blocks[1:] if b.ref_cnt > 0) == len(self.blocks) - 1, "lost blocks"
         for prev, nxt in itertools.pairwise(queue):
             assert prev.next is nxt and nxt.prev is prev, "free queue links broken"

@@ -10,7 +10,8 @@ One run measures, per layout, on decode steps (one new token per request per ste
 The rank follows the study's criteria, in this order of weight: a layout must pass every oracle case with each
 of its planted bugs caught (a gate); then less metadata per request at the worst scenario, fewer KV bytes read
 per step with a shared prefix, and fewer indirections, each ranked; the times measured here only break ties,
-because NumPy on a CPU says little about a GPU kernel's speed.
+because NumPy on a CPU says little about a GPU kernel's speed. This ranks what each layout reads, not how fast it
+runs: the speed ranking is `forge kvlab rank --device cuda` (gpu_bench.py), the Triton kernels on a GPU.
 """
 
 from __future__ import annotations
@@ -140,18 +141,11 @@ def _runs(block_ids: Sequence[int]) -> int:
 
 
 def run_ranking(
-    *,
-    quick: bool = False,
-    steps: int | None = None,
-    timed: Callable[..., Measure] | None = None,
-    progress: Callable[[str], None] | None = None,
+    *, quick: bool = False, steps: int | None = None, progress: Callable[[str], None] | None = None
 ) -> list[LayoutResult]:
-    """timed: how one scenario is measured; `measure` (NumPy on the CPU) unless the caller passes
-    builders/kvlab/cuda.py's `measure_cuda`, which times the same scenarios with PyTorch's CUDA kernels. The
-    caller chooses, so that this module does not import the CUDA one, which reads its helpers from here."""
+    """Every layout on every scenario, measured with `measure` (NumPy on the CPU)."""
     spec = AttnSpec(num_heads=16, num_kv_heads=4, head_size=128)
     steps = steps or (3 if quick else 16)
-    timed = timed or measure
     results = []
     for name in LAYOUTS:
         result = LayoutResult(name)
@@ -162,7 +156,7 @@ def run_ranking(
             if setting not in done:
                 if progress:
                     progress(f"{name} · {scenario.name}")
-                done[setting] = timed(name, spec, scenario, steps=steps)
+                done[setting] = measure(name, spec, scenario, steps=steps)
             result.measures[scenario.name] = done[setting]
         results.append(result)
     return results
@@ -223,7 +217,7 @@ def rank(results: Sequence[LayoutResult], gate: dict[str, bool], *, quick: bool 
     return rows
 
 
-def write_plots(results: Sequence[LayoutResult], directory: Path, *, quick: bool = False, device: str = "cpu") -> Path:
+def write_plots(results: Sequence[LayoutResult], directory: Path, *, quick: bool = False) -> Path:
     """rank.png: attention time per step against length, fragmentation and prefix share; KV bytes read vs share."""
     import matplotlib
 
@@ -242,7 +236,7 @@ def write_plots(results: Sequence[LayoutResult], directory: Path, *, quick: bool
                 label=result.layout,
             )
         panel.set_xlabel(xlabel)
-        panel.set_ylabel("attention ms per decode step " + ("(CUDA events)" if device == "cuda" else "(CPU, NumPy)"))
+        panel.set_ylabel("attention ms per decode step (CPU, NumPy: not a GPU speed)")
         panel.grid(True, alpha=0.3)
     axes[0].set_yscale("log")
     sharing = [s for s in scenarios(quick) if s.axis == "sharing"]

@@ -21,10 +21,13 @@ class KVStore:
         self.block_size = block_size
         self.k: Array = np.full(shape, np.nan, dtype=np.float32)
         self.v: Array = np.full(shape, np.nan, dtype=np.float32)
+        self.generation = np.zeros(num_blocks, dtype=np.int64)
+        """How often each block was handed out: a layout that keeps a copy of a block can tell a reused id."""
 
     def poison(self, block_id: int) -> None:
         self.k[block_id] = np.nan
         self.v[block_id] = np.nan
+        self.generation[block_id] += 1
 
     def write(self, slots: Sequence[Slot], k: Array, v: Array) -> None:
         """KV of consecutive tokens into their slots; under fp8, as e4m3(x / scale), saturated."""

@@ -1,21 +1,13 @@
 """Preflight: learn in seconds, not after a 40-minute compile, whether a distro can build a target.
 
-Gates come from the vLLM source itself (file and line), the distro file, the real base image when the engine
-has it, the build host and the torch index; each finding says what to do instead.
+`run_preflight` (runner.py) hands one context to the recipe's serving engine, whose gates come from its own
+source (file and line), the distro file, the real base image when the container engine has it, the build host
+and the torch index; each finding says what to do instead. `forge preflight` is command.py, and the gate that
+refuses a GPU an image has no kernels for is gpu_gate.py.
 """
 
-from builders.preflight.findings import Finding, PreflightReport, render_table
-from builders.preflight.host import derive_max_jobs
-from builders.preflight.runner import default_source_path, run_preflight
-from builders.preflight.source_facts import SourceFacts, read_source_facts
+from builders.gates.findings import Finding, PreflightReport, render_table
+from builders.gates.host import derive_max_jobs
+from builders.preflight.runner import run_preflight
 
-__all__ = [
-    "Finding",
-    "PreflightReport",
-    "SourceFacts",
-    "default_source_path",
-    "derive_max_jobs",
-    "read_source_facts",
-    "render_table",
-    "run_preflight",
-]
+__all__ = ["Finding", "PreflightReport", "derive_max_jobs", "render_table", "run_preflight"]

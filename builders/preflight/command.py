@@ -9,29 +9,33 @@ import tempfile
 from pathlib import Path
 from typing import get_args
 
-from builders.config import Project
 from builders.config.models import TorchIndex
-from builders.container import Engine
+from builders.container import Engine, connect
 from builders.errors import EngineError, PreflightBlocked, PreflightIncomplete, UsageError
+from builders.gates.findings import render_table
+from builders.gates.host import parse_cpu_flags
+from builders.input_files import read_bounded
 from builders.log import Log
 from builders.options import add_gpu_args, gpu_args_apply, parse_sources, pep440_version, positive_int
 from builders.platforms import for_platform, parse_platforms
-from builders.preflight.findings import render_table
 from builders.preflight.gpu_gate import add_gpu_gate_args, gate_input, preflight_finding, with_finding
-from builders.preflight.host import parse_cpu_flags
 from builders.preflight.runner import run_preflight
+from builders.project import Project
 from builders.target import Target
+
+FLAGS_LIMIT_BYTES = 4 * 2**20
+"""A /proc/cpuinfo of 1,024 CPUs is about 2 MiB; every CPU repeats the same flags, so what is beyond is cut."""
 
 
 def read_flags_file(path: Path) -> frozenset[str]:
     """A copy of the run host's /proc/cpuinfo, or just its flags separated by spaces or newlines."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise UsageError(
-            f"--run-host-flags {path}: cannot read it ({exc.strerror})",
-            hint="save the run host's /proc/cpuinfo (or its flags line) to a file",
-        ) from exc
+    hint = "save the run host's /proc/cpuinfo (or its flags line) to a file"
+    got = read_bounded(path, limit=FLAGS_LIMIT_BYTES, what="--run-host-flags", hint=hint)
+    data = got.data
+    if got.cut:
+        data = data[: data.rfind(b"\n") + 1]  # a cut line could end inside a flag's name
+        print(f"forge: warning: {got.note(path, FLAGS_LIMIT_BYTES)}", file=sys.stderr)
+    text = data.decode("utf-8", errors="replace")
     flags = parse_cpu_flags(text)
     if not flags:
         flags = frozenset(w for w in text.split() if w.replace("_", "").replace(".", "").isalnum())
@@ -72,13 +76,13 @@ def cmd_preflight(args: argparse.Namespace) -> int:
             hint=f"it supports: {', '.join(recipe.distros) if recipe.distros != 'all' else 'all'}",
         )
     gpu_args_apply(Target.resolve(distro, recipe), args)
+    run_flags = read_flags_file(Path(args.run_host_flags)) if args.run_host_flags else None
     engine: Engine | None
     try:
-        engine = Engine.connect(args.engine)
+        engine = connect(args.engine)
     except EngineError:
         engine = None  # preflight then runs on declared facts and says so
-    run_flags = read_flags_file(Path(args.run_host_flags)) if args.run_host_flags else None
-    source, local_sources = split_sources(args.source)
+    source, given_sources = split_sources(args.source)
     report = run_preflight(
         project,
         distro,
@@ -95,8 +99,8 @@ def cmd_preflight(args: argparse.Namespace) -> int:
         torch_index=args.torch_index,
         torch_version=args.torch_version,
         fetch=not args.no_fetch,
-        progress=Log().info,
-        local_sources=local_sources,  # stderr: --json keeps stdout to the report alone
+        progress=Log().info,  # stderr: --json keeps stdout to the report alone
+        given_sources=given_sources,
     )
     declared = (recipe.cuda.arch_list, f"recipes/{recipe.name}.yaml: cuda.arch_list") if recipe.cuda else None
     gate = gate_input(args, default_archs=declared if recipe.device == "cuda" else None)

@@ -4,6 +4,10 @@ for execution on the device".
 The run host's GPUs come from `nvidia-smi --query-gpu=name,compute_cap --format=csv` (read live, or from a file
 saved on that host), NVML through nvidia-ml-py, or a Kubernetes node's `nvidia.com/gpu.product` label. The
 image's archs come from its build report (what cuobjdump read) or, before a build, from an arch list.
+
+An nvidia-smi that answers with an error is never passed over: a saved file holding one is a usage error, and a
+live one that exits non-zero leaves the gate not evaluated, with its exit status and output, and what its words
+mean when Forge knows them (a driver before 510, a tool older than the kernel driver, a driver/library mismatch).
 """
 
 from __future__ import annotations
@@ -16,9 +20,14 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from builders.errors import ConfigError, GpuUnsupported, UsageError
+from builders.errors import ConfigError, GpuUnsupported, PreflightIncomplete, UsageError
+from builders.gates.findings import Finding, PreflightReport, blocker, passed, unchecked
 from builders.gpu_archs import Capability, LibraryArchs, core, declared_library
-from builders.preflight.findings import Finding, PreflightReport, blocker, passed
+from builders.input_files import read_small_text
+
+CSV_LIMIT_BYTES = 2**20
+"""nvidia-smi's CSV is a line per GPU: a file larger than this is not one."""
+REPORT_LIMIT_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,8 +37,45 @@ class Gpu:
     source: str  # where it was read: nvidia-smi, a file, NVML, a node label
 
 
+SMI_QUERY = ("--query-gpu=name,compute_cap", "--format=csv")
+
+# What nvidia-smi prints instead of GPUs (on stdout), and what it means. A driver before 510 does not know the
+# compute_cap field: it prints this line and a blank one and exits 2 (public reports show drivers 470.82.01 and
+# 470.182.03, and a snap's 470 tool beside a 580 kernel driver). NVML's own failures come as "Failed to
+# initialize NVML: <why>", exit 18 for a driver/library mismatch.
+NO_COMPUTE_CAP = 'Field "compute_cap" is not a valid field to query.'
+OLD_DRIVER = "needs driver 510 or later for compute_cap, or pass --gpu-product"
+_NVML_FAILED = re.compile(r"Failed to initialize NVML: (.+)")
+_MISMATCH = "Driver/library version mismatch"
+
+
+def smi_failure(text: str) -> tuple[str, str] | None:
+    """(what nvidia-smi's words mean, what to do) when its output is one of its errors; None when it is not."""
+    if NO_COMPUTE_CAP in text:
+        return (
+            "nvidia-smi does not know the compute_cap field: it " + OLD_DRIVER,
+            "upgrade the NVIDIA driver to 510 or later, or name the GPUs with --gpu-product (a node's "
+            "nvidia.com/gpu.product label) instead",
+        )
+    failed = _NVML_FAILED.search(text)
+    if failed and _MISMATCH.lower() in failed.group(1).lower():
+        library = re.search(r"NVML library version: (\S+)", text)
+        return (
+            f"nvidia-smi cannot reach the kernel driver: {_MISMATCH}"
+            + (f" (NVML library {library.group(1)})" if library else "")
+            + ": the loaded kernel module is not the version of the driver's libraries",
+            "reboot (or reload the nvidia kernel modules) after a driver upgrade, or pass --gpu-product",
+        )
+    if failed:
+        return f"nvidia-smi cannot start NVML: {failed.group(1).strip()}", "check the driver, or pass --gpu-product"
+    return None
+
+
 def parse_nvidia_smi(text: str, *, source: str) -> list[Gpu]:
     """`nvidia-smi --query-gpu=name,compute_cap --format=csv` (header optional, noheader too)."""
+    failure = smi_failure(text)
+    if failure is not None:
+        raise UsageError(f"{source}: {failure[0]}", hint=failure[1])
     gpus: list[Gpu] = []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.replace(" ", "").lower() == "name,compute_cap":
@@ -43,9 +89,10 @@ def parse_nvidia_smi(text: str, *, source: str) -> list[Gpu]:
         try:
             capability = Capability.parse(cap.strip(), where=f"{source}:{number}")
         except ConfigError as exc:
-            # compute_cap is "[N/A]" on drivers older than 510, which do not know the field.
             raise UsageError(
-                exc.message, hint="nvidia-smi 510 or later reports compute_cap; or use --gpu-product"
+                exc.message,
+                hint="save the output of `nvidia-smi --query-gpu=name,compute_cap --format=csv` as it prints it; "
+                "or use --gpu-product",
             ) from exc
         gpus.append(Gpu(name=name.strip(), capability=capability, source=source))
     if not gpus:
@@ -113,16 +160,78 @@ def read_nvml() -> list[Gpu] | None:
         pynvml.nvmlShutdown()
 
 
-def read_local() -> list[Gpu] | None:
-    """This host's GPUs: nvidia-smi where it is on PATH, else NVML; None where neither answers."""
+@dataclass(frozen=True, kw_only=True)
+class SmiFailure:
+    """A live nvidia-smi that did not list the GPUs: the gate is not evaluated, and says why."""
+
+    command: str
+    exit_status: int
+    output: str
+    reason: str
+    remedy: str
+
+    def describe(self) -> str:
+        return f"`{self.command}` exited {self.exit_status}: {self.reason}"
+
+
+# The first line of a plain `nvidia-smi`: the tool's own version, then the kernel driver's.
+_HEADER = re.compile(r"NVIDIA-SMI\s+((\d+)\.[\d.]+)\s+Driver Version:\s+((\d+)\.[\d.]+)")
+
+
+def _run_smi(smi: str, *args: str) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run([smi, *args], capture_output=True, text=True, check=False, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return subprocess.CompletedProcess([smi, *args], 255, "", f"could not run it: {exc}")
+
+
+def _older_tool(smi: str) -> tuple[str, str] | None:
+    """(tool version, kernel driver version) where the nvidia-smi on PATH is older than the driver it talks to:
+    a snap or a container that brings its own nvidia-smi prints `NVIDIA-SMI 470.256.02  Driver Version:
+    580.95.05`, and its 470 tool lacks compute_cap while the driver has it."""
+    header = _HEADER.search(_run_smi(smi).stdout)
+    if header is None:
+        return None
+    tool, tool_major, driver, driver_major = header.groups()
+    return (tool, driver) if int(tool_major) < int(driver_major) else None
+
+
+def read_local() -> list[Gpu] | SmiFailure | None:
+    """This host's GPUs: nvidia-smi where it is on PATH, else NVML; None where neither is there. An nvidia-smi
+    that fails is a SmiFailure, never a host without GPUs."""
     smi = shutil.which("nvidia-smi")
-    if smi:
-        proc = subprocess.run(
-            [smi, "--query-gpu=name,compute_cap", "--format=csv"], capture_output=True, text=True, check=False
-        )
-        if proc.returncode == 0:
+    if smi is None:
+        return read_nvml()
+    command = f"nvidia-smi {' '.join(SMI_QUERY)}"
+    proc = _run_smi(smi, *SMI_QUERY)
+    output = (proc.stdout + proc.stderr).strip()
+    failure = smi_failure(output)
+    if proc.returncode == 0 and failure is None:
+        try:
             return parse_nvidia_smi(proc.stdout, source="nvidia-smi")
-    return read_nvml()
+        except UsageError as exc:
+            return SmiFailure(
+                command=command, exit_status=0, output=output[-2000:], reason=exc.message, remedy=exc.hint or ""
+            )
+    if failure is not None and NO_COMPUTE_CAP in output and (older := _older_tool(smi)):
+        tool, driver = older
+        failure = (
+            f"the nvidia-smi on PATH ({smi}) is version {tool}, older than the kernel driver {driver}, and does "
+            "not know the compute_cap field",
+            f"use the nvidia-smi that came with driver {driver} (a snap or a container may bring an older one), "
+            "or pass --gpu-product",
+        )
+    reason, remedy = failure or (
+        "nvidia-smi failed, so this host's GPUs are unknown",
+        "fix nvidia-smi on this host, or name the GPUs with --gpu-query FILE or --gpu-product LABEL",
+    )
+    return SmiFailure(
+        command=command,
+        exit_status=proc.returncode,
+        output=output[-2000:] or "(no output)",
+        reason=reason,
+        remedy=remedy,
+    )
 
 
 def image_libraries(spec: str, *, where: str = "--image-archs") -> tuple[list[LibraryArchs], str]:
@@ -135,9 +244,11 @@ def image_libraries(spec: str, *, where: str = "--image-archs") -> tuple[list[Li
             f"--image-archs {spec}: neither a file nor an arch list",
             hint="pass the build's reports/DISTRO-TARGET/report.json, or an arch list such as '8.0 9.0'",
         )
+    hint = "pass the build's reports/DISTRO-TARGET/report.json, or an arch list such as '8.0 9.0'"
+    text = read_small_text(path, limit=REPORT_LIMIT_BYTES, what="--image-archs", hint=hint)
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+        data = json.loads(text)
+    except ValueError as exc:
         raise UsageError(f"--image-archs {path}: not a readable JSON report ({exc})") from exc
     archs = data.get("cuda_archs") if isinstance(data, dict) else None
     if archs is None and isinstance(data, dict):
@@ -224,10 +335,8 @@ def gpus_of(args: argparse.Namespace) -> list[Gpu] | None:
         raise UsageError("--gpu-query and --gpu-product both given", hint="name the run host's GPUs one way")
     if getattr(args, "gpu_query", None):
         path = Path(args.gpu_query)
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            raise UsageError(f"--gpu-query {path}: cannot read it ({exc.strerror})") from exc
+        hint = "save `nvidia-smi --query-gpu=name,compute_cap --format=csv` from the run host"
+        text = read_small_text(path, limit=CSV_LIMIT_BYTES, what="--gpu-query", hint=hint)
         return parse_nvidia_smi(text, source=str(path))
     if getattr(args, "gpu_product", None):
         return [gpu_from_product(args.gpu_product)]
@@ -239,6 +348,7 @@ class GateInput:
     gpus: list[Gpu]
     libraries: list[LibraryArchs]
     archs_from: str
+    unread: SmiFailure | None = None  # this host's nvidia-smi failed: the gate cannot be evaluated
 
 
 def gate_input(args: argparse.Namespace, *, default_archs: tuple[str, str] | None = None) -> GateInput | None:
@@ -258,23 +368,41 @@ def gate_input(args: argparse.Namespace, *, default_archs: tuple[str, str] | Non
                 hint="add --image-archs reports/DISTRO-TARGET/report.json (or an arch list such as '8.0 9.0')",
             )
         return None
-    gpus = given if given is not None else read_local()
-    if not gpus:
+    found = given if given is not None else read_local()
+    if not found:
         return None
     libraries, archs_from = image_libraries(spec, where=where)
-    return GateInput(gpus=gpus, libraries=libraries, archs_from=archs_from)
+    if isinstance(found, SmiFailure):
+        return GateInput(gpus=[], libraries=libraries, archs_from=archs_from, unread=found)
+    return GateInput(gpus=found, libraries=libraries, archs_from=archs_from)
 
 
 def gate_from_args(args: argparse.Namespace, *, default_archs: tuple[str, str] | None = None) -> list[Verdict] | None:
-    """smoke and deploy render: raise GpuUnsupported (exit 20) for a GPU the image cannot run on."""
+    """smoke and deploy render: raise GpuUnsupported (exit 20) for a GPU the image cannot run on, and
+    PreflightIncomplete (exit 9) where this host's nvidia-smi failed and no GPU was named instead."""
     gate = gate_input(args, default_archs=default_archs)
+    if gate is not None and gate.unread is not None:
+        raise PreflightIncomplete(
+            f"GPU gate not evaluated: {gate.unread.describe()}. nvidia-smi said: {gate.unread.output}",
+            hint=gate.unread.remedy,
+        )
     return None if gate is None else enforce(gate.gpus, gate.libraries, gate.archs_from)
 
 
 def preflight_finding(gate: GateInput) -> Finding:
-    """preflight: the gate as one finding, blocking (exit 3) for a GPU the image would carry no kernels for."""
-    gpus = ", ".join(f"{g.name} ({g.capability})" for g in gate.gpus)
+    """preflight: the gate as one finding, blocking (exit 3) for a GPU the image would carry no kernels for, not
+    evaluated (exit 9) where this host's nvidia-smi failed."""
     required = f"SASS or JIT-able PTX for each GPU in {arch_summary(gate.libraries)}"
+    if gate.unread is not None:
+        return unchecked(
+            "gpu-arch",
+            f"not evaluated: {gate.unread.describe()}",
+            required,
+            f"this host's nvidia-smi; archs from {gate.archs_from}",
+            gate.unread.remedy,
+            message=f"nvidia-smi said: {gate.unread.output}",
+        )
+    gpus = ", ".join(f"{g.name} ({g.capability})" for g in gate.gpus)
     source = f"GPUs from {gate.gpus[0].source}; archs from {gate.archs_from}"
     try:
         enforce(gate.gpus, gate.libraries, gate.archs_from)

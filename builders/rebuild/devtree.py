@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypedDict
 
 from builders.errors import SourceUnavailable, UsageError
 
@@ -184,3 +184,39 @@ def stage_parts(split: TreeSplit, dest: Mapping[Part, Path]) -> None:
                 os.link(src, target)
             except OSError:
                 shutil.copy2(src, target)
+
+
+# Per-file digests of the last source-tree build in a reports folder. Not one of build.REPORT_FILES: a new build
+# must read it before it writes its own, to name the files that changed.
+MANIFEST = "tree-manifest.json"
+
+
+class TreeManifest(TypedDict):
+    """tree-manifest.json: when the build started, and per part of the tree each file's digest."""
+
+    started: str | None
+    files: dict[str, dict[str, str]]
+
+
+def read_manifest(folder: Path) -> TreeManifest | None:
+    """The previous build's manifest, or None where there is none or it cannot be read (a build from an older
+    Forge, a file cut short): the report then names no changed files, never wrong ones."""
+    try:
+        data = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    files = data.get("files") if isinstance(data, dict) else None
+    if not isinstance(files, dict) or not all(
+        isinstance(part, dict) and all(isinstance(v, str) for v in part.values()) for part in files.values()
+    ):
+        return None
+    started = data.get("started")
+    return {"started": started if isinstance(started, str) else None, "files": files}
+
+
+def write_manifest(folder: Path, split: TreeSplit, *, started: str) -> None:
+    """This build's manifest, for the next one in the same folder to compare with (replaced whole, never torn)."""
+    manifest: TreeManifest = {"started": started, "files": split.manifest()}
+    tmp = folder / f".{MANIFEST}.new"
+    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    tmp.replace(folder / MANIFEST)

@@ -10,7 +10,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import requests
 
@@ -23,6 +23,36 @@ OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 MANIFEST_TYPES = (OCI_INDEX, DOCKER_LIST, OCI_MANIFEST, DOCKER_MANIFEST)
 TIMEOUT = 60
+
+
+class Platform(TypedDict, total=False):
+    architecture: str
+    os: str
+    variant: str
+
+
+class Descriptor(TypedDict, total=False):
+    """A content descriptor of the OCI image spec (Docker's distribution spec writes the same keys)."""
+
+    mediaType: str
+    digest: str
+    size: int
+    platform: Platform
+    annotations: dict[str, str]
+    artifactType: str
+
+
+class Manifest(TypedDict, total=False):
+    """An image manifest, a manifest list or an index, as a registry serves it: the registry's JSON, not Forge's."""
+
+    schemaVersion: int
+    mediaType: str
+    artifactType: str
+    config: Descriptor
+    layers: list[Descriptor]
+    manifests: list[Descriptor]
+    subject: Descriptor
+    annotations: dict[str, str]
 
 
 class RegistryError(ForgeError):
@@ -150,6 +180,10 @@ class RegistryClient:
             hint = None
         return RegistryError(f"{method} {url}: HTTP {resp.status_code} {detail}", hint=hint)
 
+    def ping(self) -> int:
+        """The status /v2/ answers (200, or 401 where a login is asked for); RegistryError when nothing answers."""
+        return self._request("GET", f"{self.base}/").status_code
+
     # --- manifests ---------------------------------------------------------------------------------------
 
     def head_manifest(self, name: str, reference: str) -> tuple[str, str, int] | None:
@@ -165,7 +199,7 @@ class RegistryClient:
             raise RegistryError(f"HEAD {url}: the registry sent no Docker-Content-Digest header")
         return digest, resp.headers.get("Content-Type", ""), int(resp.headers.get("Content-Length", "0"))
 
-    def get_manifest(self, name: str, reference: str) -> tuple[dict[str, Any], str, str]:
+    def get_manifest(self, name: str, reference: str) -> tuple[Manifest, str, str]:
         """(manifest, media type, digest of the bytes as served)."""
         url = f"{self.base}/{name}/manifests/{reference}"
         resp = self._request("GET", url, headers={"Accept": ", ".join(MANIFEST_TYPES)})
@@ -187,6 +221,17 @@ class RegistryClient:
         return sent
 
     # --- blobs -------------------------------------------------------------------------------------------
+
+    def get_blob(self, name: str, digest: str, *, limit: int = 1 << 20) -> bytes | None:
+        """A small blob (an image config), checked against its digest; None when it is missing, too large, or
+        does not hash to the digest it was asked for."""
+        resp = self._request("GET", f"{self.base}/{name}/blobs/{digest}", stream=True)
+        if resp.status_code != 200:
+            return None
+        data = resp.raw.read(limit + 1, decode_content=True)
+        if len(data) > limit or "sha256:" + hashlib.sha256(data).hexdigest() != digest:
+            return None
+        return bytes(data)
 
     def put_blob(self, name: str, data: bytes) -> str:
         """Upload one blob (monolithic: POST a session, PUT the bytes); a blob already there is not re-sent."""

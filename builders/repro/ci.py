@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TypedDict
 
 import yaml
 
-from builders.config import Project
 from builders.config.models import Distro, Recipe
 from builders.options import flag
 from builders.platforms import PLATFORMS, for_platform
+from builders.project import Project
 from builders.target import Target
 
 GITHUB_PATH = ".github/workflows/forge.yml"
@@ -35,6 +36,20 @@ ON_MAIN = "github.event_name == 'push' && github.ref == 'refs/heads/main'"
 RUNNER_FREE_GB = 14
 # native: a llama-server compile, about 10 min on 2 cores with tests and tools off.
 TIMEOUT_MINUTES = {"source": 360, "wheel": 60, "python-app": 20, "native": 60}
+# Caches that outlive the runner (builders/cache/, docs/ci-caches.md): where they are comes from the repository's
+# configuration (GitHub: repository variables; GitLab: CI/CD variables), the credentials from its secrets, handed
+# to the build step alone. Image jobs import only; one job on the default branch exports, so a pull request can
+# never write what main builds from.
+CACHE_SECRETS = (
+    "SCCACHE_REDIS_USERNAME",
+    "SCCACHE_REDIS_PASSWORD",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "SCCACHE_WEBDAV_USERNAME",
+    "SCCACHE_WEBDAV_PASSWORD",
+    "SCCACHE_WEBDAV_TOKEN",
+)
+WARMED_KINDS = ("source", "native")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,10 +165,81 @@ def _command_lines(e: MatrixEntry, *, locked: bool, allow_incomplete: bool) -> d
     }
 
 
+# The documents both formats render, keyed as GitHub Actions and GitLab CI name the keys (Step and Job in the
+# functional form: `if`, `with` and hyphenated keys are no Python names).
+Step = TypedDict(
+    "Step",
+    {
+        "name": str,
+        "id": str,
+        "if": str,
+        "uses": str,
+        "with": dict[str, str],
+        "env": dict[str, str],
+        "run": str,
+        "continue-on-error": bool,
+    },
+    total=False,
+)
+Job = TypedDict(
+    "Job",
+    {
+        "name": str,
+        "needs": str | list[str],
+        "if": str,
+        "runs-on": str,
+        "timeout-minutes": int,
+        "permissions": dict[str, str],
+        "env": dict[str, str],
+        "outputs": dict[str, str],
+        "steps": list[Step],
+    },
+    total=False,
+)
+
+
+class Workflow(TypedDict):
+    """A GitHub Actions workflow."""
+
+    name: str
+    on: dict[str, dict[str, list[str]] | None]
+    permissions: dict[str, str]
+    concurrency: dict[str, str | bool]
+    defaults: dict[str, dict[str, str]]
+    env: dict[str, str]
+    jobs: dict[str, Job]
+
+
+class Artifacts(TypedDict, total=False):
+    when: str
+    paths: list[str]
+    expire_in: str
+    reports: dict[str, str]
+
+
+class GitlabJob(TypedDict, total=False):
+    """A GitLab CI job, or the hidden job (`.forge`) the others extend."""
+
+    stage: str
+    extends: str
+    needs: list[str]
+    rules: list[dict[str, str]]
+    timeout: str
+    variables: dict[str, str]
+    before_script: list[str]
+    script: list[str]
+    artifacts: Artifacts
+    tags: list[str]
+
+
+Pipeline = dict[str, GitlabJob | list[str] | dict[str, str]]
+"""A GitLab pipeline: `stages`, `variables`, then the jobs by name (`.forge` the one they extend)."""
+
+
 class _Dumper(yaml.SafeDumper):
     """Block scalars for multi-line shell and no anchors, so the rendered file reads like a hand-written one."""
 
-    def ignore_aliases(self, data: Any) -> bool:
+    def ignore_aliases(self, data: object) -> bool:
         return True
 
 
@@ -165,7 +251,7 @@ def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
 _Dumper.add_representer(str, _str)
 
 
-def _dump(data: dict[str, Any], header: list[str]) -> str:
+def _dump(data: Mapping[str, object], header: list[str]) -> str:
     body = yaml.dump(data, Dumper=_Dumper, sort_keys=False, width=120, default_flow_style=False)
     # `on` is a YAML 1.1 boolean to PyYAML, which quotes it; GitHub reads either, people expect it bare.
     body = body.replace("'on':", "on:", 1)
@@ -180,7 +266,7 @@ def _header(fmt: str, path: str, options: str) -> list[str]:
     ]
 
 
-def _setup_steps() -> list[dict[str, Any]]:
+def _setup_steps() -> list[Step]:
     return [
         {"uses": "actions/checkout@v5"},
         {"uses": "actions/setup-python@v6", "with": {"python-version": PYTHON}},
@@ -188,7 +274,7 @@ def _setup_steps() -> list[dict[str, Any]]:
     ]
 
 
-def _upload(e: MatrixEntry, what: str) -> dict[str, Any]:
+def _upload(e: MatrixEntry, what: str) -> Step:
     return {
         "name": f"upload {what}",
         "if": "always()",
@@ -220,7 +306,7 @@ def _options(locked: bool, allow_incomplete: bool) -> str:
     return (" --locked" if locked else "") + (" --allow-incomplete-preflight" if allow_incomplete else "")
 
 
-def _login_step() -> dict[str, Any]:
+def _login_step() -> Step:
     return {
         "name": "log in to the registry",
         "if": ON_MAIN,
@@ -232,19 +318,20 @@ def _login_step() -> dict[str, Any]:
     }
 
 
-def _image_job(project: Project, e: MatrixEntry, platform: str, cmd: dict[str, str], runs_on: str) -> dict[str, Any]:
+def _image_job(project: Project, e: MatrixEntry, platform: str, cmd: dict[str, str], runs_on: str) -> Job:
     """One platform's image job: build, test stage, smoke on cpu, and on main the push by digest."""
     native = platform == PLATFORMS["linux/amd64"].name
     lines = dict(cmd) if native else {**cmd, **_platform_lines(e, platform, project, cmd)}
     report = f"reports/{e.distro}-{e.target}" if native else lines["report"]
-    steps: list[dict[str, Any]] = []
+    steps: list[Step] = []
     if e.disk_gb > RUNNER_FREE_GB:
         steps.append({"name": f"free runner disk (the recipe needs {e.disk_gb:g} GB)", "run": cmd["free_disk"]})
     steps += [
         *_setup_steps(),
+        *_cache_steps(),
         {"name": "base image", "run": lines["base"]},
         {"name": "fetch sources", "run": lines["fetch"]},
-        {"name": "build, test stage, tag, SBOM", "run": _entry(lines["build"])},
+        {"name": "build, test stage, tag, SBOM", "env": _cache_secrets(), "run": _entry(lines["build"])},
     ]
     if e.smoke:
         steps.append({"name": "smoke", "run": _entry(lines["smoke"])})
@@ -274,11 +361,91 @@ def _image_job(project: Project, e: MatrixEntry, platform: str, cmd: dict[str, s
     }
 
 
+def _cache_secrets() -> dict[str, str]:
+    """The compiler cache's credentials, from the repository's secrets of the same names: an unset one is empty,
+    which Forge reads as absent."""
+    return {name: f"${{{{ secrets.{name} }}}}" for name in CACHE_SECRETS}
+
+
+def _cache_steps() -> list[Step]:
+    """Before a build: a login to the cache registry where one is configured, and GitHub's cache service handed to
+    sccache where the compiler cache is `gha` (GitHub gives its URL and token to actions only)."""
+    return [
+        {
+            "name": "log in to the cache registry",
+            "if": "env.FORGE_CACHE_REGISTRY != ''",
+            "env": {
+                "REGISTRY_USER": "${{ secrets.FORGE_CACHE_REGISTRY_USER || github.actor }}",
+                "REGISTRY_TOKEN": "${{ secrets.FORGE_CACHE_REGISTRY_TOKEN || secrets.GITHUB_TOKEN }}",
+            },
+            "run": 'echo "$REGISTRY_TOKEN" | docker login "${FORGE_CACHE_REGISTRY%%/*}" -u "$REGISTRY_USER" '
+            "--password-stdin\n",
+        },
+        {
+            "name": "hand GitHub's cache service to sccache",
+            "if": "env.FORGE_COMPILER_CACHE == 'gha'",
+            "uses": "actions/github-script@v8",
+            "with": {
+                "script": "core.exportVariable('ACTIONS_RESULTS_URL', process.env.ACTIONS_RESULTS_URL || '');\n"
+                "core.exportVariable('ACTIONS_RUNTIME_TOKEN', process.env.ACTIONS_RUNTIME_TOKEN || '');\n"
+            },
+        },
+    ]
+
+
+def _warm_job(project: Project, runs_on: str, *, locked: bool) -> Job | None:
+    """One job on the default branch that builds every compiled pair with the export on, so the next pull
+    request's runners find the layers and the objects; a pair that fails here fails no one."""
+    entries = [e for e in matrix(project) if e.kind in WARMED_KINDS]
+    if not entries:
+        return None
+    steps: list[Step] = []
+    if any(e.disk_gb > RUNNER_FREE_GB for e in entries):
+        free = _command_lines(entries[0], locked=locked, allow_incomplete=False)["free_disk"]
+        steps.append({"name": "free runner disk", "run": free})
+    steps += [*_setup_steps(), *_cache_steps()]
+    for e in entries:
+        cmd = _command_lines(e, locked=locked, allow_incomplete=False)
+        env = {"FORGE_DISTRO": e.distro, "FORGE_TARGET": e.target}
+        build = cmd["build"].rstrip("\n") + " --skip-tests\n"
+        steps += [
+            {
+                "name": f"{e.distro} {e.target}: base and sources",
+                "continue-on-error": True,
+                "env": env,
+                "run": cmd["base"] + cmd["fetch"],
+            },
+            {
+                "name": f"warm {e.distro} {e.target}",
+                "continue-on-error": True,
+                "env": {**env, **_cache_secrets()},
+                "run": _entry(build),
+            },
+        ]
+    steps.append(
+        {
+            "name": "upload reports",
+            "if": "always()",
+            "uses": "actions/upload-artifact@v6",
+            "with": {"name": "reports-warm-caches", "path": "reports/", "if-no-files-found": "warn"},
+        }
+    )
+    return {
+        "name": "warm the caches (default branch)",
+        "if": ON_MAIN,
+        "runs-on": runs_on,
+        "timeout-minutes": TIMEOUT_MINUTES["source"],
+        "permissions": {"contents": "read", "packages": "write"},
+        "env": {"FORGE_CACHE_EXPORT": "1"},
+        "steps": steps,
+    }
+
+
 def platform_job(e: MatrixEntry, platform: str) -> str:
     return f"image-{e.job}" if platform == "linux/amd64" else f"{PLATFORMS[platform].oci_arch}-{e.job}"
 
 
-def _manifest_job(e: MatrixEntry) -> dict[str, Any]:
+def _manifest_job(e: MatrixEntry) -> Job:
     """After every platform's image job: one name for all of them, the index digest in the summary."""
     needs = [platform_job(e, p) for p in e.platforms]
     images = " ".join(f"{p}=${{{{ needs.{platform_job(e, p)}.outputs.digest }}}}" for p in e.platforms)
@@ -300,6 +467,16 @@ def _manifest_job(e: MatrixEntry) -> dict[str, Any]:
     }
 
 
+# By default the caches are the repository's configuration, not the workflow's: variables that may be unset.
+GITHUB_COMPILER_CACHE = "${{ vars.FORGE_COMPILER_CACHE }}"
+GITHUB_CACHE_REGISTRY = "${{ vars.FORGE_CACHE_REGISTRY }}"
+GITHUB_CACHES = [
+    "Caches (docs/ci-caches.md): repository variables FORGE_COMPILER_CACHE (redis://…, s3://…, webdav+https://…, gha)",
+    "and FORGE_CACHE_REGISTRY (HOST/REPO); the backend's credentials are secrets of sccache's own names, given to the",
+    "build steps alone. Image jobs import; the warm-caches job on the default branch exports.",
+]
+
+
 def render_github(
     project: Project,
     *,
@@ -307,8 +484,10 @@ def render_github(
     locked: bool = False,
     allow_incomplete: bool = False,
     registry: str = DEFAULT_REGISTRY,
+    compiler_cache: str = GITHUB_COMPILER_CACHE,
+    cache_registry: str = GITHUB_CACHE_REGISTRY,
 ) -> str:
-    jobs: dict[str, Any] = {}
+    jobs: dict[str, Job] = {}
     for e in matrix(project):
         cmd = _command_lines(e, locked=locked, allow_incomplete=allow_incomplete)
         env = {"FORGE_DISTRO": e.distro, "FORGE_TARGET": e.target}
@@ -328,7 +507,10 @@ def render_github(
             jobs[platform_job(e, platform)] = _image_job(project, e, platform, cmd, runs_on)
         if len(e.platforms) > 1:
             jobs[f"manifest-{e.job}"] = _manifest_job(e)
-    data: dict[str, Any] = {
+    warm = _warm_job(project, runs_on, locked=locked)
+    if warm is not None:
+        jobs["warm-caches"] = warm
+    data: Workflow = {
         "name": "forge images",
         "on": {"push": {"branches": ["main"]}, "pull_request": None, "workflow_dispatch": None},
         "permissions": {"contents": "read"},
@@ -339,16 +521,21 @@ def render_github(
             "PYTHONUNBUFFERED": "1",
             "FORGE_REGISTRY": registry,
             "FORGE_TAG": "${{ github.sha }}",
+            "FORGE_COMPILER_CACHE": compiler_cache,
+            "FORGE_CACHE_REGISTRY": cache_registry,
+            "FORGE_CACHE_EXPORT": "0",
         },
         "jobs": jobs,
     }
     options = (
         (f" --runs-on {runs_on}" if runs_on != DEFAULT_RUNS_ON else "")
         + (f" --registry {registry}" if registry != DEFAULT_REGISTRY else "")
+        + (f" --compiler-cache {compiler_cache}" if compiler_cache != GITHUB_COMPILER_CACHE else "")
+        + (f" --cache-registry {cache_registry}" if cache_registry != GITHUB_CACHE_REGISTRY else "")
         + _options(locked, allow_incomplete)
     )
     return (
-        _dump(data, [*_header("github", GITHUB_PATH, options), *GITHUB_CANCELLATION])
+        _dump(data, [*_header("github", GITHUB_PATH, options), *GITHUB_CANCELLATION, *GITHUB_CACHES])
         .replace("pull_request: null", "pull_request:")
         .replace("workflow_dispatch: null", "workflow_dispatch:")
     )
@@ -367,23 +554,31 @@ def render_gitlab(
     registry: str = GITLAB_REGISTRY,
 ) -> str:
     """A pipeline for a runner whose jobs reach a Docker engine with host networking (a shell executor)."""
-    data: dict[str, Any] = {
-        "stages": ["preflight", "image", "manifest"],
+    # GitLab hands every CI/CD variable to every job: FORGE_COMPILER_CACHE, FORGE_CACHE_REGISTRY and the backend's
+    # credentials (masked variables of sccache's own names) need no line here. Image jobs import only.
+    cache_login = (
+        'if [ -n "${FORGE_CACHE_REGISTRY:-}" ]; then echo "$CI_REGISTRY_PASSWORD" | docker login "$CI_REGISTRY" '
+        '-u "$CI_REGISTRY_USER" --password-stdin; fi'
+    )
+    forge: GitlabJob = {"before_script": ["python3 -m pip install -e '.[dev]'", cache_login]}
+    if tags:
+        forge["tags"] = list(tags)
+    data: Pipeline = {
+        "stages": ["preflight", "image", "manifest", "warm"],
         "variables": {
             "PIP_DISABLE_PIP_VERSION_CHECK": "1",
             "PYTHONUNBUFFERED": "1",
             "FORGE_REGISTRY": registry,
             "FORGE_TAG": "$CI_COMMIT_SHA",
+            "FORGE_CACHE_EXPORT": "0",
         },
-        ".forge": {"before_script": ["python3 -m pip install -e '.[dev]'"]},
+        ".forge": forge,
     }
-    if tags:
-        data[".forge"]["tags"] = list(tags)
     login = 'echo "$CI_REGISTRY_PASSWORD" | docker login "$CI_REGISTRY" -u "$CI_REGISTRY_USER" --password-stdin\n'
     for e in matrix(project):
         cmd = _command_lines(e, locked=locked, allow_incomplete=allow_incomplete)
         variables = {"FORGE_DISTRO": e.distro, "FORGE_TARGET": e.target}
-        artifacts = {"when": "always", "paths": [f"reports/{e.distro}-{e.target}/"], "expire_in": "30 days"}
+        artifacts: Artifacts = {"when": "always", "paths": [f"reports/{e.distro}-{e.target}/"], "expire_in": "30 days"}
         preflight = f"preflight:{e.distro}:{e.target}"
         data[preflight] = {
             "stage": "preflight",
@@ -408,7 +603,7 @@ def render_gitlab(
             )
             script = [lines["base"], lines["fetch"], lines["build"]] + ([lines["smoke"]] if e.smoke else [])
             name = f"image:{e.distro}:{e.target}" + ("" if native else f":{arch}")
-            data[name] = {
+            job: GitlabJob = {
                 "stage": "image",
                 "extends": ".forge",
                 "needs": [preflight],
@@ -422,7 +617,8 @@ def render_gitlab(
                 },
             }
             if not native:
-                data[name]["tags"] = [*tags, arch]
+                job["tags"] = [*tags, arch]
+            data[name] = job
         if len(e.platforms) > 1:
             needs = [
                 f"image:{e.distro}:{e.target}" + ("" if p == "linux/amd64" else f":{PLATFORMS[p].oci_arch}")
@@ -437,6 +633,26 @@ def render_gitlab(
                 "variables": variables,
                 "script": [login, f"forge index {push_ref(e, None, '$FORGE_REGISTRY')} {images}\n"],
             }
+    warmed = [e for e in matrix(project) if e.kind in WARMED_KINDS]
+    if warmed:
+        script = []
+        for e in warmed:
+            cmd = _command_lines(e, locked=locked, allow_incomplete=False)
+            build = f"forge build {e.distro} {e.target} --quiet --skip-tests" + (" --locked" if locked else "")
+            script.append(
+                cmd["base"]
+                + f"forge fetch {e.distro} {e.target}\n"
+                + f'{build} || echo "warming {e.distro} {e.target} failed: the next pipeline builds it"\n'
+            )
+        data["warm-caches"] = {
+            "stage": "warm",
+            "extends": ".forge",
+            "needs": [],
+            "rules": [{"if": GITLAB_ON_MAIN}],
+            "timeout": f"{TIMEOUT_MINUTES['source']}m",
+            "variables": {"FORGE_CACHE_EXPORT": "1"},
+            "script": script,
+        }
     options = (
         (" " + " ".join(f"--gitlab-tag {t}" for t in tags) if tags else "")
         + (f" --registry {registry}" if registry != GITLAB_REGISTRY else "")

@@ -8,10 +8,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from builders import log
-from builders.config import Project
 from builders.config.models import Distro, Recipe
 from builders.errors import UsageError
 from builders.options import parse_sources
+from builders.project import Project
 from builders.repro.errors import LockDrift, StaleRender
 
 Handler = Callable[[argparse.Namespace], int]
@@ -32,7 +32,7 @@ def pair_from(project: Project, distro_name: str, target: str) -> tuple[Distro, 
 
 
 def cmd_lock(args: argparse.Namespace) -> int:
-    from builders.container import Engine
+    from builders.container import connect
     from builders.errors import SourceUnavailable
     from builders.repro.integration import check_drift
     from builders.repro.lockfile import LOCK_NAME, LockFile, PairLock, merge, notes, read_lock, write_lock
@@ -48,7 +48,7 @@ def cmd_lock(args: argparse.Namespace) -> int:
     pairs = explicit or project.pairs()
     path = Path(args.lock_file) if args.lock_file else project.root / LOCK_NAME
     existing = read_lock(path) if path.exists() else LockFile()
-    engine = Engine.connect(args.engine)
+    engine = connect(args.engine)
     console = log.console(highlight=False)
     resolved: list[PairLock] = []
     skipped: list[str] = []
@@ -98,11 +98,11 @@ def cmd_lock(args: argparse.Namespace) -> int:
 
 
 def cmd_sbom(args: argparse.Namespace) -> int:
-    from builders.container import Engine
+    from builders.container import connect
     from builders.repro.sbom import write_sbom
 
     result = write_sbom(
-        Engine.connect(args.engine),
+        connect(args.engine),
         args.image,
         Path(args.output),
         distro=args.distro or "",
@@ -116,11 +116,42 @@ def cmd_sbom(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ci_caches(args: argparse.Namespace) -> dict[str, str]:
+    """--compiler-cache and --cache-registry written into the workflow instead of the repository's variables:
+    checked as a build checks them, and never with a credential in them (those are secrets)."""
+    from urllib.parse import urlsplit
+
+    from builders.cache.settings import parse_compiler_cache, parse_registry
+
+    caches: dict[str, str] = {}
+    if args.compiler_cache:
+        if urlsplit(args.compiler_cache).password:
+            raise UsageError(
+                "--compiler-cache: a password in the URL would be written into the workflow",
+                hint="drop it from the URL and store it as the repository secret SCCACHE_REDIS_PASSWORD",
+            )
+        # The workflow's own check: the credentials are the runner's, not this machine's.
+        parse_compiler_cache(
+            args.compiler_cache,
+            {
+                "ACTIONS_RUNTIME_TOKEN": "-",
+                "ACTIONS_RESULTS_URL": "-",
+                "AWS_ACCESS_KEY_ID": "-",
+                "AWS_SECRET_ACCESS_KEY": "-",
+            },
+        )
+        caches["compiler_cache"] = args.compiler_cache
+    if args.cache_registry:
+        caches["cache_registry"] = str(parse_registry(args.cache_registry)).rsplit(":", 1)[0]
+    return caches
+
+
 def cmd_ci(args: argparse.Namespace) -> int:
     from builders.output import write_output
     from builders.repro.ci import GITHUB_PATH, GITLAB_PATH, render_github, render_gitlab, render_matrix
 
     project = project_from(args)
+    caches = _ci_caches(args)
     if args.format == "github":
         text = render_github(
             project,
@@ -128,6 +159,7 @@ def cmd_ci(args: argparse.Namespace) -> int:
             locked=args.locked,
             allow_incomplete=args.allow_incomplete_preflight,
             **({"registry": args.registry} if args.registry else {}),
+            **caches,
         )
     elif args.format == "gitlab":
         text = render_gitlab(
@@ -203,6 +235,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=None,
         help="where main's images are pushed, HOST[/PATH] (default: GitHub's ghcr.io/OWNER, GitLab's "
         "$CI_REGISTRY_IMAGE)",
+    )
+    p.add_argument(
+        "--compiler-cache",
+        default=None,
+        metavar="URL",
+        help="GitHub: the shared compiler cache written into the workflow (default: the repository variable "
+        "FORGE_COMPILER_CACHE); GitLab reads its CI/CD variable",
+    )
+    p.add_argument(
+        "--cache-registry",
+        default=None,
+        metavar="HOST/REPO",
+        help="GitHub: the layer-cache repository written into the workflow (default: the repository variable "
+        "FORGE_CACHE_REGISTRY)",
     )
     p.add_argument("--locked", action="store_true", help="build with --locked (needs every pair in forge.lock)")
     p.add_argument(

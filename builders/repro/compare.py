@@ -12,12 +12,47 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from typing import Any
 
-from builders.repro.image_export import Entry, ExportedImage, Layer
+from pydantic import Field
+
+from builders.records import Record
+from builders.repro.image_export import Entry, ExportedImage, ImageConfig, Layer
 
 ENGINE_STAMPED = ("created", "container", "container_config", "docker_version")
 MAX_LISTED = 200
+
+
+class FileDifferenceRecord(Record):
+    layer: int = Field(description="the layer's index in the image")
+    path: str = Field(description="the path inside the layer")
+    what: str = Field(
+        description="only in first | only in second | kind | mode | owner | size | content | link target | mtime"
+    )
+    first: str = Field(description="the first image's value (kind, mode, owner, size, digest or time)")
+    second: str = Field(description="the second image's value")
+
+
+class LayerRecord(Record):
+    index: int = Field(description="the layer's index in the image (the base's layers are not compared)")
+    created_by: str = Field(description="the history entry that made it; `A | B` when the two differ")
+    identical: bool = Field(description="the same diff_id: the layer tars are byte-for-byte equal")
+    files: int = Field(description="paths in either layer")
+    differences: list[FileDifferenceRecord] = Field(description="each path that differs, the first 200 listed")
+    mtime_only: int = Field(description="paths whose only difference is when they were written")
+
+
+class Comparison(Record):
+    """ReproComparison as repro.json holds it (the first 200 differences of each layer listed)."""
+
+    first: str = Field(description="the first image's reference")
+    second: str = Field(description="the second image's (built without cache)")
+    base_layers: int = Field(description="the base's layers, an input pinned by the lock, not compared")
+    strict_mtimes: bool = Field(description="--strict-mtimes: a path that differs only in mtime counts")
+    structure: list[str] = Field(description="layer count or base differs: nothing finer can be said")
+    config_differences: list[str] = Field(description="what differs in the image config a user runs")
+    layers: list[LayerRecord] = Field(description="each layer above the base")
+    reproducible: bool = Field(description="no structural, config or content difference")
+    bit_identical: bool = Field(description="reproducible, and every layer byte-for-byte equal")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,13 +100,28 @@ class ReproComparison:
     def differences(self) -> list[FileDifference]:
         return [d for v in self.layers for d in v.differences]
 
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["reproducible"] = self.reproducible
-        data["bit_identical"] = self.bit_identical
-        for layer in data["layers"]:
-            layer["differences"] = layer["differences"][:MAX_LISTED]
-        return data
+    def to_json(self) -> Comparison:
+        return Comparison(
+            first=self.first,
+            second=self.second,
+            base_layers=self.base_layers,
+            strict_mtimes=self.strict_mtimes,
+            structure=list(self.structure),
+            config_differences=list(self.config_differences),
+            layers=[
+                LayerRecord(
+                    index=v.index,
+                    created_by=v.created_by,
+                    identical=v.identical,
+                    files=v.files,
+                    differences=[FileDifferenceRecord(**asdict(d)) for d in v.differences[:MAX_LISTED]],
+                    mtime_only=v.mtime_only,
+                )
+                for v in self.layers
+            ],
+            reproducible=self.reproducible,
+            bit_identical=self.bit_identical,
+        )
 
     def summary(self) -> str:
         verdict = (
@@ -105,14 +155,15 @@ class ReproComparison:
         return "\n".join(lines)
 
 
-def comparable_config(config: dict[str, Any]) -> dict[str, Any]:
+def comparable_config(config: ImageConfig) -> dict[str, object]:
     """The image config without what the engine stamps at build time."""
-    kept = {k: v for k, v in config.items() if k not in ENGINE_STAMPED and k != "rootfs"}
+    kept: dict[str, object] = {k: v for k, v in config.items() if k not in ENGINE_STAMPED and k != "rootfs"}
     kept["history"] = [{k: v for k, v in h.items() if k != "created"} for h in config.get("history", [])]
     return kept
 
 
-def _flatten(value: Any, prefix: str = "") -> dict[str, str]:
+def _flatten(value: object, prefix: str = "") -> dict[str, str]:
+    """Every leaf of a JSON value by its path (`config.Env[0]`), as JSON text."""
     if isinstance(value, dict):
         out: dict[str, str] = {}
         for key in sorted(value):
@@ -126,7 +177,7 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, str]:
     return {prefix: json.dumps(value)}
 
 
-def config_differences(first: dict[str, Any], second: dict[str, Any]) -> list[str]:
+def config_differences(first: ImageConfig, second: ImageConfig) -> list[str]:
     a, b = _flatten(comparable_config(first)), _flatten(comparable_config(second))
     return [
         f"{key}: {a.get(key, '(absent)')} vs {b.get(key, '(absent)')}"

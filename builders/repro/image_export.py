@@ -14,7 +14,7 @@ import json
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import IO, Any
+from typing import IO, TypedDict
 
 from builders.container import Engine
 from builders.errors import EngineError
@@ -46,11 +46,41 @@ class Layer:
     entries: dict[str, Entry] = field(default_factory=dict)
 
 
+class History(TypedDict, total=False):
+    created: str
+    created_by: str
+    author: str
+    comment: str
+    empty_layer: bool
+
+
+class RootFs(TypedDict, total=False):
+    type: str
+    diff_ids: list[str]
+
+
+class ImageConfig(TypedDict, total=False):
+    """An image's config JSON (the OCI image spec's, which Docker's export also writes): the engine's, not Forge's.
+    The keys named here are what Forge reads; verify-repro compares every key, these and any other."""
+
+    architecture: str
+    os: str
+    variant: str
+    author: str
+    created: str
+    config: dict[str, object]
+    container: str
+    container_config: dict[str, object]
+    docker_version: str
+    rootfs: RootFs
+    history: list[History]
+
+
 @dataclass(frozen=True, kw_only=True)
 class ExportedImage:
     ref: str
     image_id: str
-    config: dict[str, Any]
+    config: ImageConfig
     layers: tuple[Layer, ...]
 
 
@@ -136,7 +166,7 @@ def export_image(engine: Engine, ref: str) -> ExportedImage:
     manifest = json.loads(blobs.get("manifest.json", b"[]"))
     if not manifest:
         raise EngineError(f"the engine's export of {ref} has no manifest.json", hint="is the engine Docker-compatible?")
-    config: dict[str, Any] = json.loads(blobs[manifest[0]["Config"]])
+    config: ImageConfig = json.loads(blobs[manifest[0]["Config"]])
     diff_ids = config.get("rootfs", {}).get("diff_ids", [])
     history = [h for h in config.get("history", []) if not h.get("empty_layer")]
     layers = []

@@ -11,18 +11,49 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Protocol
 
-from builders.config import Project
 from builders.config.models import Distro, Recipe, TorchIndex
 from builders.container import Engine
 from builders.errors import ForgeError
 from builders.platforms import platform_of
-from builders.report import BuildReport
+from builders.project import Project
 from builders.repro.errors import LockDrift
-from builders.repro.lockfile import LOCK_NAME, PairLock, drift, notes, pair_key, read_lock
+from builders.repro.lockfile import (
+    LOCK_NAME,
+    DriftRecord,
+    LockRecord,
+    LockUnresolved,
+    PairLock,
+    drift,
+    notes,
+    pair_key,
+    read_lock,
+)
 from builders.repro.resolve import resolve_pair
-from builders.repro.sbom import SBOM_LABEL, sbom_label, write_sbom
+from builders.repro.sbom import SBOM_LABEL, SbomFailed, SbomRecord, sbom_label, write_sbom
 
 Sink = Callable[[str], None]
+
+
+class _Image(Protocol):
+    @property
+    def id(self) -> str: ...
+
+
+class Recorded(Protocol):
+    """The parts of the build report (builders/report.py) these phases fill in and read; the report imports this
+    package's records, so this package names the report only by what it has."""
+
+    lock: LockRecord | LockUnresolved | None
+    sbom: SbomRecord | SbomFailed | None
+
+    @property
+    def distro(self) -> str: ...
+
+    @property
+    def target(self) -> str: ...
+
+    @property
+    def image(self) -> _Image | None: ...
 
 
 class LockOptions(Protocol):
@@ -90,7 +121,7 @@ def lock_phase(
     distro: Distro,
     recipe: Recipe,
     engine: Engine,
-    report: BuildReport,
+    report: Recorded,
     options: LockOptions,
     wheelhouse: Path | None,
     sink: Sink,
@@ -111,21 +142,21 @@ def lock_phase(
     except ForgeError as exc:
         if options.locked:
             raise
-        report.lock = {"file": str(lock_path), "error": exc.message}
+        report.lock = LockUnresolved(file=str(lock_path), error=exc.message)
         sink(f"forge: lock: inputs not resolved ({exc.message.splitlines()[0]}); building without a lock")
         chosen = options.source_date_epoch
         return chosen if chosen is not None else (entry.source_date_epoch if entry else None)
     moved = drift(entry, current) if entry else []
-    report.lock = {
-        "file": str(lock_path),
-        "pair": current.key,
-        "in_lock": entry is not None,
-        "matches": entry is not None and not moved,
-        "drift": [asdict(d) for d in moved],
-        "notes": notes(entry, current) if entry else [],
-        "entries": (entry or current).model_dump(mode="json"),
-    }
-    for line in [str(d) for d in moved] + report.lock["notes"]:
+    report.lock = record = LockRecord(
+        file=str(lock_path),
+        pair=current.key,
+        in_lock=entry is not None,
+        matches=entry is not None and not moved,
+        drift=[DriftRecord(**asdict(d)) for d in moved],
+        notes=notes(entry, current) if entry else [],
+        entries=entry or current,
+    )
+    for line in [str(d) for d in moved] + record.notes:
         sink(f"forge: lock: {line}")
     if options.locked and entry is not None:
         check_drift(entry, current, lock_path)
@@ -134,7 +165,7 @@ def lock_phase(
     return (entry or current).source_date_epoch
 
 
-def sbom_phase(engine: Engine, image: str, folder: Path, report: BuildReport, epoch: int | None, sink: Sink) -> None:
+def sbom_phase(engine: Engine, image: str, folder: Path, report: Recorded, epoch: int | None, sink: Sink) -> None:
     """Write the SBOM beside the report and record its digest; a failure is recorded, not fatal: the image stands."""
     try:
         result = write_sbom(
@@ -147,12 +178,12 @@ def sbom_phase(engine: Engine, image: str, folder: Path, report: BuildReport, ep
             name=image.rsplit(":", 1)[0],
         )
     except ForgeError as exc:
-        report.sbom = {"error": exc.message}
+        report.sbom = SbomFailed(error=exc.message)
         sink(f"forge: sbom not written: {exc.message.splitlines()[0]}")
         return
-    report.sbom = {
+    report.sbom = SbomRecord(
         **result.to_report(),
-        "image_id": report.image.get("id"),
-        "label": {SBOM_LABEL: sbom_label(report.distro, report.target)[SBOM_LABEL]},
-    }
+        image_id=report.image.id if report.image else None,
+        label={SBOM_LABEL: sbom_label(report.distro, report.target)[SBOM_LABEL]},
+    )
     sink(f"forge: sbom {result.path} ({result.os_packages} OS packages, {result.python_packages} Python packages)")

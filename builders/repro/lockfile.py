@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from builders.config.loading import validation_error_to_config_error
 from builders.errors import ConfigError
+from builders.records import Record, absent
 
 LOCK_NAME = "forge.lock"
 LOCK_VERSION = 1
@@ -194,3 +195,37 @@ def notes(locked: PairLock, current: PairLock) -> list[str]:
             "with the locked layers: re-imported, same content"
         ]
     return []
+
+
+# --- what a build report records of the lock (builders/report.py) ----------------------------------------
+
+
+class DriftRecord(Record):
+    pair: str = Field(description="DISTRO/TARGET")
+    entry: str = Field(description="the lock entry that moved")
+    locked: str = Field(description="its locked value")
+    current: str = Field(description="its value now")
+
+
+class PushedAt(Record):
+    pull: str = Field(description="REPOSITORY@DIGEST")
+    digest: str = Field(description="the registry's digest")
+
+
+class LockRecord(Record):
+    """The forge.lock entry this build used, and any drift from it."""
+
+    file: str = Field(description="the lock file")
+    pair: str = Field(description="DISTRO/TARGET")
+    in_lock: bool = Field(description="the lock has an entry for the pair")
+    matches: bool = Field(description="the build's inputs are the locked ones")
+    drift: list[DriftRecord] = Field(description="each input that moved")
+    notes: list[str] = Field(description="what else the lock says of the inputs")
+    entries: PairLock = Field(description="the entry (the lock's, or the inputs resolved now when not in it)")
+    pushed: PushedAt | None = absent("where `forge push` published the image built from it")
+
+
+class LockUnresolved(Record):
+    file: str = Field(description="the lock file")
+    error: str = Field(description="why the inputs could not be resolved (the build went on without a lock)")
+    pushed: PushedAt | None = absent("where `forge push` published the image built without it")

@@ -9,21 +9,17 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import subprocess
-import sys
 import tarfile
-import tempfile
 import zipfile
 from calendar import timegm
 from pathlib import Path
 
 from builders.bootstrap import DEFAULT_EPOCH
-from builders.config import Project
 from builders.config.models import Distro, Recipe, TorchIndex
 from builders.container import Engine
+from builders.engines import ENGINES
 from builders.errors import SourceUnavailable
-from builders.plan import PlanOptions, torch_spec
-from builders.preflight.source_facts import read_pins
+from builders.project import Project
 from builders.repro.image_export import image_rootfs
 from builders.repro.lockfile import ArchiveLock, BaseLock, PairLock, RequirementsLock, TreeLock, WheelLock
 from builders.sources import cache_dir, resolve_fetched, sha256_file, wheelhouse_dir
@@ -126,69 +122,6 @@ def wheel_epoch(wheel: Path) -> int | None:
     return timegm((*infos[0].date_time, 0, 0, 0))
 
 
-def requirement_lines(text: str) -> tuple[str, ...]:
-    lines = []
-    for raw in text.splitlines():
-        line = raw.split(" #", 1)[0].strip()
-        if line and not line.startswith("#"):
-            lines.append(" ".join(line.split()))
-    return tuple(lines)
-
-
-def filtered_requirements(project: Project, sdist: Path, target: Target) -> tuple[RequirementsLock, ...]:
-    """vLLM's requirement files as the build installs them: through the same filter script, run here."""
-    recipe, device = target.recipe, target.device
-    build_file, runtime_files = (
-        f"requirements/build/{device}.txt",
-        [f"requirements/{device}.txt", "requirements/common.txt"],
-    )
-    with tempfile.TemporaryDirectory(prefix="forge-lock-") as tmp:
-        out = Path(tmp)
-        with tarfile.open(sdist) as tar:
-            for member in tar.getmembers():
-                rel = member.name.split("/", 1)[1] if "/" in member.name else ""
-                if member.isfile() and rel in {build_file, *runtime_files}:
-                    handle = tar.extractfile(member)
-                    (out / rel).parent.mkdir(parents=True, exist_ok=True)
-                    (out / rel).write_bytes(handle.read() if handle else b"")
-        present = [f for f in (build_file, *runtime_files) if (out / f).exists()]
-        drop_cmake = "no" if recipe.cmake_from_pip else "yes"
-        script = project.containers_dir / "scripts" / "filter_requirements.py"
-        proc = subprocess.run(
-            [sys.executable, str(script), f"--drop-cmake={drop_cmake}", *present],
-            cwd=out,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if proc.returncode != 0:
-            raise SourceUnavailable(f"{script.name} failed on {sdist.name}: {proc.stderr.strip()[-400:]}")
-        origin = f"{sdist.name}: %s after containers/scripts/filter_requirements.py --drop-cmake={drop_cmake}"
-        build_lines = requirement_lines((out / build_file).read_text()) if (out / build_file).exists() else ()
-        runtime: list[str] = []
-        for name in runtime_files:
-            if (out / name).exists():
-                runtime += requirement_lines((out / name).read_text())
-    return (
-        RequirementsLock(name="build", origin=origin % build_file, hashed=False, lines=build_lines),
-        RequirementsLock(name="runtime", origin=origin % " + ".join(runtime_files), hashed=False, lines=tuple(runtime)),
-    )
-
-
-def torch_requirements(sdist: Path, target: Target, version: str | None, index: TorchIndex | None) -> RequirementsLock:
-    """The torch the build installs first: vLLM's pin for this device (or the override), from the chosen index."""
-    pin = version or target.recipe.torch.version or read_pins(sdist, target.distro, target.device)[0]
-    spec = torch_spec(target, PlanOptions(max_jobs=1, torch_version=pin, torch_index=index))
-    if spec is None:
-        return RequirementsLock(name="torch", origin="no torch: device none", hashed=False, lines=())
-    return RequirementsLock(
-        name="torch",
-        origin=f"index {spec.index} ({spec.index_url or 'local wheels'})",
-        hashed=False,
-        lines=(spec.requirement,),
-    )
-
-
 def resolve_pair(
     project: Project,
     distro: Distro,
@@ -204,6 +137,7 @@ def resolve_pair(
     overrides = source_overrides or {}
     # The recipe's cuda.mode, like the lock: a lock names every input either GPU mode could read.
     target = Target.resolve(distro, recipe)
+    engine_of = ENGINES.of(recipe)
     missing: list[str] = []
     base: BaseLock | None = None
     try:
@@ -216,12 +150,18 @@ def resolve_pair(
     requirements: list[RequirementsLock] = []
     epoch, epoch_from = DEFAULT_EPOCH, "Forge's default epoch (the one bases are bootstrapped with)"
 
-    if target.from_sdist:
+    if target.pinned_source:
+        # The engine's pinned archive, and what it says the build installs from an index (nothing, for an engine
+        # whose archive is all it builds from).
         try:
             sdist = _sdist(project, recipe, overrides)
-            archives.append(ArchiveLock(name="vllm", file=sdist.name, sha256=sha256_file(sdist)))
-            requirements += filtered_requirements(project, sdist, target)
-            requirements.append(torch_requirements(sdist, target, torch_version, torch_index))
+            archives.append(ArchiveLock(name=engine_of.name, file=sdist.name, sha256=sha256_file(sdist)))
+            requirements += [
+                RequirementsLock(name=r.name, origin=r.origin, hashed=r.hashed, lines=r.lines)
+                for r in engine_of.locked_requirements(
+                    project.containers_dir, target, sdist, torch_version=torch_version, torch_index=torch_index
+                )
+            ]
             epoch, epoch_from = sdist_epoch(sdist), f"{sdist.name}: newest member's mtime (release date)"
         except SourceUnavailable as exc:
             missing.append(f"{exc.message} ({exc.hint})")
@@ -238,16 +178,6 @@ def resolve_pair(
             trees.append(
                 TreeLock(name=fetched.name, tree_sha256=digest, files=count, version=got.version, origin=got.origin)
             )
-
-    if target.native:
-        # Another engine's pinned archive: the build installs nothing from an index, so it is the only input
-        # beside the base.
-        try:
-            sdist = _sdist(project, recipe, overrides)
-            archives.append(ArchiveLock(name=recipe.engine, file=sdist.name, sha256=sha256_file(sdist)))
-            epoch, epoch_from = sdist_epoch(sdist), f"{sdist.name}: newest member's mtime (release date)"
-        except SourceUnavailable as exc:
-            missing.append(f"{exc.message} ({exc.hint})")
 
     if target.from_wheelhouse:
         assert recipe.wheelhouse is not None

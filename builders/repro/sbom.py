@@ -21,11 +21,14 @@ import uuid
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 from urllib.parse import quote
+
+from pydantic import Field
 
 from builders.container import Engine, RunSpec
 from builders.errors import EngineError
+from builders.records import Record
 
 SBOM_NAME = "sbom.cdx.json"
 SBOM_LABEL = "dev.forge.sbom"
@@ -61,6 +64,103 @@ _SCRIPT = (
 )
 
 
+class SbomFacts(TypedDict):
+    """What the report records of an SBOM written (builders/repro/sbom.SbomRecord's first fields)."""
+
+    path: str
+    sha256: str
+    format: str
+    components: int
+    os_packages: int
+    python_packages: int
+    package_manager: str
+
+
+# CycloneDX 1.5's JSON, as far as Forge writes it (https://cyclonedx.org/docs/1.5/json/): a standard Forge
+# follows, not one it owns, so plain typed dicts with the standard's own key names.
+class Property(TypedDict):
+    name: str
+    value: str
+
+
+class NamedLicense(TypedDict):
+    name: str
+
+
+class License(TypedDict, total=False):
+    license: NamedLicense
+    expression: str
+
+
+Component = TypedDict(
+    "Component",
+    {
+        "type": str,
+        "bom-ref": str,
+        "name": str,
+        "version": str,
+        "purl": NotRequired[str],
+        "description": NotRequired[str],
+        "properties": NotRequired[list[Property]],
+        "licenses": NotRequired[list[License]],
+    },
+)
+
+
+class Tool(TypedDict):
+    type: str
+    name: str
+    version: str
+
+
+class Tools(TypedDict):
+    components: list[Tool]
+
+
+class Metadata(TypedDict):
+    timestamp: str
+    tools: Tools
+    component: Component
+
+
+class Dependency(TypedDict):
+    ref: str
+    dependsOn: list[str]
+
+
+Bom = TypedDict(
+    "Bom",
+    {
+        "$schema": str,
+        "bomFormat": str,
+        "specVersion": str,
+        "serialNumber": str,
+        "version": int,
+        "metadata": Metadata,
+        "components": list[Component],
+        "dependencies": list[Dependency],
+    },
+)
+
+
+class PythonDist(TypedDict):
+    """One distribution as the image's own Python reports it (_PY_SCRIPT)."""
+
+    name: str
+    version: str
+    license_expression: str | None
+    license: str | None
+    classifiers: list[str]
+    location: str
+    installer: str
+
+
+class PythonInventory(TypedDict):
+    executable: str
+    version: str
+    dists: list[PythonDist]
+
+
 @dataclass(frozen=True, kw_only=True)
 class SbomResult:
     path: Path
@@ -70,7 +170,7 @@ class SbomResult:
     python_packages: int
     package_manager: str
 
-    def to_report(self) -> dict[str, Any]:
+    def to_report(self) -> SbomFacts:
         return {
             "path": str(self.path),
             "sha256": self.sha256,
@@ -80,6 +180,22 @@ class SbomResult:
             "python_packages": self.python_packages,
             "package_manager": self.package_manager,
         }
+
+
+class SbomRecord(Record):
+    path: str = Field(description="the CycloneDX file beside the report")
+    sha256: str = Field(description="its hash")
+    format: str = Field(description="CycloneDX version and encoding")
+    components: int = Field(description="components listed")
+    os_packages: int = Field(description="of which OS packages")
+    python_packages: int = Field(description="of which Python packages")
+    package_manager: str = Field(description="the OS package manager read (dpkg, rpm)")
+    image_id: str | None = Field(description="the image it describes")
+    label: dict[str, str] = Field(description="the label pointing at it from the image")
+
+
+class SbomFailed(Record):
+    error: str = Field(description="why no SBOM was written (the image stands)")
 
 
 def sbom_label(distro: str, target: str) -> dict[str, str]:
@@ -102,11 +218,11 @@ def _normal(name: str) -> str:
     return "".join("-" if c in "_." else c for c in name.lower())
 
 
-def parse_inventory(output: str) -> tuple[dict[str, str], list[dict[str, str]], dict[str, Any] | None]:
+def parse_inventory(output: str) -> tuple[dict[str, str], list[dict[str, str]], PythonInventory | None]:
     """The throwaway container's output → os-release, OS packages, and the Python inventory."""
     os_release: dict[str, str] = {}
     packages: list[dict[str, str]] = []
-    python: dict[str, Any] | None = None
+    python: PythonInventory | None = None
     for line in output.splitlines():
         fields = line.split("\t")
         if fields[0] == "FORGE-OS" and "=" in line:
@@ -140,14 +256,14 @@ def parse_inventory(output: str) -> tuple[dict[str, str], list[dict[str, str]], 
     return os_release, packages, python
 
 
-def _os_component(pkg: dict[str, str], distro_id: str, distro_tag: str) -> dict[str, Any]:
+def _os_component(pkg: dict[str, str], distro_id: str, distro_tag: str) -> Component:
     if pkg["manager"] == "dpkg":
         purl = (
             f"pkg:deb/{distro_id}/{quote(pkg['name'], safe='')}@{_purl_version(pkg['version'])}"
             f"?arch={pkg['arch']}&distro={distro_tag}"
         )
-        props = [{"name": "forge:source-package", "value": f"{pkg['source']} {pkg['source_version']}"}]
-        licenses: list[dict[str, Any]] = []
+        props: list[Property] = [{"name": "forge:source-package", "value": f"{pkg['source']} {pkg['source_version']}"}]
+        licenses: list[License] = []
     else:
         epoch = f"&epoch={pkg['epoch']}" if pkg.get("epoch") not in {"", "0", "(none)"} else ""
         purl = (
@@ -156,7 +272,7 @@ def _os_component(pkg: dict[str, str], distro_id: str, distro_tag: str) -> dict[
         )
         props = [{"name": "forge:source-package", "value": pkg["source"]}]
         licenses = [{"license": {"name": pkg["license"]}}] if pkg.get("license") else []
-    component: dict[str, Any] = {
+    component: Component = {
         "type": "library",
         "bom-ref": purl,
         "name": pkg["name"],
@@ -169,26 +285,27 @@ def _os_component(pkg: dict[str, str], distro_id: str, distro_tag: str) -> dict[
     return component
 
 
-def _py_component(dist: dict[str, Any], python_executable: str) -> dict[str, Any]:
+def _py_component(dist: PythonDist, python_executable: str) -> Component:
     purl = f"pkg:pypi/{quote(_normal(dist['name']), safe='')}@{_purl_version(dist['version'])}"
-    component: dict[str, Any] = {
+    properties: list[Property] = [
+        {"name": "forge:package-manager", "value": "python"},
+        {"name": "forge:python-location", "value": dist["location"]},
+        {"name": "forge:python-executable", "value": python_executable},
+    ]
+    if dist.get("installer"):
+        properties.append({"name": "forge:python-installer", "value": dist["installer"]})
+    component: Component = {
         "type": "library",
         "bom-ref": purl,
         "name": dist["name"],
         "version": dist["version"],
         "purl": purl,
-        "properties": [
-            {"name": "forge:package-manager", "value": "python"},
-            {"name": "forge:python-location", "value": dist["location"]},
-            {"name": "forge:python-executable", "value": python_executable},
-        ],
+        "properties": properties,
     }
-    if dist.get("installer"):
-        component["properties"].append({"name": "forge:python-installer", "value": dist["installer"]})
-    if dist.get("license_expression"):
-        component["licenses"] = [{"expression": dist["license_expression"]}]
-    elif dist.get("license"):
-        component["licenses"] = [{"license": {"name": dist["license"]}}]
+    if expression := dist.get("license_expression"):
+        component["licenses"] = [{"expression": expression}]
+    elif name := dist.get("license"):
+        component["licenses"] = [{"license": {"name": name}}]
     elif dist.get("classifiers"):
         component["licenses"] = [{"license": {"name": name}} for name in dist["classifiers"]]
     return component
@@ -203,7 +320,7 @@ def build_sbom(
     source_date_epoch: int | None,
     distro: str,
     target: str,
-) -> dict[str, Any]:
+) -> Bom:
     """The CycloneDX document for an image, from its inventory output; pure, so it can be tested on text."""
     os_release, packages, python = parse_inventory(output)
     distro_id = os_release.get("ID", "unknown")
@@ -231,7 +348,9 @@ def build_sbom(
         )
     when = source_date_epoch if source_date_epoch is not None else 0
     image_ref = f"image:{image_id}"
-    properties = [{"name": f"forge:label:{key}", "value": value} for key, value in sorted(labels.items())]
+    properties: list[Property] = [
+        {"name": f"forge:label:{key}", "value": value} for key, value in sorted(labels.items())
+    ]
     properties += [{"name": "forge:distro", "value": distro}, {"name": "forge:target", "value": target}]
     if python:
         properties.append({"name": "forge:python", "value": f"{python['executable']} {python['version']}"})

@@ -9,13 +9,14 @@ from pathlib import Path
 from rich.console import Console
 
 from builders import log
-from builders.config.project import find_root
+from builders.engines import ENGINES
 from builders.engines.args import raise_for_problems
 from builders.errors import UsageError
 from builders.preflight.gpu_gate import add_gpu_gate_args, gate_from_args
-from builders.smoke.endpoint import EndpointOptions, smoke_endpoint
+from builders.project import find_root
+from builders.smoke.endpoint import EndpointOptions, check_api_key, check_url, smoke_endpoint
 from builders.smoke.profile import load_profile
-from builders.smoke.runtimes import Runtimes
+from builders.smoke.runtimes import Runtimes, add_serving_options, serving_options_given
 from builders.smoke.stack import SmokeOptions, SmokeRun, summary_table, validate_profile
 
 
@@ -28,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "in front, drive the profile's traffic plan, judge each class's gate, write a report, and tear "
         "everything down, also on failure or Ctrl-C.",
     )
-    parser.add_argument("image", nargs="?", help="image with vLLM to test (omit with --local-vllm or --endpoint)")
+    default = ENGINES.default
     parser.add_argument("--profile", default="ci", help="profile name in profiles/ or a YAML path (default: ci)")
     parser.add_argument("--report", type=Path, default=None, metavar="DIR", help="write the JSON report here")
     parser.add_argument(
@@ -37,15 +38,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="IMAGE",
         help="run the router from this image (default: a local process)",
     )
-    parser.add_argument(
-        "--local-vllm",
-        type=Path,
-        default=None,
-        metavar="PATH",
-        help="run replicas as host processes of this `vllm` executable instead of containers of IMAGE",
+    add_serving_options(
+        parser,
+        image_help=f"image with {default.title} to test (omit with {default.local_option} or --endpoint)",
     )
-    add_llama_options(parser)
-    add_sglang_options(parser)
     parser.add_argument(
         "--endpoint",
         default=None,
@@ -82,40 +78,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     add_gpu_gate_args(parser)
     parser.set_defaults(func=run)
-
-
-def add_llama_options(parser: argparse.ArgumentParser) -> None:
-    """Where pools with `engine: llama-cpp` run (`forge smoke` and `forge sweep` take the same)."""
-    parser.add_argument(
-        "--llama-image",
-        default=None,
-        metavar="IMAGE",
-        help="image with llama-server for the profile's llama-cpp pools (e.g. forge/debian-14-llama-cpp:latest)",
-    )
-    parser.add_argument(
-        "--local-llama-server",
-        type=Path,
-        default=None,
-        metavar="PATH",
-        help="run llama-cpp pools as host processes of this `llama-server` binary instead",
-    )
-
-
-def add_sglang_options(parser: argparse.ArgumentParser) -> None:
-    """Where pools with `engine: sglang` run (`forge smoke` and `forge sweep` take the same)."""
-    parser.add_argument(
-        "--sglang-image",
-        default=None,
-        metavar="IMAGE",
-        help="image with SGLang's CPU server for the profile's sglang pools (e.g. forge/debian-13-sglang:latest)",
-    )
-    parser.add_argument(
-        "--local-sglang",
-        type=Path,
-        default=None,
-        metavar="PATH",
-        help="run sglang pools as host processes of this python (a virtualenv with SGLang) instead",
-    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -167,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     )
     report = smoke.execute()
     console.print(summary_table(report))
-    console.print(f"[green]smoke passed[/green]: profile {profile.name}, report {report.get('report_file', '(none)')}")
+    console.print(f"[green]smoke passed[/green]: profile {profile.name}, report {report.report_file or '(none)'}")
     return 0
 
 
@@ -175,12 +137,7 @@ def run_endpoint(args: argparse.Namespace, root: Path, console: Console) -> int:
     given = [
         flag
         for flag, value in (
-            ("IMAGE", args.image),
-            ("--local-vllm", args.local_vllm),
-            ("--llama-image", args.llama_image),
-            ("--local-llama-server", args.local_llama_server),
-            ("--sglang-image", args.sglang_image),
-            ("--local-sglang", args.local_sglang),
+            *serving_options_given(args),
             ("--router-image", args.router_image),
             ("--base-port", args.base_port),
             ("--validate-only", args.validate_only or None),
@@ -194,19 +151,26 @@ def run_endpoint(args: argparse.Namespace, root: Path, console: Console) -> int:
             f"--endpoint judges a stack Forge did not start: {', '.join(given)} cannot go with it",
             hint="drop them, or drop --endpoint to have Forge start the stack",
         )
+    check_url(args.endpoint)
+    if args.api_key is not None:
+        api_key: str | None = check_api_key(args.api_key, where="--api-key")
+    elif os.environ.get("FORGE_API_KEY"):
+        api_key = check_api_key(os.environ["FORGE_API_KEY"], where="FORGE_API_KEY")
+    else:
+        api_key = None
     profile, path = load_profile(args.profile, root=root)
     options = EndpointOptions(
         profile=profile,
         profile_path=path,
         url=args.endpoint,
-        api_key=args.api_key if args.api_key is not None else os.environ.get("FORGE_API_KEY") or None,
+        api_key=api_key,
         model=args.model,
         report_dir=args.report,
     )
     report = smoke_endpoint(options, console)
     console.print(summary_table(report))
     console.print(
-        f"[green]smoke passed[/green]: profile {profile.name} against {report['endpoint']}, "
-        f"report {report.get('report_file', '(none)')}"
+        f"[green]smoke passed[/green]: profile {profile.name} against {report.endpoint}, "
+        f"report {report.report_file or '(none)'}"
     )
     return 0

@@ -6,10 +6,9 @@ Pure: results in, a verdict out; stack.py runs the traffic and records what thes
 
 from __future__ import annotations
 
-from typing import Any
-
 from builders.router.classes import ALL_CLASSES, RequestClass
 from builders.smoke.plan import ReplicaPlan, StackPlan
+from builders.smoke.report import Bound, CutRequest, ErrorCounts, KillVerdict, SlowClassVerdict, SlowClientVerdict
 from builders.traffic.metrics import RequestRecord
 from builders.traffic.results import TrafficResult
 
@@ -21,16 +20,16 @@ def compare_slow_clients(
     judged: set[RequestClass],
     max_ratio: float,
     allowance_ms: float,
-) -> dict[str, Any]:
+) -> SlowClientVerdict:
     """Check (a): each judged class's p99 TTFT and ITL with slow clients stays within ratio × baseline +
     allowance, the baseline being the same run with the slow clients reading at full speed."""
-    rows: dict[str, Any] = {}
+    rows: dict[str, SlowClassVerdict] = {}
     failures: list[str] = []
     for request_class, summary in with_slow.summaries.items():
         if request_class not in judged or request_class not in fast_readers.summaries:
             continue
         base = fast_readers.summaries[request_class]
-        row: dict[str, Any] = {}
+        row = SlowClassVerdict()
         for metric, ours, theirs in (
             ("ttft_p99_ms", summary.ttft_ms.p99, base.ttft_ms.p99),
             ("itl_p99_ms", summary.itl_ms.p99, base.itl_ms.p99),
@@ -46,28 +45,28 @@ def compare_slow_clients(
             if ours is None or theirs is None:
                 continue
             bound = theirs * max_ratio + allowance_ms
-            row[metric] = {"with_slow": round(ours, 1), "fast_readers": round(theirs, 1), "bound": round(bound, 1)}
+            setattr(row, metric, Bound(with_slow=round(ours, 1), fast_readers=round(theirs, 1), bound=round(bound, 1)))
             if ours > bound:
                 failures.append(
                     f"{request_class.value} {metric} {ours:.1f} ms with slow clients > {bound:.1f} ms "
                     f"({max_ratio}× {theirs:.1f} ms with fast readers + {allowance_ms:.0f} ms)"
                 )
         if summary.errors > base.errors:
-            row["errors"] = {"with_slow": summary.errors, "fast_readers": base.errors}
+            row.errors = ErrorCounts(with_slow=summary.errors, fast_readers=base.errors)
             failures.append(
                 f"{request_class.value}: {summary.errors} of {summary.requests} requests failed with slow clients, "
                 f"{base.errors} of {base.requests} with fast readers"
             )
-        if row:
+        if row.model_fields_set:
             rows[request_class.value] = row
     if not rows:
         failures.append("no class to compare: none is judged, or none was measured in both runs")
-    return {
-        "margin": f"p99 with slow clients <= {max_ratio} × p99 with fast readers + {allowance_ms:.0f} ms",
-        "classes": rows,
-        "failures": failures,
-        "passed": not failures,
-    }
+    return SlowClientVerdict(
+        margin=f"p99 with slow clients <= {max_ratio} × p99 with fast readers + {allowance_ms:.0f} ms",
+        classes=rows,
+        failures=failures,
+        passed=not failures,
+    )
 
 
 def judge_kill(
@@ -77,7 +76,7 @@ def judge_kill(
     victim: ReplicaPlan,
     killed_at_s: float,
     error_within_s: float,
-) -> dict[str, Any]:
+) -> KillVerdict:
     """Check (b): requests the kill cut off end in an error within the bound, and every class served by other
     pools still passes its gate.
 
@@ -128,33 +127,30 @@ def judge_kill(
             "the kill cut no request (none was being generated on the replica); give the kill run longer "
             "outputs (checks.kill_replica.traffic) or kill earlier"
         )
-    return {
-        "pool": victim.pool,
-        "replica": victim.url,
-        "killed_at_s": round(killed_at_s, 2),
-        "in_flight": len(in_flight),
-        "in_flight_requests": [
-            {
-                "request": f"{r.request_class.value}#{r.index}",
-                "sent_at_s": round(r.sent_at_s, 2),
-                "ended_at_s": round(r.sent_at_s + (r.e2e_s or 0.0), 2),
-                "replica": r.replica,
-                "error": r.error[:160] if r.error else None,
-            }
+    return KillVerdict(
+        pool=victim.pool,
+        replica=victim.url,
+        killed_at_s=round(killed_at_s, 2),
+        in_flight=len(in_flight),
+        in_flight_requests=[
+            CutRequest(
+                request=f"{r.request_class.value}#{r.index}",
+                sent_at_s=round(r.sent_at_s, 2),
+                ended_at_s=round(r.sent_at_s + (r.e2e_s or 0.0), 2),
+                replica=r.replica,
+                error=r.error[:160] if r.error else None,
+            )
             for r in in_flight
         ],
         # In flight for the client but already generated (a slow reader draining the router's buffer).
-        "completed_anyway": len(in_flight) - len(cut),
-        "cut": len(cut),
-        "error_after_s_max": round(max(waits), 2) if waits else None,
-        "sent_after_kill": len(after),
-        "failed_after_kill": len(failed_after),
-        "survivors_in_pool": pool_size - 1,
-        "bound_s": error_within_s,
-        "other_classes_gates": others,
-        "failures": failures,
-        "passed": not failures,
-    }
-
-
-# --- the run ------------------------------------------------------------------------------------------------
+        completed_anyway=len(in_flight) - len(cut),
+        cut=len(cut),
+        error_after_s_max=round(max(waits), 2) if waits else None,
+        sent_after_kill=len(after),
+        failed_after_kill=len(failed_after),
+        survivors_in_pool=pool_size - 1,
+        bound_s=error_within_s,
+        other_classes_gates=others,
+        failures=failures,
+        passed=not failures,
+    )

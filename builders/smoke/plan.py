@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from builders.engines import DEFAULT_KIND, ServingEngine, serving_engine
+from builders.config.profile import PoolSettings, StackProfile
+from builders.engines import ENGINES, ServingEngine, serving_engine
 from builders.engines.args import PoolArgv
 from builders.serving_dtype import DtypeChoice, choose_dtype, this_host
-from builders.smoke.profile import PoolSettings, StackProfile
 
 # Where the tiny model is mounted inside replica containers.
 CONTAINER_MODEL_DIR = "/forge/model"
@@ -30,7 +29,7 @@ class ReplicaPlan:
     name: str
     cpuset: str | None = None
     """CPUs the whole replica (every process it starts) is confined to; None leaves it to the kernel."""
-    engine: str = DEFAULT_KIND
+    engine: str = ENGINES.default.name
     """The serving engine it runs (builders/engines/)."""
 
     @property
@@ -101,7 +100,7 @@ class StackPlan:
     def group_of(self, replica: ReplicaPlan) -> RuntimeGroup:
         return next(g for g in self.runtime_groups() if replica.pool in g.pools)
 
-    def router_config(self, *, api_key: str, upstream_api_key: str) -> dict[str, Any]:
+    def router_config(self, *, api_key: str, upstream_api_key: str) -> dict[str, object]:
         """The router's config mapping: the profile's router section plus what this run decides."""
         keep_alive = all(serving_engine(kind).reuses_connections for kind in self.engines())
         return {
@@ -129,7 +128,7 @@ def pool_args(
 ) -> tuple[list[str], list[str]]:
     """The server arguments of pool `name` (without model and entry point), as its serving engine builds them,
     and for each token the profile key it comes from."""
-    command = pool.serving.command(profile, name, pool, port=port, dtype=dtype, host=host, cpuset=cpuset)
+    command = serving_engine(pool.engine).command(profile, name, pool, port=port, dtype=dtype, host=host, cpuset=cpuset)
     return list(command.args), list(command.keys)
 
 
@@ -153,7 +152,7 @@ def plan_stack(
             port += 1
             cpuset = pool.cpuset_of(index)
             args, keys = pool_args(profile, name, pool, port, choice.dtype, cpuset=cpuset)
-            env = pool.serving.replica_env(profile, pool, cpuset=cpuset, ordinal=ordinal, cpus=cpus)
+            env = serving_engine(pool.engine).replica_env(profile, pool, cpuset=cpuset, ordinal=ordinal, cpus=cpus)
             env.update(pool.env)
             replicas.append(
                 ReplicaPlan(

@@ -1,8 +1,9 @@
 """Where the stack's servers run: containers from an image (through builders.container) or host processes.
 
 Both give the same handles, so the orchestration in stack.py never knows which it drives. The host-process
-mode (`--local-vllm`, `--local-llama-server`) exists to develop the router against real servers without
-building an image.
+mode (`--local-vllm`, `--local-llama-server`: each serving engine's `--local-<name>`) exists to develop the router
+against real servers without building an image. The options naming each engine's image and host binary are
+generated from the registry of serving engines (`add_serving_options`), and read back by `Runtimes.from_args`.
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO, Literal, Protocol
 
-from builders.container import Engine, EngineChoice, RunSpec
+from builders.container import Engine, EngineChoice, RunSpec, connect
 from builders.container.select import chosen as chosen_engine
 from builders.cpusets import parse_cpuset
-from builders.engines import DEFAULT_KIND, SERVING_ENGINES, ServerProbe, ServingEngine, serving_engine
+from builders.engines import ENGINES, ServerProbe, ServingEngine, serving_engine
 from builders.errors import EngineError, UsageError
 from builders.smoke.plan import CONTAINER_MODEL_DIR, RUN_LABEL, ReplicaPlan
 
@@ -201,7 +202,7 @@ class ContainerReplicas:
         self.engine = engine
         self.image = image
         self.model_dir = model_dir
-        self.serving = serving or serving_engine(DEFAULT_KIND)
+        self.serving = serving or ENGINES.default
         self.cache_dir = cache_dir
         self.image_id = engine.image_info(image).id
         self.description = f"image {image} ({self.image_id[:19]})"
@@ -293,7 +294,7 @@ class LocalReplicas:
         serving: ServingEngine | None = None,
         cache_dir: Path | None = None,
     ) -> None:
-        self.serving = serving or serving_engine(DEFAULT_KIND)
+        self.serving = serving or ENGINES.default
         self.cache_dir = cache_dir
         given = binary if binary.is_absolute() or "/" in str(binary) else None
         resolved = given or (Path(found) if (found := shutil.which(str(binary))) else None)
@@ -424,6 +425,64 @@ class ContainerRouter:
             self.engine.stop_and_remove(cid, timeout=2)
 
 
+POSITIONAL_IMAGE = "IMAGE"
+"""How an engine's ServeOptions names the commands' positional image argument (the default engine's)."""
+
+
+def option_dest(option: str) -> str:
+    """The argparse attribute an option is read back from (`--llama-image` → llama_image, IMAGE → image)."""
+    return option.lstrip("-").replace("-", "_").lower()
+
+
+def add_serving_options(
+    parser: argparse.ArgumentParser,
+    *,
+    image_help: str,
+    local_help: str | None = None,
+    which: Literal["all", "positional", "others"] = "all",
+) -> None:
+    """Each served engine's image option and host-binary option, from the registry: `forge smoke` and `forge
+    sweep` take the same. The engine whose image is the positional IMAGE takes `image_help` for it, and
+    `local_help`, when given, for its host binary; every other option says what its engine declares. `which`
+    adds only that engine's (positional) or only the others', for a command that lists them apart."""
+    for serving in ENGINES.served:
+        positional = serving.image_option == POSITIONAL_IMAGE
+        if which != "all" and positional != (which == "positional"):
+            continue
+        if positional:
+            parser.add_argument("image", nargs="?", help=image_help)
+            parser.add_argument(
+                serving.local_option,
+                type=Path,
+                default=None,
+                metavar="PATH",
+                help=local_help or serving.serve_options.local_help,
+            )
+            continue
+        parser.add_argument(
+            serving.image_option,
+            default=None,
+            metavar="IMAGE",
+            help=serving.serve_options.image_help or f"image with the {serving.title} server for the profile's pools",
+        )
+        parser.add_argument(
+            serving.local_option,
+            type=Path,
+            default=None,
+            metavar="PATH",
+            help=serving.serve_options.local_help or f"run {serving.name} pools as host processes of this binary",
+        )
+
+
+def serving_options_given(args: argparse.Namespace) -> list[tuple[str, object]]:
+    """Each served engine's options as given on the command line (None where not): (how to name it, value)."""
+    out: list[tuple[str, object]] = []
+    for serving in ENGINES.served:
+        for option in (serving.image_option, serving.local_option):
+            out.append((option, getattr(args, option_dest(option), None)))
+    return out
+
+
 @dataclass(frozen=True, kw_only=True)
 class Runtimes:
     """Where a stack's replicas and router run, chosen once from the command line: `forge smoke` and `forge
@@ -445,53 +504,55 @@ class Runtimes:
     def choose(
         cls,
         *,
-        image: str | None,
-        local_vllm: Path | None,
+        images: Mapping[str, str],
+        local: Mapping[str, Path],
         router_image: str | None,
-        llama_image: str | None = None,
-        local_llama: Path | None = None,
         engine: EngineChoice | None = None,
-        sglang_image: str | None = None,
-        local_sglang: Path | None = None,
     ) -> Runtimes:
-        given_images = (("vllm", image), ("llama-cpp", llama_image), ("sglang", sglang_image))
-        given_local = (("vllm", local_vllm), ("llama-cpp", local_llama), ("sglang", local_sglang))
-        images = {k: v for k, v in given_images if v is not None}
-        local = {k: v for k, v in given_local if v is not None}
+        """From each serving engine's image and host binary, as given (by name; engines not given are left out)."""
+        default = ENGINES.default
         if not images and not local:
+            others = [e for e in ENGINES.served if e is not default]
             raise UsageError(
-                "give an IMAGE to test, or --local-vllm PATH to run vLLM on this host",
-                hint="for a profile's llama.cpp pools: --llama-image IMAGE or --local-llama-server PATH; for its "
-                "SGLang pools: --sglang-image IMAGE or --local-sglang PATH",
+                f"give an {default.image_option} to test, or {default.local_option} PATH to run {default.title} on "
+                "this host",
+                hint="; ".join(
+                    f"for a profile's {e.title} pools: {e.image_option} IMAGE or {e.local_option} PATH" for e in others
+                )
+                or None,
             )
         for kind in set(images) & set(local):
-            serving = SERVING_ENGINES[kind]
+            serving = serving_engine(kind)
             raise UsageError(f"give either {serving.image_option} or {serving.local_option}, not both")
-        return cls(images=images, local=local, router_image=router_image, engine_choice=chosen_engine(engine))
+        return cls(
+            images=dict(images), local=dict(local), router_image=router_image, engine_choice=chosen_engine(engine)
+        )
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Runtimes:
-        """From the options `forge smoke` and `forge sweep` both take (IMAGE, --local-vllm, --router-image and
-        add_llama_options' and add_sglang_options'), so the two commands cannot read them differently."""
+        """From the options `forge smoke` and `forge sweep` both take (add_serving_options' and --router-image),
+        so the two commands cannot read them differently."""
+        images: dict[str, str] = {}
+        local: dict[str, Path] = {}
+        for serving in ENGINES.served:
+            image = getattr(args, option_dest(serving.image_option), None)
+            binary = getattr(args, option_dest(serving.local_option), None)
+            if image is not None:
+                images[serving.name] = image
+            if binary is not None:
+                local[serving.name] = binary
         return cls.choose(
-            image=args.image,
-            local_vllm=args.local_vllm,
-            router_image=args.router_image,
-            llama_image=args.llama_image,
-            local_llama=args.local_llama_server,
-            engine=getattr(args, "engine", None),
-            sglang_image=getattr(args, "sglang_image", None),
-            local_sglang=getattr(args, "local_sglang", None),
+            images=images, local=local, router_image=args.router_image, engine=getattr(args, "engine", None)
         )
 
     @property
     def image(self) -> str | None:
-        """The vLLM image, the one `forge smoke IMAGE` names."""
-        return self.images.get(DEFAULT_KIND)
+        """The default engine's image, the one `forge smoke IMAGE` names."""
+        return self.images.get(ENGINES.default.name)
 
     @cached_property
     def engine(self) -> Engine:
-        return Engine.connect(self.engine_choice)
+        return connect(self.engine_choice)
 
     def pull_pinned(self) -> list[str]:
         """Pull every image named by digest (NAME@sha256:…) now, so the stack runs exactly what the registry holds

@@ -1,7 +1,9 @@
 """One smoke run: check the pools' vLLM arguments, start the stack, drive traffic, judge, tear down.
 
-Everything started is stopped in a `finally`, whatever ends the run (a failed gate, an exception, Ctrl-C or
-SIGTERM), and the engine is asked afterwards whether anything with this run's label survived.
+The run is a table of phases (PHASES: probe → start → traffic) over one SmokeContext, run by builders/runs.py's
+skeleton: everything started is stopped in its teardown whatever ends the run (a failed gate, an exception,
+Ctrl-C or SIGTERM), the report (builders/smoke/report.py) is written before that, and the engine is asked
+afterwards whether anything with this run's label survived.
 """
 
 from __future__ import annotations
@@ -16,29 +18,48 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import requests
 from pydantic import ValidationError
 from rich.console import Console
-from rich.table import Table
 
 from builders import interrupt
+from builders.config.profile import StackProfile, check_cpus_available, explain
 from builders.engines import ServerProbe, ServingEngine
 from builders.engines.args import ArgProblem, raise_for_problems
 from builders.errors import ConfigError, ForgeError, SmokeFailed, UsageError
 from builders.log import console as wide_console
 from builders.router.classes import ALL_CLASSES, RequestClass
 from builders.router.config import RouterConfig, config_from_mapping
+from builders.runs import Phase, ended_by_signal, run_phases
 from builders.serving_dtype import choose_dtype, this_host
 from builders.smoke.judge import compare_slow_clients, judge_kill
 from builders.smoke.plan import ReplicaPlan, RuntimeGroup, StackPlan, plan_stack
-from builders.smoke.profile import StackProfile, check_cpus_available, explain
+from builders.smoke.report import (
+    ArgumentProblem,
+    Checks,
+    ChecksRequested,
+    ClassRecord,
+    Gates,
+    KillNotDone,
+    KillVerdict,
+    ReplicaStart,
+    RouterStart,
+    ServerRecord,
+    SmokeReport,
+    Startup,
+    StopSeconds,
+    Teardown,
+    TrafficRecord,
+    TrafficRecords,
+)
+from builders.smoke.report import summary_table as summary_table  # where `forge smoke` has always found it
 from builders.smoke.runtimes import Launched, ReplicaRuntime, RouterRuntime
 from builders.traffic.plan import TrafficPlan
 from builders.traffic.results import TrafficResult
@@ -63,19 +84,21 @@ class SmokeOptions:
 # --- validation before anything starts ----------------------------------------------------------------------
 
 
-def merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
-    """`base` with `changes` applied key by key, nested mappings merged rather than replaced."""
+def merged(base: Mapping[str, object], changes: Mapping[str, object]) -> dict[str, object]:
+    """`base` with `changes` applied key by key, nested mappings merged rather than replaced. Both are YAML as
+    parsed, not yet validated: what the values are is the model's to say once they are merged."""
     out = dict(base)
     for key, value in changes.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merged(out[key], value)
+        known = out.get(key)
+        if isinstance(value, dict) and isinstance(known, dict):
+            out[key] = merged(known, value)
         else:
             out[key] = value
     return out
 
 
 def traffic_plan(
-    profile: StackProfile, source: str, *, changes: dict[str, Any] | None = None, where: str = "traffic"
+    profile: StackProfile, source: str, *, changes: Mapping[str, object] | None = None, where: str = "traffic"
 ) -> TrafficPlan:
     """The profile's traffic section as a TrafficPlan; model name and context length come from the profile
     (the smallest context of any pool, so every request fits wherever it is routed)."""
@@ -92,6 +115,16 @@ def traffic_plan(
             "\n  ".join(explain(exc, source, model=TrafficPlan, prefix=tuple(where.split(".")))),
             hint="the traffic section takes builders/traffic/plan.py's TrafficPlan fields",
         ) from None
+
+
+def check_traffic(profile: StackProfile, source: str) -> tuple[TrafficPlan, TrafficPlan]:
+    """The traffic plans of a run and of its kill-replica check: `forge deploy render` checks them too, so that a
+    profile smoke refuses is never rendered."""
+    traffic = traffic_plan(profile, source)
+    kill = profile.checks.kill_replica
+    if kill is None:
+        return traffic, traffic
+    return traffic, traffic_plan(profile, source, changes=kill.traffic, where="checks.kill_replica.traffic")
 
 
 def router_config(plan: StackPlan, source: str, *, api_key: str, upstream_api_key: str) -> RouterConfig:
@@ -111,7 +144,7 @@ class ValidatedProfile:
     traffic: TrafficPlan
     kill_traffic: TrafficPlan
     router: RouterConfig
-    router_mapping: dict[str, Any]
+    router_mapping: dict[str, object]
     """What the router config file holds: only the keys the profile or the run set, so a router image of
     another Forge version reads it with its own defaults."""
     api_key: str
@@ -126,13 +159,7 @@ def validate_profile(
     check_cpus_available(profile, source=source, available=available)
     dtype = choose_dtype(profile.model.dtype, this_host())
     plan = plan_stack(profile, run_id=run_id, base_port=base_port, cpus=len(available), dtype=dtype)
-    traffic = traffic_plan(profile, source)
-    kill = profile.checks.kill_replica
-    kill_traffic = (
-        traffic_plan(profile, source, changes=kill.traffic, where="checks.kill_replica.traffic")
-        if kill is not None
-        else traffic
-    )
+    traffic, kill_traffic = check_traffic(profile, source)
     # Hex: a urlsafe key may begin with "-", which a command line then reads as an option.
     api_key = secrets.token_hex(16)
     upstream_api_key = secrets.token_hex(16)
@@ -311,7 +338,7 @@ class SmokeRun:
     # Tests and library callers that pass none still get CI-readable tables: full width without a terminal.
     console: Console = field(default_factory=lambda: wide_console(sys.stdout))
     run_id: str = field(default_factory=lambda: secrets.token_hex(4))
-    report: dict[str, Any] = field(default_factory=dict)
+    report: SmokeReport = field(init=False)
     running: str | None = None  # the phase under way: probe, start, traffic, teardown
     results: dict[str, TrafficResult] = field(default_factory=dict)
     """Each traffic run's full result by label ('main', ...), every request included, for callers that
@@ -320,23 +347,29 @@ class SmokeRun:
     """Called with the plan, the replicas' API key and the main traffic plan once the replicas are warm;
     returns the plan to drive (forge sweep measures a replica here and scales its load to it)."""
 
+    def __post_init__(self) -> None:
+        opts = self.options
+        self.report = SmokeReport(
+            run_id=self.run_id,
+            profile=opts.profile.name,
+            profile_file=str(opts.profile_path),
+            started_at=_now(),
+            checks_requested=ChecksRequested(
+                slow_clients=opts.check_slow_clients, kill_replica=opts.check_kill_replica
+            ),
+        )
+
     def say(self, text: str) -> None:
         self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {text}")
 
-    def execute(self) -> dict[str, Any]:
-        """Run the smoke test; returns the report. Raises SmokeFailed (after writing the report) on a failed
-        gate or check."""
+    def execute(self) -> SmokeReport:
+        """Run the smoke test: its phases (PHASES) over one SmokeContext; returns the report. Raises SmokeFailed
+        (after writing the report) on a failed gate or check."""
         opts = self.options
         profile = opts.profile
         source = str(opts.profile_path)
         started = time.time()
-        self.report = {
-            "run_id": self.run_id,
-            "profile": profile.name,
-            "profile_file": source,
-            "started_at": datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"),
-            "checks_requested": {"slow_clients": opts.check_slow_clients, "kill_replica": opts.check_kill_replica},
-        }
+        self.report.started_at = _now(started)
         if opts.check_kill_replica and profile.checks.kill_replica is None:
             raise UsageError(
                 f"--check-kill-replica: profile {profile.name} has no checks.kill_replica section",
@@ -349,119 +382,26 @@ class SmokeRun:
                 hint="set traffic.slow_stream.count above 0",
             )
         plan = valid.plan
-        self.report["dtype"] = plan.dtype.as_json()
+        self.report.dtype = plan.dtype.as_json()
         self.say(f"dtype {plan.dtype.dtype}: {plan.dtype.reason}")
         if plan.dtype.warning:
             self.say(f"[yellow]warning:[/yellow] {plan.dtype.warning}")
         workdir = Path(tempfile.mkdtemp(prefix=f"forge-smoke-{self.run_id}-"))
-        stack: RunningStack | None = None
-        error: BaseException | None = None
-        replica_runtimes: dict[RuntimeGroup, ReplicaRuntime] = {}
-        probes: dict[RuntimeGroup, ServerProbe] = {}
-        router_runtime: RouterRuntime | None = None
-
-        # Every way the run can end, SIGTERM and SIGHUP included, unwinds through the one `finally` below; a
-        # second signal kills every server at once and ends the process (builders/interrupt.py).
-        def kill_everything() -> None:
-            """A second signal: every server dies now, and the report says so before Forge exits."""
-            _kill_everything(
-                stack, [*replica_runtimes.values(), *([router_runtime] if router_runtime else [])], self.run_id
-            )
-            if self.report.get("result") in {None, "passed"}:
-                self.report |= {"result": "interrupted", "signal": interrupt.first_signal(), "ended_in": self.running}
-            self.report["ended_at_once"] = "a second signal killed every server and ended Forge before its teardown"
-            shutil.rmtree(workdir, ignore_errors=True)
-            self._finish(started, quiet=True)
-
-        with interrupt.handled(), interrupt.on_second_signal(kill_everything):
-            try:
-                with self._phase("probe"):
-                    logs_dir = workdir / "logs"
-                    logs_dir.mkdir()
-                    # One runtime per serving engine and image: each reads its own server's help once.
-                    for group in plan.runtime_groups():
-                        serving = group.serving
-                        model_dir = workdir / f"model-{serving.kind}"
-                        if not model_dir.exists():
-                            serving.write_model(model_dir, profile, dtype=plan.dtype.dtype)
-                            # Replicas may run as another user (the images use uid 1000): all they read is public.
-                            for path in (workdir, model_dir, *model_dir.iterdir()):
-                                path.chmod(0o755 if path.is_dir() else 0o644)
-                        runtime = self.replicas_runtime_factory(serving.kind, group.image, model_dir, logs_dir)
-                        replica_runtimes[group] = runtime
-                    router_runtime = self.router_runtime_factory(logs_dir)
-                    self.report["replicas_from"] = "; ".join(r.description for r in replica_runtimes.values())
-                    self.report["router_from"] = router_runtime.description
-
-                    for group, runtime in replica_runtimes.items():
-                        serving = runtime.serving
-                        self.say(f"asking {runtime.description} which {serving.title} arguments it accepts")
-                        probe = runtime.probe(timeout_s=profile.timeouts.probe_s)
-                        probes[group] = probe
-                        problems = serving.check(plan.pool_argvs(pools=group.pools), probe)
-                        self._record_probe(serving, probe, problems)
-                        raise_for_problems(problems, profile=source, server=serving.title)
-
-                    config_dir = workdir / "router"
-                    config_dir.mkdir(mode=0o755)
-                    config_file = config_dir / ROUTER_CONFIG_NAME
-                    config_file.write_text(json.dumps(valid.router_mapping, indent=2), encoding="utf-8")
-                    config_file.chmod(0o644)
-                    check_ports_free([plan.router_port, *(r.port for r in plan.replicas)])
-
-                stack = RunningStack(plan=plan)
-                with self._phase("start"):
-                    self._start(stack, replica_runtimes, router_runtime, probes, config_dir, valid.upstream_api_key)
-                with self._phase("traffic"):
-                    traffic = valid.traffic
-                    if self.before_traffic is not None:
-                        traffic = self.before_traffic(plan, valid.upstream_api_key, traffic)
-                    self._traffic(stack, traffic, valid.kill_traffic, valid.api_key)
-                self.report["result"] = "passed"
-            except BaseException as exc:
-                error = exc
-                self._record_end(exc)
-                raise
-            finally:
-                # A first signal during the teardown (bounded in time) waits for it; the report is written before
-                # it starts, so it is true even if a second signal ends everything at once.
-                with interrupt.deferred():
-                    if error is not None:
-                        self._finish(started, quiet=True)
-                    with self._phase("teardown"):
-                        self._teardown(stack, list(replica_runtimes.values()), router_runtime, workdir, error)
-                    self._finish(started)
+        run_phases(SmokeContext(run=self, valid=valid, workdir=workdir, started=started), PHASES)
         return self.report
 
-    @contextlib.contextmanager
-    def _phase(self, name: str) -> Iterator[None]:
-        """One step of the run, timed in the report; the one running when the run ends is named there."""
-        self.running = name
-        start = time.monotonic()
-        try:
-            yield
-        finally:
-            self.report.setdefault("phases", {})[name] = round(time.monotonic() - start, 2)
-
-    def _record_end(self, exc: BaseException) -> None:
-        if isinstance(exc, KeyboardInterrupt):
-            # SIGTERM and SIGHUP arrive as Ctrl-C does (builders/interrupt.py).
-            self.report["result"] = "interrupted"
-            self.report["signal"] = interrupt.signal_of(exc)
-        else:
-            self.report["result"] = "failed"
-        self.report["ended_in"] = self.running
-
     def _record_probe(self, serving: ServingEngine, probe: ServerProbe, problems: list[ArgProblem]) -> None:
-        self.report.setdefault("servers", {})[serving.kind] = {
-            "entry": list(probe.entry),
-            "flags_known": len({id(o) for o in probe.spec.options.values()}),
-            "notes": list(probe.notes),
-            "argument_problems": [
-                {"severity": p.severity, "pool": p.pool, "key": p.key, "argument": p.argument, "message": p.render()}
+        servers = self.report.servers if self.report.servers is not None else {}
+        servers[serving.name] = ServerRecord(
+            entry=list(probe.entry),
+            flags_known=len({id(o) for o in probe.spec.options.values()}),
+            notes=list(probe.notes),
+            argument_problems=[
+                ArgumentProblem(severity=p.severity, pool=p.pool, key=p.key, argument=p.argument, message=p.render())
                 for p in problems
             ],
-        }
+        )
+        self.report.servers = servers
         for note in probe.notes:
             self.say(f"[yellow]note:[/yellow] {note}")
         for problem in problems:
@@ -504,19 +444,16 @@ class SmokeRun:
         left = max(10.0, deadline - (time.monotonic() - t0))
         router_ready = wait_healthy({"router": (plan.router_url, stack.router)}, deadline_s=left)
         stack.startup_s.update(router_ready)
-        self.report["startup"] = {
-            "warm_up_s": round(warm, 2),
-            "replicas": {
-                r.label: {
-                    "port": r.port,
-                    "cpus": r.cpuset,
-                    "healthy_after_s": stack.startup_s.get(r.label),
-                    "parts": parts[r.label],
-                }
+        self.report.startup = Startup(
+            warm_up_s=round(warm, 2),
+            replicas={
+                r.label: ReplicaStart(
+                    port=r.port, cpus=r.cpuset, healthy_after_s=stack.startup_s.get(r.label), parts=parts[r.label]
+                )
                 for r in plan.replicas
             },
-            "router": {"port": plan.router_port, "healthy_after_s": stack.startup_s.get("router")},
-        }
+            router=RouterStart(port=plan.router_port, healthy_after_s=stack.startup_s.get("router")),
+        )
 
     def _drive(self, stack: RunningStack, plan: TrafficPlan, api_key: str, label: str) -> TrafficResult:
         self.say(f"traffic run '{label}': up to {plan.max_total_requests} requests, at most {plan.deadline_s:.0f}s")
@@ -538,20 +475,18 @@ class SmokeRun:
 
     def _traffic(self, stack: RunningStack, base: TrafficPlan, kill_traffic: TrafficPlan, api_key: str) -> None:
         profile = stack.plan.profile
-        traffic: dict[str, Any] = {}
-        self.report["traffic"] = traffic
+        traffic = self.report.traffic = TrafficRecords()
         main = self._drive(stack, base, api_key, "main")
         self.results["main"] = main
-        traffic["main"] = self._result_json(main, stack.plan)
+        traffic.main = self._result_json(main, stack.plan)
         failures = [f"{c.value}: {'; '.join(s.gate_failures)}" for c, s in main.summaries.items() if not s.gate_passed]
-        checks: dict[str, Any] = {}
-        self.report["checks"] = checks
+        checks = self.report.checks = Checks()
         if self.options.check_slow_clients:
             # The baseline sends the same streams to the same pool and reads them at full speed: the servers
             # do the same work, so what differs is only how slowly the clients read.
             fast = base.model_copy(update={"slow_stream": base.slow_stream.model_copy(update={"read_delay_s": 0.0})})
             without = self._drive(stack, fast, api_key, "baseline: the slow clients read at full speed")
-            traffic["baseline_fast_readers"] = self._result_json(without, stack.plan)
+            traffic.baseline_fast_readers = self._result_json(without, stack.plan)
             margins = profile.checks.slow_clients
             slow_pool = profile.classes[RequestClass.SLOW_STREAM]
             judged: set[RequestClass] = {
@@ -560,23 +495,26 @@ class SmokeRun:
                 if c is not RequestClass.SLOW_STREAM
                 and (margins.scope == "all_classes" or profile.classes[c] != slow_pool)
             }
-            checks["slow_clients"] = compare_slow_clients(
+            slow = compare_slow_clients(
                 main, without, judged=judged, max_ratio=margins.max_ratio, allowance_ms=margins.allowance_ms
             )
-            checks["slow_clients"]["scope"] = margins.scope
-            failures += [f"slow-client isolation: {f}" for f in checks["slow_clients"]["failures"]]
+            slow.scope = margins.scope
+            checks.slow_clients = slow
+            failures += [f"slow-client isolation: {f}" for f in slow.failures]
         if self.options.check_kill_replica:
-            checks["kill_replica"] = self._kill_check(stack, kill_traffic, api_key)
-            traffic["kill_replica"] = checks["kill_replica"].pop("traffic")
-            failures += [f"kill-replica isolation: {f}" for f in checks["kill_replica"]["failures"]]
-        self.report["gates"] = {"passed": not failures, "failures": failures}
+            killed, traffic.kill_replica = self._kill_check(stack, kill_traffic, api_key)
+            checks.kill_replica = killed
+            failures += [f"kill-replica isolation: {f}" for f in killed.failures]
+        self.report.gates = Gates(passed=not failures, failures=failures)
         if failures:
             raise SmokeFailed(
                 f"profile {profile.name}: {len(failures)} gate(s) failed:\n  " + "\n  ".join(failures),
                 hint="the report names each class's numbers; compare with the profile's SLOs",
             )
 
-    def _kill_check(self, stack: RunningStack, base: TrafficPlan, api_key: str) -> dict[str, Any]:
+    def _kill_check(
+        self, stack: RunningStack, base: TrafficPlan, api_key: str
+    ) -> tuple[KillVerdict | KillNotDone, TrafficRecord]:
         settings = stack.plan.profile.checks.kill_replica
         assert settings is not None  # checked before the run started
         victim = next(r for r in stack.plan.replicas if r.pool == settings.pool)
@@ -610,14 +548,13 @@ class SmokeRun:
         result = asyncio.run(run())
         self.console.print(result.render_table())
         if not killed_at:
-            return {
-                "traffic": self._result_json(result, stack.plan),
-                "failures": [
+            return KillNotDone(
+                failures=[
                     f"the run ended before {victim.label} was generating after {settings.after_s:.0f}s; kill "
                     "earlier or give the kill run more traffic for that pool (checks.kill_replica.traffic)"
                 ],
-                "passed": False,
-            }
+                passed=False,
+            ), self._result_json(result, stack.plan)
         verdict = judge_kill(
             result,
             plan=stack.plan,
@@ -625,17 +562,16 @@ class SmokeRun:
             killed_at_s=killed_at[0],
             error_within_s=settings.error_within_s,
         )
-        verdict["traffic"] = self._result_json(result, stack.plan)
-        return verdict
+        return verdict, self._result_json(result, stack.plan)
 
     @staticmethod
-    def _result_json(result: TrafficResult, plan: StackPlan) -> dict[str, Any]:
-        return {
-            "wall_s": round(result.wall_s, 2),
-            "stopped_by": result.stopped_by,
-            "requests": len(result.records),
-            "classes": {c.value: {"pool": plan.profile.classes[c], **s.as_json()} for c, s in result.summaries.items()},
-        }
+    def _result_json(result: TrafficResult, plan: StackPlan) -> TrafficRecord:
+        return TrafficRecord(
+            wall_s=round(result.wall_s, 2),
+            stopped_by=result.stopped_by,
+            requests=len(result.records),
+            classes={c.value: ClassRecord.of(s, pool=plan.profile.classes[c]) for c, s in result.summaries.items()},
+        )
 
     def _teardown(
         self,
@@ -645,13 +581,12 @@ class SmokeRun:
         workdir: Path,
         error: BaseException | None,
     ) -> None:
-        teardown: dict[str, Any] = {}
-        self.report["teardown"] = teardown
+        stop_s: StopSeconds | None = None
+        errors: list[str] = []
         if stack is not None:
             if self.options.report_dir is not None and error is not None:
                 self._save_logs(stack)
             self.say(f"stopping {len(stack.everything())} server(s)")
-            errors: list[str] = []
             # The router first, so nothing new reaches a replica; then every replica at once, so a replica
             # slow to honour SIGTERM does not make the others wait.
             t0 = time.monotonic()
@@ -659,21 +594,22 @@ class SmokeRun:
                 errors += _stop_all([stack.router])
             t1 = time.monotonic()
             errors += _stop_all(list(stack.replicas.values()))
-            teardown["stop_s"] = {"router": round(t1 - t0, 1), "replicas": round(time.monotonic() - t1, 1)}
-            if errors:
-                teardown["stop_errors"] = errors
+            stop_s = StopSeconds(router=round(t1 - t0, 1), replicas=round(time.monotonic() - t1, 1))
         runtimes: list[ReplicaRuntime | RouterRuntime] = [*replicas, *([router] if router is not None else [])]
         for runtime in runtimes:
             # Whatever carries this run's label but was never handed back (a start that failed half way).
             runtime.sweep(self.run_id)
         leftovers = [item for runtime in runtimes for item in runtime.leftovers(self.run_id)]
-        teardown["leftovers"] = sorted(set(leftovers))
-        teardown["clean"] = not leftovers
         if leftovers:
             self.say(f"[red]still running after teardown:[/red] {', '.join(sorted(set(leftovers)))}")
         shutil.rmtree(workdir, ignore_errors=True)
-        if error is not None:
-            teardown["ended_by"] = f"{type(error).__name__}: {error}"[:500]
+        self.report.teardown = Teardown(
+            stop_s=stop_s,
+            stop_errors=errors or None,
+            leftovers=sorted(set(leftovers)),
+            clean=not leftovers,
+            ended_by=f"{type(error).__name__}: {error}"[:500] if error is not None else None,
+        )
 
     def _save_logs(self, stack: RunningStack) -> None:
         assert self.options.report_dir is not None
@@ -681,29 +617,16 @@ class SmokeRun:
         logs.mkdir(parents=True, exist_ok=True)
         for launched in stack.everything():
             (logs / f"{launched.name}.log").write_text(launched.logs(tail=400), encoding="utf-8")
-        self.report["logs_dir"] = str(logs)
+        self.report.logs_dir = str(logs)
 
     def _finish(self, started: float, *, quiet: bool = False) -> None:
-        self.report["duration_s"] = round(time.time() - started, 1)
+        self.report.duration_s = round(time.time() - started, 1)
         if self.options.report_dir is not None:
-            self.options.report_dir.mkdir(parents=True, exist_ok=True)
             path = self.options.report_dir / f"smoke-{self.options.profile.name}-{self.run_id}.json"
-            # Staged and renamed: a signal that ends the process mid-write leaves the previous version whole.
-            staged = path.with_name(f".{path.name}.new")
-            staged.write_text(json.dumps(self.report, indent=2) + "\n", encoding="utf-8")
-            staged.replace(path)
-            self.report["report_file"] = str(path)
+            self.report.report_file = str(path)
+            self.report.save(path)
             if not quiet:
                 self.say(f"report: {path}")
-
-
-def _kill_everything(stack: RunningStack | None, runtimes: list[Any], run_id: str) -> None:
-    """After a second signal: every server of the run dies now (SIGKILL), then whatever carries its label goes."""
-    if stack is not None:
-        for launched in stack.everything():
-            launched.kill()
-    for runtime in runtimes:
-        runtime.sweep(run_id)
 
 
 def _stop_all(launched: list[Launched]) -> list[str]:
@@ -723,46 +646,7 @@ def _stop_all(launched: list[Launched]) -> list[str]:
 
 
 def _with_env(replica: ReplicaPlan, extra: dict[str, str]) -> ReplicaPlan:
-    return ReplicaPlan(
-        pool=replica.pool,
-        index=replica.index,
-        port=replica.port,
-        args=replica.args,
-        keys=replica.keys,
-        env={**replica.env, **extra},
-        name=replica.name,
-        cpuset=replica.cpuset,
-        engine=replica.engine,
-    )
-
-
-def summary_table(report: dict[str, Any]) -> Table:
-    """The main run per class, with the pool that served it."""
-    table = Table(title=f"forge smoke {report.get('profile')} (run {report.get('run_id')})")
-    classes = report.get("traffic", {}).get("main", {}).get("classes", {})
-    # A stack Forge did not start (--endpoint) is described by where its answers came from.
-    where = any("served_where" in row for row in classes.values())
-    columns = ["class", "pool", "req", "err", "TTFT p50/p99 ms", "ITL p50/p99 ms", "goodput", "gate"]
-    for column in [*columns, "served where"] if where else columns:
-        table.add_column(column)
-    for name, row in classes.items():
-
-        def pair(key: str, row: dict[str, Any] = row) -> str:
-            values = row.get(key) or {}
-            return " / ".join("-" if values.get(q) is None else f"{values[q]:.1f}" for q in ("p50", "p99"))
-
-        table.add_row(
-            name,
-            str(row.get("pool")),
-            str(row.get("requests")),
-            str(row.get("errors")),
-            pair("ttft_ms"),
-            pair("itl_ms"),
-            f"{row.get('goodput', 0):.2f}",
-            "pass" if row.get("gate_passed") else "FAIL",
-            *([", ".join(f"{k} {v}" for k, v in row.get("served_where", {}).items())] if where else []),
-        )
-    return table
+    return replace(replica, env={**replica.env, **extra})
 
 
 def startup_parts(
@@ -779,3 +663,135 @@ def startup_parts(
             shown = ", ".join(f"{k.removesuffix('_s')} {v:.1f}s" for k, v in found.items() if v is not None)
             say(f"start-up of {label}: {shown}")
     return parts
+
+
+def _now(at: float | None = None) -> str:
+    return datetime.fromtimestamp(time.time() if at is None else at, UTC).isoformat(timespec="seconds")
+
+
+# --- the run's phases over one context (builders/runs.py) ----------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class SmokeContext:
+    """What the phases of one smoke run share: the run (options, report, console), the validated profile, the
+    run's scratch folder, and what each phase leaves for the next."""
+
+    run: SmokeRun
+    valid: ValidatedProfile
+    workdir: Path
+    started: float
+    replica_runtimes: dict[RuntimeGroup, ReplicaRuntime] = field(default_factory=dict)
+    probes: dict[RuntimeGroup, ServerProbe] = field(default_factory=dict)
+    router_runtime: RouterRuntime | None = None
+    stack: RunningStack | None = None
+
+    @property
+    def config_dir(self) -> Path:
+        return self.workdir / "router"
+
+    def runtimes(self) -> list[ReplicaRuntime | RouterRuntime]:
+        return [*self.replica_runtimes.values(), *([self.router_runtime] if self.router_runtime else [])]
+
+    # The skeleton's side (builders/runs.Run).
+    def step(self, name: str) -> AbstractContextManager[object]:
+        self.run.running = name
+        return contextlib.nullcontext()
+
+    def record_phase(self, name: str, seconds: float) -> None:
+        self.run.report.phases[name] = seconds
+
+    def record_end(self, error: BaseException | None, phase: str | None) -> None:
+        report = self.run.report
+        if error is None:
+            report.result = "passed"
+            return
+        # SIGTERM and SIGHUP arrive as Ctrl-C does (builders/interrupt.py).
+        report.result = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
+        report.signal = ended_by_signal(error)
+        report.ended_in = phase
+
+    def write_report(self) -> None:
+        self.run._finish(self.started, quiet=True)
+
+    def teardown(self, error: BaseException | None) -> None:
+        run = self.run
+        run.running = "teardown"
+        t0 = time.monotonic()
+        try:
+            run._teardown(self.stack, list(self.replica_runtimes.values()), self.router_runtime, self.workdir, error)
+        finally:
+            self.record_phase("teardown", round(time.monotonic() - t0, 2))
+        run._finish(self.started)
+
+    def end_at_once(self, phase: str | None) -> None:
+        """A second signal: every server dies now (SIGKILL), whatever carries the run's label goes, and the report
+        says so before Forge exits."""
+        if self.stack is not None:
+            for launched in self.stack.everything():
+                launched.kill()
+        for runtime in self.runtimes():
+            runtime.sweep(self.run.run_id)
+        report = self.run.report
+        if report.result in {None, "passed"}:
+            report.result, report.signal, report.ended_in = "interrupted", interrupt.first_signal(), phase
+        report.ended_at_once = "a second signal killed every server and ended Forge before its teardown"
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        self.run._finish(self.started, quiet=True)
+
+
+def _probe(ctx: SmokeContext) -> None:
+    """One runtime per serving engine and image, each asked once which arguments its server accepts; the pools'
+    arguments checked against that before anything starts; the router's config written; the ports free."""
+    run, plan, profile = ctx.run, ctx.valid.plan, ctx.run.options.profile
+    source = str(run.options.profile_path)
+    logs_dir = ctx.workdir / "logs"
+    logs_dir.mkdir()
+    for group in plan.runtime_groups():
+        serving = group.serving
+        model_dir = ctx.workdir / f"model-{serving.name}"
+        if not model_dir.exists():
+            serving.write_model(model_dir, profile, dtype=plan.dtype.dtype)
+            # Replicas may run as another user (the images use uid 1000): all they read is public.
+            for path in (ctx.workdir, model_dir, *model_dir.iterdir()):
+                path.chmod(0o755 if path.is_dir() else 0o644)
+        ctx.replica_runtimes[group] = run.replicas_runtime_factory(serving.name, group.image, model_dir, logs_dir)
+    router_runtime = ctx.router_runtime = run.router_runtime_factory(logs_dir)
+    run.report.replicas_from = "; ".join(r.description for r in ctx.replica_runtimes.values())
+    run.report.router_from = router_runtime.description
+
+    for group, runtime in ctx.replica_runtimes.items():
+        serving = runtime.serving
+        run.say(f"asking {runtime.description} which {serving.title} arguments it accepts")
+        probe = runtime.probe(timeout_s=profile.timeouts.probe_s)
+        ctx.probes[group] = probe
+        problems = serving.check(plan.pool_argvs(pools=group.pools), probe)
+        run._record_probe(serving, probe, problems)
+        raise_for_problems(problems, profile=source, server=serving.title)
+
+    ctx.config_dir.mkdir(mode=0o755)
+    config_file = ctx.config_dir / ROUTER_CONFIG_NAME
+    config_file.write_text(json.dumps(ctx.valid.router_mapping, indent=2), encoding="utf-8")
+    config_file.chmod(0o644)
+    check_ports_free([plan.router_port, *(r.port for r in plan.replicas)])
+
+
+def _start(ctx: SmokeContext) -> None:
+    assert ctx.router_runtime is not None, "the probe phase runs first"
+    ctx.stack = RunningStack(plan=ctx.valid.plan)
+    ctx.run._start(
+        ctx.stack, ctx.replica_runtimes, ctx.router_runtime, ctx.probes, ctx.config_dir, ctx.valid.upstream_api_key
+    )
+
+
+def _traffic(ctx: SmokeContext) -> None:
+    assert ctx.stack is not None, "the start phase runs first"
+    valid = ctx.valid
+    traffic = valid.traffic
+    if ctx.run.before_traffic is not None:
+        traffic = ctx.run.before_traffic(valid.plan, valid.upstream_api_key, traffic)
+    ctx.run._traffic(ctx.stack, traffic, valid.kill_traffic, valid.api_key)
+
+
+# The run, in order; the teardown is the skeleton's, whatever ended the run.
+PHASES: tuple[Phase[SmokeContext], ...] = (Phase("probe", _probe), Phase("start", _start), Phase("traffic", _traffic))

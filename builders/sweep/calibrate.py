@@ -24,13 +24,14 @@ import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 import requests
 
 from builders.errors import SmokeFailed
 from builders.router.classes import ALL_CLASSES, RequestClass
 from builders.smoke.plan import ReplicaPlan
+from builders.sweep.report_model import CapacityRecord, ModelSizeRecord, Sizing
 from builders.traffic.plan import TrafficPlan
 from builders.traffic.runner import arrival_times
 
@@ -55,30 +56,57 @@ class Capacity:
         """The batch size whose decode rate the load estimate uses: the largest measured."""
         return max(self.decode_tokens_per_s)
 
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "replica": self.replica,
-            "cpus": self.cpus,
-            "prefill_tokens_per_s": round(self.prefill_tokens_per_s, 1),
-            "decode_tokens_per_s": {str(b): round(v, 1) for b, v in sorted(self.decode_tokens_per_s.items())},
-            "decode_batch_used": self.decode_batch,
-            "seconds": round(self.seconds, 1),
-        }
+    def as_json(self) -> CapacityRecord:
+        return CapacityRecord(
+            replica=self.replica,
+            cpus=self.cpus,
+            prefill_tokens_per_s=round(self.prefill_tokens_per_s, 1),
+            decode_tokens_per_s={str(b): round(v, 1) for b, v in sorted(self.decode_tokens_per_s.items())},
+            decode_batch_used=self.decode_batch,
+            seconds=round(self.seconds, 1),
+        )
+
+
+class Completion(TypedDict):
+    """The OpenAI completions request calibration sends."""
+
+    model: str
+    prompt: str
+    max_tokens: int
+    ignore_eos: bool
+
+
+class Usage(TypedDict, total=False):
+    """What calibration reads of an answer: the token counts the server says it processed."""
+
+    prompt_tokens: int
+    completion_tokens: int
 
 
 def _words(plan: TrafficPlan, count: int, rng: random.Random) -> str:
     return " ".join(rng.choice(plan.vocabulary) for _ in range(count))
 
 
-def _post(url: str, body: dict[str, Any], headers: dict[str, str], timeout_s: float) -> dict[str, Any]:
+def _post(url: str, body: Completion, headers: dict[str, str], timeout_s: float) -> Usage:
+    """The answer's usage; a count the answer does not give is left out (the count asked for stands in)."""
     try:
         response = requests.post(url, json=body, headers=headers, timeout=timeout_s)
     except requests.RequestException as exc:
         raise SmokeFailed(f"calibration request to {url} failed: {exc}") from exc
     if response.status_code != 200:
         raise SmokeFailed(f"calibration request to {url}: HTTP {response.status_code} {response.text[:300]}")
-    data: dict[str, Any] = response.json()
-    return data
+    try:
+        answer = response.json()
+    except ValueError:
+        raise SmokeFailed(f"calibration request to {url}: the answer is not JSON: {response.text[:300]}") from None
+    given = answer.get("usage") if isinstance(answer, dict) else None
+    usage: Usage = {}
+    if isinstance(given, dict):
+        if isinstance(prompt := given.get("prompt_tokens"), int):
+            usage["prompt_tokens"] = prompt
+        if isinstance(completion := given.get("completion_tokens"), int):
+            usage["completion_tokens"] = completion
+    return usage
 
 
 def measure(
@@ -99,14 +127,19 @@ def measure(
     words = traffic.words_for_tokens(prompt_tokens)
     rates = []
     for _ in range(PREFILL_RUNS):
-        body = {"model": traffic.model, "prompt": _words(traffic, words, rng), "max_tokens": 1, "ignore_eos": True}
+        body: Completion = {
+            "model": traffic.model,
+            "prompt": _words(traffic, words, rng),
+            "max_tokens": 1,
+            "ignore_eos": True,
+        }
         t0 = time.monotonic()
-        answer = _post(url, body, headers, timeout_s)
+        usage = _post(url, body, headers, timeout_s)
         elapsed = time.monotonic() - t0
-        rates.append(int(answer.get("usage", {}).get("prompt_tokens", words)) / max(elapsed, 1e-6))
+        rates.append(usage.get("prompt_tokens", words) / max(elapsed, 1e-6))
     decode: dict[int, float] = {}
     for batch in sorted(set(batch_sizes)):
-        bodies = [
+        bodies: list[Completion] = [
             {
                 "model": traffic.model,
                 "prompt": _words(traffic, 16, rng),
@@ -119,7 +152,7 @@ def measure(
         with ThreadPoolExecutor(max_workers=batch) as pool:
             answers = list(pool.map(lambda b: _post(url, b, headers, timeout_s), bodies))
         elapsed = time.monotonic() - t0
-        tokens = sum(int(a.get("usage", {}).get("completion_tokens", DECODE_TOKENS)) for a in answers)
+        tokens = sum(a.get("completion_tokens", DECODE_TOKENS) for a in answers)
         decode[batch] = tokens / max(elapsed, 1e-6)
     return Capacity(
         replica=replica.label,
@@ -182,8 +215,8 @@ class ModelSize:
         """Per-token cost of the linear layers (attention projections and MLP), up to a constant."""
         return self.num_hidden_layers * self.hidden_size**2
 
-    def as_json(self) -> dict[str, int]:
-        return {"hidden_size": self.hidden_size, "num_hidden_layers": self.num_hidden_layers}
+    def as_json(self) -> ModelSizeRecord:
+        return ModelSizeRecord(hidden_size=self.hidden_size, num_hidden_layers=self.num_hidden_layers)
 
 
 # Below this width the random Llama stops costing what a transformer costs (the tokenizer's 1,024-row
@@ -246,18 +279,18 @@ class LoadSize:
     arrivals: dict[str, int]
     """Each open-loop class's seeded arrivals within window_s at rate_factor."""
 
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "configured_utilisation": round(self.configured_utilisation, 3),
-            "wanted_factor": round(self.wanted_factor, 4),
-            "floor_factor": round(self.floor_factor, 4),
-            "rate_factor": round(self.rate_factor, 4),
-            "window_s": round(self.window_s, 1),
-            "model_ratio": round(self.model_ratio, 4),
-            "expected_utilisation": round(self.expected_utilisation, 3),
-            "min_arrivals": self.min_arrivals,
-            "arrivals": dict(self.arrivals),
-        }
+    def as_json(self) -> Sizing:
+        return Sizing(
+            configured_utilisation=round(self.configured_utilisation, 3),
+            wanted_factor=round(self.wanted_factor, 4),
+            floor_factor=round(self.floor_factor, 4),
+            rate_factor=round(self.rate_factor, 4),
+            window_s=round(self.window_s, 1),
+            model_ratio=round(self.model_ratio, 4),
+            expected_utilisation=round(self.expected_utilisation, 3),
+            min_arrivals=self.min_arrivals,
+            arrivals=dict(self.arrivals),
+        )
 
 
 def size_load(
@@ -315,7 +348,7 @@ def scale_traffic(plan: TrafficPlan, factor: float, *, window_s: float | None = 
     deadline; a longer window leaves them: a class's count is its own cap (calibration thins rates so that a
     longer window brings no more arrivals than the configured rate and deadline would)."""
     window = window_s if window_s is not None else plan.deadline_s
-    update: dict[str, Any] = {}
+    update: dict[str, object] = {}
     grow = max(factor, 1.0)
     for request_class in ALL_CLASSES:
         class_plan = plan.for_class(request_class)

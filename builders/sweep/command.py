@@ -9,13 +9,12 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from builders import log
-from builders.config.project import find_root
+from builders.engines import ENGINES
 from builders.errors import SweepInvalid, UsageError
-from builders.smoke.command import add_llama_options, add_sglang_options
-from builders.smoke.runtimes import Runtimes
+from builders.project import find_root
+from builders.smoke.runtimes import Runtimes, add_serving_options
 from builders.sweep.claims import claim_lines
 from builders.sweep.definition import available_sweep_profiles, load_sweep, load_sweep_settings
 from builders.sweep.report import render_table, summary_lines
@@ -30,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "of profiles/sweep/common.yaml through the router, and write one report: a profile × class table "
         "(TTFT/ITL p50/p99, goodput, gate, useful throughput), sweep.json, sweep.md and PNG plots.",
     )
-    parser.add_argument("image", nargs="?", help="image with vLLM (omit with --local-vllm)")
+    default = ENGINES.default
     parser.add_argument(
         "--profiles",
         default="all",
@@ -39,14 +38,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--engines",
         default=None,
-        help="comma-separated serving engines (vllm,llama-cpp,sglang): run every profile on each, engine × profile in "
-        "one table; a profile's `engines.<engine>` section gives its knobs there (default: as each is written)",
+        help=f"comma-separated serving engines ({','.join(e.name for e in ENGINES.served)}): run every profile on "
+        "each, engine × profile in one table; a profile's `engines.<engine>` section gives its knobs there "
+        "(default: as each is written)",
     )
     parser.add_argument("--report", type=Path, default=Path("reports/sweep"), metavar="DIR", help="output folder")
-    parser.add_argument("--local-vllm", type=Path, default=None, metavar="PATH", help="run replicas on this host")
+    add_serving_options(
+        parser,
+        image_help=f"image with {default.title} (omit with {default.local_option})",
+        local_help="run replicas on this host",
+        which="positional",
+    )
     parser.add_argument("--router-image", default=None, metavar="IMAGE", help="run the router from this image")
-    add_llama_options(parser)
-    add_sglang_options(parser)
+    add_serving_options(parser, image_help="", which="others")
     parser.add_argument("--base-port", type=int, default=None, help="router port; replicas use the ports after it")
     parser.add_argument(
         "--duration-s", type=float, default=None, help="override the traffic's duration (traffic.deadline_s)"
@@ -113,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--load-fraction {args.load_fraction}: give a fraction of capacity in (0, 4]")
     runtimes = Runtimes.from_args(args)
     names = available_sweep_profiles(root) if args.profiles == "all" else [n for n in args.profiles.split(",") if n]
-    changes: dict[str, Any] = {}
+    changes: dict[str, object] = {}
     if args.duration_s is not None:
         if args.duration_s <= 0:
             raise UsageError(f"--duration-s {args.duration_s}: give a positive number of seconds")
@@ -122,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
         if args.startup_s <= 0:
             raise UsageError(f"--startup-s {args.startup_s}: give a positive number of seconds")
         changes["timeouts"] = {"startup_s": args.startup_s}
-    sweep_changes: dict[str, Any] = {}
+    sweep_changes: dict[str, object] = {}
     if args.model_size is not None:
         changes["model"] = _model_size(args.model_size)
         sweep_changes["resize_model"] = False
@@ -157,22 +161,22 @@ def run(args: argparse.Namespace) -> int:
             console=console,
         )
     console.print(render_table(report))
-    for name, why in report["failed_profiles"].items():
+    for name, why in report.failed_profiles.items():
         console.print(f"[red]profile {name} did not run:[/red] {why}")
-    if report["goal"] is not None:
-        console.print(f"work-conserving vs shared: {report['goal']}")
-    for line in claim_lines(report["claims"]):
+    if report.goal is not None:
+        console.print(f"work-conserving vs shared: {report.goal.as_json()}")
+    for line in claim_lines(report.claims or []):
         console.print(line)
     for line in summary_lines(report):
         console.print(line)
     console.print(f"report: {args.report / 'sweep.json'}")
     # A sweep where nothing ran is a failed sweep (exit 1, reasons above), not an overloaded one.
-    if report["profiles"] and not report["validity"]["valid"]:
+    if report.profiles and report.validity is not None and not report.validity.valid:
         raise SweepInvalid(
-            report["validity"]["why"],
+            report.validity.why,
             hint="run where the model fits (or lower sweep.load_fraction); do not read this table as a ranking",
         )
-    return 1 if report["failed_profiles"] else 0
+    return 1 if report.failed_profiles else 0
 
 
 @contextlib.contextmanager

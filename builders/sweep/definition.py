@@ -8,17 +8,18 @@ replicas are confined to, counted per replica) is checked to be equal before any
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from builders.config.loading import load_yaml
+from builders.config.profile import PoolSettings, StackProfile, _suggest
 from builders.cpusets import parse_cpuset
-from builders.engines import SERVING_ENGINES
+from builders.engines import ENGINES
 from builders.errors import ConfigError, UsageError
-from builders.smoke.profile import StackProfile, _suggest, profile_from_mapping
+from builders.smoke.profile import profile_from_mapping
 from builders.smoke.stack import merged
 
 COMMON = "common.yaml"
@@ -113,7 +114,11 @@ class SweepProfile:
         )
 
 
-def _load_common(directory: Path) -> dict[str, Any]:
+# YAML as parsed, before a model says what its values are.
+Parsed = dict[str, object]
+
+
+def _load_common(directory: Path) -> Parsed:
     path = directory / COMMON
     if not path.is_file():
         raise UsageError(f"no {path}", hint="a sweep needs the shared model and traffic in profiles/sweep/common.yaml")
@@ -123,29 +128,39 @@ def _load_common(directory: Path) -> dict[str, Any]:
     return data
 
 
-def on_engine(data: dict[str, Any], kind: str, *, source: str) -> dict[str, Any]:
+def on_engine(data: Parsed, kind: str, *, source: str) -> Parsed:
     """A profile's mapping with every pool moved to serving engine `kind`: the knobs only another engine reads
     are dropped, and the profile's `engines.<kind>` section is merged over the result (its own knobs for
     `kind`). Replicas, CPU sets and the class map stay: the engine is the only thing that changes."""
-    changes = (data.get(ENGINES_KEY) or {}).get(kind, {})
+    sections = data.get(ENGINES_KEY) or {}
+    if not isinstance(sections, dict):
+        raise ConfigError(f"{source}: {ENGINES_KEY}: must be a mapping of serving engine to profile changes")
+    changes = sections.get(kind, {})
     if not isinstance(changes, dict):
         raise ConfigError(f"{source}: {ENGINES_KEY}.{kind}: must be a mapping of profile changes")
-    serving = SERVING_ENGINES.get(kind)
-    if serving is None:
+    models = ENGINES.pool_models().models
+    own = models.get(kind)
+    if own is None:
         raise UsageError(
-            f"--engines: no serving engine {kind!r}{_suggest(kind, SERVING_ENGINES)}",
-            hint=f"serving engines: {', '.join(SERVING_ENGINES)}",
+            f"--engines: no serving engine {kind!r}{_suggest(kind, models)}",
+            hint=f"serving engines: {', '.join(models)}",
         )
-    foreign = {k for other in SERVING_ENGINES.values() if other is not serving for k in other.knobs} - serving.knobs
+    foreign = {k for name, model in models.items() if name != kind for k in model.model_fields} - set(own.model_fields)
+    foreign -= set(PoolSettings.model_fields)
+    given = data.get("pools") or {}
+    if not isinstance(given, dict):
+        raise ConfigError(f"{source}: pools: must be a mapping of pool name to its settings")
     pools = {
         name: {**{k: v for k, v in pool.items() if k not in foreign}, "engine": kind}
-        for name, pool in (data.get("pools") or {}).items()
+        if isinstance(pool, dict)
+        else pool
+        for name, pool in given.items()
     }
     return merged({**data, "pools": pools}, changes)
 
 
 def load_sweep(
-    names: list[str], *, root: Path, changes: dict[str, Any] | None = None, engines: list[str] | None = None
+    names: list[str], *, root: Path, changes: Mapping[str, object] | None = None, engines: list[str] | None = None
 ) -> list[SweepProfile]:
     """The named profiles of profiles/sweep/ (or YAML paths), each merged over common.yaml and `changes`
     (a shortened run's overrides), checked to share one CPU budget with every replica confined. With
@@ -196,7 +211,7 @@ def load_sweep(
     return loaded
 
 
-def load_sweep_settings(root: Path, *, changes: dict[str, Any] | None = None) -> SweepSettings:
+def load_sweep_settings(root: Path, *, changes: Mapping[str, object] | None = None) -> SweepSettings:
     """common.yaml's `sweep` section (with `changes`), validated; errors name the file and key."""
     path = sweep_dir(root) / COMMON
     data = merged(_load_common(sweep_dir(root)), changes or {}).get(SETTINGS_KEY) or {}

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import hashlib
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
-# What is summarised per profile × class; each a key of report.class_rows and the quantile read from it.
-METRICS: dict[str, tuple[str, str | None]] = {
-    "ttft_p99_ms": ("ttft_ms", "p99"),
-    "itl_p99_ms": ("itl_ms", "p99"),
-    "goodput": ("goodput", None),
+from builders.sweep.report_model import ClassRow, ClassSpread, ProfileSpread, Repetition, Spread
+
+# What is summarised per profile × class, read from each run's row (report.class_rows).
+METRICS: dict[str, Callable[[ClassRow], float | None]] = {
+    "ttft_p99_ms": lambda row: row.ttft_ms.p99,
+    "itl_p99_ms": lambda row: row.itl_ms.p99,
+    "goodput": lambda row: row.goodput,
 }
 LOADAVG = Path("/proc/loadavg")
 
@@ -41,60 +42,52 @@ def load_average(path: Path = LOADAVG) -> float | None:
         return None
 
 
-def metric(row: Mapping[str, Any], name: str) -> float | None:
-    key, quantile = METRICS[name]
-    value = row.get(key)
-    if quantile is not None:
-        value = (value or {}).get(quantile)
+def metric(row: ClassRow, name: str) -> float | None:
+    value = METRICS[name](row)
     return None if value is None else float(value)
 
 
-def spread(values: Sequence[float | None]) -> dict[str, Any]:
+def spread(values: Sequence[float | None]) -> Spread:
     """Median, min and max of the measured values (None, a class with no answer, is left out), and their
     count; every value too, so a claim can compare ranges."""
     measured = [v for v in values if v is not None]
     if not measured:
-        return {"median": None, "min": None, "max": None, "n": 0, "values": []}
-    return {
-        "median": round(statistics.median(measured), 4),
-        "min": min(measured),
-        "max": max(measured),
-        "n": len(measured),
-        "values": measured,
-    }
+        return Spread(median=None, min=None, max=None, n=0, values=[])
+    return Spread(
+        median=round(statistics.median(measured), 4),
+        min=min(measured),
+        max=max(measured),
+        n=len(measured),
+        values=measured,
+    )
 
 
-def aggregate(repetitions: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+def aggregate(repetitions: Sequence[Repetition]) -> dict[str, ProfileSpread]:
     """Per profile over the valid repetitions: per class (`classes`) each metric's spread and how many times
     its gate passed (`gate_passes` of `runs`); and the spread of two per-repetition numbers, the count of
     classes whose gate passed (`gates_passed`) and the mean goodput over classes (`mean_goodput`)."""
-    rows: dict[str, dict[str, list[Mapping[str, Any]]]] = {}
-    for repetition in repetitions:
-        if not repetition.get("valid", True):
-            continue
-        for name, profile in repetition["profiles"].items():
-            for class_name, row in profile["classes"].items():
+    valid = [r for r in repetitions if r.valid is not False]
+    rows: dict[str, dict[str, list[ClassRow]]] = {}
+    for repetition in valid:
+        for name, profile in repetition.profiles.items():
+            for class_name, row in profile.classes.items():
                 rows.setdefault(name, {}).setdefault(class_name, []).append(row)
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, ProfileSpread] = {}
     for name, classes in rows.items():
         by_class = {
-            class_name: {
-                **{m: spread([metric(r, m) for r in runs]) for m in METRICS},
-                "gate_passes": sum(bool(r["gate_passed"]) for r in runs),
-                "runs": len(runs),
-            }
+            class_name: ClassSpread(
+                ttft_p99_ms=spread([metric(r, "ttft_p99_ms") for r in runs]),
+                itl_p99_ms=spread([metric(r, "itl_p99_ms") for r in runs]),
+                goodput=spread([metric(r, "goodput") for r in runs]),
+                gate_passes=sum(r.gate_passed for r in runs),
+                runs=len(runs),
+            )
             for class_name, runs in classes.items()
         }
-        per_run = [
-            profile["classes"]
-            for repetition in repetitions
-            if repetition.get("valid", True) and (profile := repetition["profiles"].get(name))
-        ]
-        out[name] = {
-            "classes": by_class,
-            "gates_passed": spread([float(sum(bool(r["gate_passed"]) for r in c.values())) for c in per_run]),
-            "mean_goodput": spread(
-                [statistics.fmean(r["goodput"] for r in c.values()) if c else None for c in per_run]
-            ),
-        }
+        per_run = [run.classes for repetition in valid if (run := repetition.profiles.get(name))]
+        out[name] = ProfileSpread(
+            classes=by_class,
+            gates_passed=spread([float(sum(r.gate_passed for r in c.values())) for c in per_run]),
+            mean_goodput=spread([statistics.fmean(r.goodput for r in c.values()) if c else None for c in per_run]),
+        )
     return out

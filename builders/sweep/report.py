@@ -2,15 +2,30 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 
 from builders.router.classes import ALL_CLASSES, RequestClass
+from builders.smoke.report import Quantiles
 from builders.sweep.claims import claim_lines
+from builders.sweep.report_model import (
+    Calibration,
+    ClassRow,
+    ClassSpread,
+    Goal,
+    ProfileRun,
+    Spread,
+    SweepReport,
+    Validity,
+)
 from builders.traffic.results import TrafficResult
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 ROW_KEYS = (
     "requests",
@@ -26,43 +41,41 @@ ROW_KEYS = (
 )
 
 
-def class_rows(result: TrafficResult) -> dict[str, dict[str, Any]]:
+def class_rows(result: TrafficResult) -> dict[str, ClassRow]:
     """Per planned class: the summary's numbers plus what a sweep compares profiles by.
 
     `good` counts requests that met every SLO of their class; `useful_tokens_per_s` is their output tokens
     over the run's wall time; `served_by` counts requests per answering pool (where spill put them). Every request sends ignore_eos, so a good request produced exactly its
     max_tokens. `ttft_samples_ms` (successful requests, sorted) feed the CDF plot.
     """
-    rows: dict[str, dict[str, Any]] = {}
+    rows: dict[str, ClassRow] = {}
     for request_class, summary in result.summaries.items():
         slo = result.plan.for_class(request_class).slo
         records = [r for r in result.records if r.request_class is request_class]
         good = [r for r in records if r.meets(slo)]
         ttfts = sorted(round(t * 1000, 3) for r in records if (t := r.ttft_s) is not None)
-        rows[request_class.value] = {
-            "requests": summary.requests,
-            "errors": summary.errors,
-            "ttft_ms": summary.ttft_ms.as_json(),
-            "itl_ms": summary.itl_ms.as_json(),
-            "goodput": round(summary.goodput, 4),
-            "good": len(good),
-            "gate_passed": summary.gate_passed,
-            "useful_tokens_per_s": round(sum(r.max_tokens for r in good) / result.wall_s, 2) if result.wall_s else 0.0,
-            "served_by": dict(summary.served_by),
-            "ttft_samples_ms": ttfts,
-        }
+        rows[request_class.value] = ClassRow(
+            requests=summary.requests,
+            errors=summary.errors,
+            ttft_ms=Quantiles.model_validate(summary.ttft_ms.as_json()),
+            itl_ms=Quantiles.model_validate(summary.itl_ms.as_json()),
+            goodput=round(summary.goodput, 4),
+            good=len(good),
+            gate_passed=summary.gate_passed,
+            useful_tokens_per_s=round(sum(r.max_tokens for r in good) / result.wall_s, 2) if result.wall_s else 0.0,
+            served_by=dict(summary.served_by),
+            ttft_samples_ms=ttfts,
+        )
     return rows
 
 
-def compare_to(
-    profiles: Mapping[str, Mapping[str, Any]], *, reference: str, candidate: str
-) -> dict[str, float | None] | None:
+def compare_to(profiles: Mapping[str, ProfileRun], *, reference: str, candidate: str) -> Goal | None:
     """The work-conserving goal's two ratios against the reference (shared) pool: interactive TTFT p99 and
     long_prefill goodput (good requests; the same arrivals were sent to both)."""
     if reference not in profiles or candidate not in profiles:
         return None
-    ref = profiles[reference]["classes"]
-    cand = profiles[candidate]["classes"]
+    ref = profiles[reference].classes
+    cand = profiles[candidate].classes
 
     def ratio(ours: float | None, theirs: float | None) -> float | None:
         if ours is None or theirs in (None, 0):
@@ -73,34 +86,29 @@ def compare_to(
         name = request_class.value
         if name not in cand or name not in ref:
             return None
-        return ratio(cand[name].get("good"), ref[name].get("good"))
+        return ratio(cand[name].good, ref[name].good)
 
     interactive = RequestClass.INTERACTIVE.value
-    return {
-        "interactive_ttft_p99_ratio": ratio(
-            cand.get(interactive, {}).get("ttft_ms", {}).get("p99"),
-            ref.get(interactive, {}).get("ttft_ms", {}).get("p99"),
-        )
+    return Goal(
+        interactive_ttft_p99_ratio=ratio(cand[interactive].ttft_ms.p99, ref[interactive].ttft_ms.p99)
         if interactive in cand and interactive in ref
         else None,
-        "long_prefill_good_ratio": good_ratio(RequestClass.LONG_PREFILL),
+        long_prefill_good_ratio=good_ratio(RequestClass.LONG_PREFILL),
         # Not part of the goal, shown so that a profile cannot meet it by starving the other bulk class.
-        "batch_good_ratio": good_ratio(RequestClass.BATCH),
-    }
+        batch_good_ratio=good_ratio(RequestClass.BATCH),
+    )
 
 
-def judge_validity(
-    profiles: Mapping[str, Mapping[str, Any]], *, reference: str, floor: float, names: list[str]
-) -> dict[str, Any]:
+def judge_validity(profiles: Mapping[str, ProfileRun], *, reference: str, floor: float, names: list[str]) -> Validity:
     """Whether the run compares anything: the reference profile (or the first that ran) must answer at least
     `floor` of the requests it was sent without error. Below it every profile is overloaded, and a ranking of
     their failures says nothing about their policies."""
     name = reference if reference in profiles else (names[0] if names else None)
     if name is None:
-        return {"valid": False, "reference": None, "served_fraction": None, "floor": floor, "why": "no profile ran"}
-    rows = profiles[name]["classes"].values()
-    sent = sum(row["requests"] for row in rows)
-    answered = sum(row["requests"] - row["errors"] for row in rows)
+        return Validity(valid=False, reference=None, served_fraction=None, floor=floor, why="no profile ran")
+    rows = profiles[name].classes.values()
+    sent = sum(row.requests for row in rows)
+    answered = sum(row.requests - row.errors for row in rows)
     fraction = answered / sent if sent else 0.0
     valid = sent > 0 and fraction >= floor
     why = (
@@ -109,57 +117,58 @@ def judge_validity(
         else f"{name} answered {answered} of {sent} requests ({fraction:.0%}), under the floor of {floor:.0%}: "
         "the offered load is beyond this host, every profile is overloaded and the table ranks failures"
     )
-    return {"valid": valid, "reference": name, "served_fraction": round(fraction, 4), "floor": floor, "why": why}
+    return Validity(valid=valid, reference=name, served_fraction=round(fraction, 4), floor=floor, why=why)
 
 
-def summary_lines(report: Mapping[str, Any]) -> list[str]:
+def summary_lines(report: SweepReport) -> list[str]:
     """What the table alone does not say: the dtype served, the calibration, and whether the run is valid."""
     lines = []
-    dtype = report.get("dtype") or {}
+    dtype = report.dtype
     if dtype:
-        lines.append(f"dtype {dtype['dtype']} on {dtype['cpu']} ({dtype['isa']}): {dtype['reason']}")
-    calibration = report.get("calibration") or {}
-    if calibration.get("calibrated"):
-        capacity = calibration["capacity"]
-        decode = ", ".join(f"{v} tok/s at batch {b}" for b, v in capacity["decode_tokens_per_s"].items())
+        lines.append(f"dtype {dtype.dtype} on {dtype.cpu} ({dtype.isa}): {dtype.reason}")
+    calibration = report.calibration
+    capacity = calibration.capacity
+    if calibration.calibrated and capacity is not None:
+        decode = ", ".join(f"{v} tok/s at batch {b}" for b, v in capacity.decode_tokens_per_s.items())
+        of = f" of {calibration.engine}" if calibration.engine else ""
         lines.append(
-            f"calibration{' of ' + calibration['engine'] if 'engine' in calibration else ''} on {capacity['replica']} (cpus {capacity['cpus']}): prefill "
-            f"{capacity['prefill_tokens_per_s']} tok/s, decode {decode}; configured load "
-            f"{calibration['configured_utilisation']}x of {calibration['replicas_worth']:g} replica(s), rates "
-            f"x{calibration['applied_factor']:g} for {calibration['load_fraction']:g} of capacity"
-            + (" (held up by the per-class floor)" if calibration.get("clamped") else "")
+            f"calibration{of} on {capacity.replica} (cpus {capacity.cpus}): prefill "
+            f"{capacity.prefill_tokens_per_s} tok/s, decode {decode}; configured load "
+            f"{calibration.configured_utilisation}x of {calibration.replicas_worth or 0:g} replica(s), rates "
+            f"x{calibration.applied_factor or 0:g} for {calibration.load_fraction or 0:g} of capacity"
+            + (" (held up by the per-class floor)" if calibration.clamped else "")
         )
         lines += _sizing_lines(report, calibration)
-    elif calibration:
-        lines.append(f"calibration off: configured rates x{calibration.get('applied_factor', 1.0):g}")
-    for kind, own in (calibration.get("engines") or {}).items():
-        if own.get("calibrated"):
-            capacity = own["capacity"]
-            decode = ", ".join(f"{v} tok/s at batch {b}" for b, v in capacity["decode_tokens_per_s"].items())
+    elif calibration.calibrated is not None:
+        applied = 1.0 if calibration.applied_factor is None else calibration.applied_factor
+        lines.append(f"calibration off: configured rates x{applied:g}")
+    for engine, own in (calibration.engines or {}).items():
+        measured = own.capacity
+        if own.calibrated and measured is not None:
+            decode = ", ".join(f"{v} tok/s at batch {b}" for b, v in measured.decode_tokens_per_s.items())
             lines.append(
-                f"calibration of {kind} on {capacity['replica']} (cpus {capacity['cpus']}): prefill "
-                f"{capacity['prefill_tokens_per_s']} tok/s, decode {decode}; its rates x{own['applied_factor']:g} "
-                f"for {own['load_fraction']:g} of its own capacity"
-                + (" (held up by the per-class floor)" if own.get("clamped") else "")
+                f"calibration of {engine} on {measured.replica} (cpus {measured.cpus}): prefill "
+                f"{measured.prefill_tokens_per_s} tok/s, decode {decode}; its rates x{own.applied_factor or 0:g} "
+                f"for {own.load_fraction or 0:g} of its own capacity"
+                + (" (held up by the per-class floor)" if own.clamped else "")
             )
     loads = _load_line(report)
     if loads:
         lines.append(loads)
-    validity = report.get("validity") or {}
+    validity = report.validity
     if validity:
-        lines.append(("valid: " if validity["valid"] else "INVALID RUN: ") + validity["why"])
+        lines.append(("valid: " if validity.valid else "INVALID RUN: ") + validity.why)
     return lines
 
 
-def _load_line(report: Mapping[str, Any]) -> str:
+def _load_line(report: SweepReport) -> str:
     """The host's 1-minute load average as each profile run's traffic started and ended, in running order."""
     runs = []
-    for repetition in report.get("repetitions") or []:
-        for name in repetition.get("order", []):
-            load = repetition["profiles"][name].get("load_average_1m") or {}
-            start, end = (load.get(k) for k in ("start", "end"))
-            label = f"{name}#{repetition['repetition'] + 1}" if report.get("repeat", 1) > 1 else name
-            runs.append(f"{label} {_num(start)}->{_num(end)}")
+    for repetition in report.repetitions:
+        for name in repetition.order:
+            load = repetition.profiles[name].load_average_1m
+            label = f"{name}#{repetition.repetition + 1}" if report.repeat > 1 else name
+            runs.append(f"{label} {_num(load.start)}->{_num(load.end)}")
     return "host load average (1 min) at traffic start->end: " + ", ".join(runs) if runs else ""
 
 
@@ -167,35 +176,33 @@ def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
-def _sizing_lines(report: Mapping[str, Any], calibration: Mapping[str, Any]) -> list[str]:
+def _sizing_lines(report: SweepReport, calibration: Calibration) -> list[str]:
     """What calibration kept (every class's arrivals in the window) and what it took off (the model's size)."""
-    sizing = calibration.get("sizing") or {}
+    sizing = calibration.sizing
     if not sizing:
         return []
-    arrivals = ", ".join(f"{name} {n}" for name, n in sizing["arrivals"].items())
-    lines = [
-        f"arrivals in the {calibration.get('window_s', sizing['window_s']):g} s window (min {sizing['min_arrivals']}): {arrivals}"
-    ]
-    model = report.get("model") or calibration.get("model") or {}
-    for resize in calibration.get("resized", []):
-        was, now = resize["from"], resize["to"]
+    arrivals = ", ".join(f"{name} {n}" for name, n in sizing.arrivals.items())
+    window = calibration.window_s if calibration.window_s is not None else sizing.window_s
+    lines = [f"arrivals in the {window:g} s window (min {sizing.min_arrivals}): {arrivals}"]
+    model = report.model or calibration.model
+    for resize in calibration.resized or []:
+        was, now = resize.from_, resize.to
         lines.append(
-            f"model resized for this host: {was['num_hidden_layers']} layers of {was['hidden_size']} -> "
-            f"{now['num_hidden_layers']} of {now['hidden_size']} (the rates alone would have thinned classes away)"
+            f"model resized for this host: {was.num_hidden_layers} layers of {was.hidden_size} -> "
+            f"{now.num_hidden_layers} of {now.hidden_size} (the rates alone would have thinned classes away)"
         )
-    if model and not calibration.get("resized"):
-        lines.append(f"model: {model['num_hidden_layers']} layers of {model['hidden_size']}, not resized in this run")
-    if "over_fraction" in calibration:
+    if model and not calibration.resized:
+        lines.append(f"model: {model.num_hidden_layers} layers of {model.hidden_size}, not resized in this run")
+    if calibration.over_fraction is not None:
         lines.append(
-            f"load above the fraction asked for: an estimated {calibration['over_fraction']:g} of capacity "
+            f"load above the fraction asked for: an estimated {calibration.over_fraction:g} of capacity "
             "(no class was thinned below its minimum to hide it)"
         )
     return lines
 
 
-def _pair(values: Mapping[str, float | None] | None) -> str:
-    values = values or {}
-    return " / ".join("-" if values.get(q) is None else f"{values[q]:.0f}" for q in ("p50", "p99"))
+def _pair(values: Quantiles) -> str:
+    return " / ".join("-" if v is None else f"{v:.0f}" for v in (values.p50, values.p99))
 
 
 COLUMNS = (
@@ -213,27 +220,26 @@ COLUMNS = (
 )
 
 
-def table_rows(report: Mapping[str, Any]) -> list[list[str]]:
+def table_rows(report: SweepReport) -> list[list[str]]:
     out = []
-    for name, profile in report["profiles"].items():
+    for name, profile in report.profiles.items():
         for class_name in [c.value for c in ALL_CLASSES]:
-            row = profile["classes"].get(class_name)
+            row = profile.classes.get(class_name)
             if row is None:
                 continue
             out.append(
                 [
-                    # Reports written before the engine axis ran vLLM only.
-                    str(profile.get("engine", "vllm")),
+                    profile.engine,
                     name,
                     class_name,
-                    str(row["requests"]),
-                    str(row["errors"]),
-                    _pair(row["ttft_ms"]),
-                    _pair(row["itl_ms"]),
-                    f"{row['goodput']:.2f} ({row['good']})",
-                    "pass" if row["gate_passed"] else "FAIL",
-                    f"{row['useful_tokens_per_s']:.1f}",
-                    ", ".join(f"{pool} {n}" for pool, n in row.get("served_by", {}).items()) or "-",
+                    str(row.requests),
+                    str(row.errors),
+                    _pair(row.ttft_ms),
+                    _pair(row.itl_ms),
+                    f"{row.goodput:.2f} ({row.good})",
+                    "pass" if row.gate_passed else "FAIL",
+                    f"{row.useful_tokens_per_s:.1f}",
+                    ", ".join(f"{pool} {n}" for pool, n in row.served_by.items()) or "-",
                 ]
             )
     return out
@@ -251,20 +257,23 @@ REPEATED_COLUMNS = (
 )
 
 
-def _spread(value: Mapping[str, Any] | None, digits: int) -> str:
-    if not value or value.get("median") is None:
+def _spread(value: Spread, digits: int) -> str:
+    if value.median is None:
         return "-"
-    text = f"{value['median']:.{digits}f}"
-    return text + (f" [{value['min']:.{digits}f}-{value['max']:.{digits}f}]" if value["n"] > 1 else "")
+    text = f"{value.median:.{digits}f}"
+    if value.n > 1 and value.min is not None and value.max is not None:
+        text += f" [{value.min:.{digits}f}-{value.max:.{digits}f}]"
+    return text
 
 
-def repeated_rows(report: Mapping[str, Any]) -> list[list[str]]:
+def repeated_rows(report: SweepReport) -> list[list[str]]:
     """A repeated sweep's rows: per profile × class the median and min-max over its valid repetitions."""
     out = []
-    for name, profile in report["aggregate"].items():
-        engine = str(report["profiles"].get(name, {}).get("engine", "vllm"))
+    for name, profile in (report.aggregate or {}).items():
+        run = report.profiles.get(name)
+        engine = run.engine if run is not None else "vllm"
         for class_name in [c.value for c in ALL_CLASSES]:
-            row = profile["classes"].get(class_name)
+            row: ClassSpread | None = profile.classes.get(class_name)
             if row is None:
                 continue
             out.append(
@@ -272,75 +281,83 @@ def repeated_rows(report: Mapping[str, Any]) -> list[list[str]]:
                     engine,
                     name,
                     class_name,
-                    str(row["runs"]),
-                    _spread(row["ttft_p99_ms"], 0),
-                    _spread(row["itl_p99_ms"], 0),
-                    _spread(row["goodput"], 2),
-                    f"{row['gate_passes']} of {row['runs']}",
+                    str(row.runs),
+                    _spread(row.ttft_p99_ms, 0),
+                    _spread(row.itl_p99_ms, 0),
+                    _spread(row.goodput, 2),
+                    f"{row.gate_passes} of {row.runs}",
                 ]
             )
     return out
 
 
-def _columns_and_rows(report: Mapping[str, Any]) -> tuple[tuple[str, ...], list[list[str]]]:
+def _columns_and_rows(report: SweepReport) -> tuple[tuple[str, ...], list[list[str]]]:
     # One run keeps today's table; a repeated sweep shows medians and spreads instead of one run's numbers.
-    if report.get("repeat", 1) > 1 and "aggregate" in report:
+    if report.repeat > 1 and report.aggregate is not None:
         return REPEATED_COLUMNS, repeated_rows(report)
     return COLUMNS, table_rows(report)
 
 
-def render_table(report: Mapping[str, Any]) -> Table:
-    table = Table(title=f"forge sweep ({report['load']})")
+def render_table(report: SweepReport) -> Table:
+    table = Table(title=f"forge sweep ({report.load})")
     columns, rows = _columns_and_rows(report)
     for column in columns:
         table.add_column(column, justify="left" if column in ("engine", "profile", "class", "gate") else "right")
     for row in rows:
         table.add_row(*row)
-    validity = report.get("validity") or {}
-    if validity and not validity["valid"]:
-        table.caption = f"INVALID RUN: {validity['why']}"
+    if report.validity and not report.validity.valid:
+        table.caption = f"INVALID RUN: {report.validity.why}"
     return table
 
 
-def render_markdown(report: Mapping[str, Any]) -> str:
+def render_markdown(report: SweepReport) -> str:
     columns, rows = _columns_and_rows(report)
     lines = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     notes = summary_lines(report)
     text = "\n".join(lines) + "\n" + ("\n" + "\n".join(f"- {n}" for n in notes) + "\n" if notes else "")
-    claims = report.get("claims")
-    if claims:
+    if report.claims:
         text += (
-            "\n## Claims\n\n" + "\n".join(f"- {line.removeprefix('claim: ')}" for line in claim_lines(claims)) + "\n"
+            "\n## Claims\n\n"
+            + "\n".join(f"- {line.removeprefix('claim: ')}" for line in claim_lines(report.claims))
+            + "\n"
         )
     return text
 
 
-def write_plots(report: Mapping[str, Any], directory: Path) -> list[Path]:
-    """ttft-cdf.png (one panel per class, one line per profile) and goodput.png (good requests per class,
-    one bar group per profile). Drawn off-screen, so it works on a CI runner without a display."""
-    import matplotlib
+# A title font of 12 pt averages about a tenth of an inch per character: a title wraps a little inside the
+# figure's width.
+TITLE_CHARS_PER_INCH = 9
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    profiles = report["profiles"]
-    classes = [c.value for c in ALL_CLASSES if any(c.value in p["classes"] for p in profiles.values())]
-    paths = []
+def wrapped(text: str, figure_width_in: float) -> str:
+    """`text` broken into lines that fit a figure `figure_width_in` inches wide (the load names every class)."""
+    return textwrap.fill(text, width=max(30, int(figure_width_in * TITLE_CHARS_PER_INCH)), break_on_hyphens=False)
 
+
+def ttft_cdf_figure(report: SweepReport) -> Figure:
+    """One panel per class, one line per profile; the legend below the panels, the title wrapped above them."""
+    from matplotlib.figure import Figure  # imported when a sweep draws: the CLI starts without it
+
+    profiles = report.profiles
+    classes = plotted_classes(report)
     columns = 3
     rows = max(1, (len(classes) + columns - 1) // columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.6 * rows), squeeze=False)
+    width = 5.0 * columns
+    fig = Figure(figsize=(width, 3.6 * rows + 1.2), layout="constrained")
+    axes = fig.subplots(rows, columns, squeeze=False)
     for panel, class_name in zip(axes.flat, classes, strict=False):
-        for name, profile in profiles.items():
-            samples = profile["classes"].get(class_name, {}).get("ttft_samples_ms") or []
-            sent = profile["classes"].get(class_name, {}).get("requests") or 0
+        for index, (name, profile) in enumerate(profiles.items()):
+            row = profile.classes.get(class_name)
+            samples = (row.ttft_samples_ms or []) if row is not None else []
+            sent = row.requests if row is not None else 0
             if not samples or not sent:
                 continue
             # The CDF is over requests *sent*: failed ones never reach 1.0, so a curve that stops short shows
             # the errors as well as the latency.
             ys = [(i + 1) / sent for i in range(len(samples))]
-            panel.step(samples, ys, where="post", label=name)
+            # One colour per profile in every panel, even where another profile measured nothing.
+            panel.step(samples, ys, where="post", label=name, color=f"C{index % 10}")
         panel.set_title(class_name)
         panel.set_xscale("log")
         panel.set_xlabel("TTFT (ms, log)")
@@ -349,29 +366,49 @@ def write_plots(report: Mapping[str, Any], directory: Path) -> list[Path]:
         panel.grid(True, alpha=0.3)
     for panel in list(axes.flat)[len(classes) :]:
         panel.axis("off")
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 4) or 1)
-    fig.suptitle(f"TTFT CDF per class ({report['load']})")
-    fig.tight_layout(rect=(0, 0.08, 1, 0.95))
-    path = directory / "ttft-cdf.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    paths.append(path)
+    # Every profile that drew a line once, in the report's order, whichever panel drew it first.
+    drawn = {line.get_label(): line for panel in axes.flat for line in panel.get_lines()}
+    names = [name for name in profiles if name in drawn]
+    if names:
+        fig.legend([drawn[n] for n in names], names, loc="outside lower center", ncol=min(len(names), 4))
+    fig.suptitle(wrapped(f"TTFT CDF per class ({report.load})", width))
+    return fig
 
-    fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(profiles) + 4), 4.5))
-    width = 0.8 / max(1, len(classes))
+
+def goodput_figure(report: SweepReport) -> Figure:
+    """Good requests per class, one bar group per profile; the legend below the bars, the title wrapped."""
+    from matplotlib.figure import Figure  # imported when a sweep draws: the CLI starts without it
+
+    profiles = report.profiles
+    classes = plotted_classes(report)
+    width = max(9.0, 1.6 * len(profiles) + 5)
+    fig = Figure(figsize=(width, 5.2), layout="constrained")
+    ax = fig.subplots()
+    bar = 0.8 / max(1, len(classes))
     for offset, class_name in enumerate(classes):
-        xs = [i + offset * width for i in range(len(profiles))]
-        ys = [p["classes"].get(class_name, {}).get("goodput", 0.0) for p in profiles.values()]
-        ax.bar(xs, ys, width=width, label=class_name)
-    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(profiles))], list(profiles), rotation=15)
+        xs = [i + offset * bar for i in range(len(profiles))]
+        ys = [row.goodput if (row := p.classes.get(class_name)) else 0.0 for p in profiles.values()]
+        ax.bar(xs, ys, width=bar, label=class_name)
+    ax.set_xticks([i + 0.4 - bar / 2 for i in range(len(profiles))], list(profiles), rotation=15)
     ax.set_ylabel("goodput (requests meeting their SLOs / sent)")
     ax.set_ylim(0, 1.05)
-    ax.legend(ncol=3, fontsize="small")
-    ax.set_title(f"Goodput per profile ({report['load']})")
-    fig.tight_layout()
-    path = directory / "goodput.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    paths.append(path)
+    ax.grid(True, axis="y", alpha=0.3)
+    if classes:
+        fig.legend(loc="outside lower center", ncol=min(len(classes), 6), fontsize="small")
+    fig.suptitle(wrapped(f"Goodput per profile ({report.load})", width))
+    return fig
+
+
+def plotted_classes(report: SweepReport) -> list[str]:
+    """The classes any profile measured, in the router's order."""
+    return [c.value for c in ALL_CLASSES if any(c.value in p.classes for p in report.profiles.values())]
+
+
+def write_plots(report: SweepReport, directory: Path) -> list[Path]:
+    """ttft-cdf.png and goodput.png, drawn off-screen (no display on a CI runner, no pyplot state)."""
+    paths = []
+    for name, draw in (("ttft-cdf.png", ttft_cdf_figure), ("goodput.png", goodput_figure)):
+        path = directory / name
+        draw(report).savefig(path, dpi=100)
+        paths.append(path)
     return paths

@@ -8,7 +8,7 @@ import json
 import random
 import socket
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +38,7 @@ class SSEParser:
         return events
 
 
-def content_of(event: dict[str, Any]) -> str | None:
+def content_of(event: Mapping[str, object]) -> str | None:
     """The content a chunk carries (text, delta text or a tool call), or None for a content-free chunk."""
     choices = event.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):

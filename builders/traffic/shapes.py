@@ -5,12 +5,58 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Required, TypedDict
 
 from builders.router.classes import RequestClass
 from builders.traffic.plan import AgentPlan, ClassPlan, Endpoint, TrafficPlan
 
 ENDPOINT_PATHS: dict[str, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+
+
+# The OpenAI API's request bodies, as far as the traffic sends them: OpenAI's and vLLM's shapes, not Forge's.
+class ToolCallFunction(TypedDict):
+    name: str
+    arguments: str
+
+
+class ToolCall(TypedDict):
+    id: str
+    type: str
+    function: ToolCallFunction
+
+
+class Message(TypedDict, total=False):
+    role: Required[str]
+    content: Required[str]
+    tool_calls: list[ToolCall]
+    tool_call_id: str
+
+
+class FunctionSpec(TypedDict):
+    name: str
+    description: str
+    parameters: dict[str, object]
+    """The arguments' JSON Schema."""
+
+
+class Tool(TypedDict):
+    type: str
+    function: FunctionSpec
+
+
+class RequestBody(TypedDict, total=False):
+    """A chat or completions request; `messages` for chat, `prompt` for completions."""
+
+    model: Required[str]
+    max_tokens: Required[int]
+    stream: Required[bool]
+    ignore_eos: bool
+    messages: list[Message]
+    prompt: str
+    tools: list[Tool]
+    tool_choice: str
+    logprobs: bool | int
+    top_logprobs: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -21,7 +67,7 @@ class RequestSpec:
     index: int
     turn: int = 0
     endpoint: Endpoint
-    body: dict[str, Any]
+    body: RequestBody
     headers: dict[str, str]
     read_bytes: int | None = None
     read_delay_s: float = 0.0
@@ -38,8 +84,8 @@ class RequestSpec:
     @property
     def prompt_chars(self) -> int:
         if "prompt" in self.body:
-            return len(str(self.body["prompt"]))
-        return sum(len(str(m.get("content") or "")) for m in self.body["messages"])
+            return len(self.body["prompt"])
+        return sum(len(m["content"]) for m in self.body.get("messages", []))
 
 
 class ShapeBuilder:
@@ -59,12 +105,12 @@ class ShapeBuilder:
 
     def _body(
         self, endpoint: Endpoint, text: str, plan: ClassPlan, *, stream: bool, system: str | None = None
-    ) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": self.plan.model, "max_tokens": plan.max_tokens, "stream": stream}
+    ) -> RequestBody:
+        body: RequestBody = {"model": self.plan.model, "max_tokens": plan.max_tokens, "stream": stream}
         if plan.ignore_eos:
             body["ignore_eos"] = True
         if endpoint == "chat":
-            messages = [{"role": "system", "content": system}] if system else []
+            messages: list[Message] = [{"role": "system", "content": system}] if system else []
             body["messages"] = [*messages, {"role": "user", "content": text}]
         else:
             body["prompt"] = f"{system}\n{text}" if system else text
@@ -135,11 +181,10 @@ class ShapeBuilder:
         body = self._body(plan.endpoint, text, plan, stream=True)
         if plan.top_logprobs is not None:
             # The chat API takes a flag and a count; the completions API takes the count as `logprobs`.
-            body.update(
-                {"logprobs": True, "top_logprobs": plan.top_logprobs}
-                if plan.endpoint == "chat"
-                else {"logprobs": plan.top_logprobs}
-            )
+            if plan.endpoint == "chat":
+                body["logprobs"], body["top_logprobs"] = True, plan.top_logprobs
+            else:
+                body["logprobs"] = plan.top_logprobs
         return RequestSpec(
             request_class=RequestClass.SLOW_STREAM,
             index=index,
@@ -175,8 +220,8 @@ class AgentConversation:
     builder: ShapeBuilder
     index: int
     turn: int = 0
-    messages: list[dict[str, Any]] = field(default_factory=list)
-    tools: list[dict[str, Any]] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
+    tools: list[Tool] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         plan = self.plan
@@ -211,9 +256,9 @@ class AgentConversation:
 
     def next_request(self) -> RequestSpec:
         plan = self.plan
-        body: dict[str, Any] = {
+        body: RequestBody = {
             "model": self.builder.plan.model,
-            "messages": [dict(m) for m in self.messages],
+            "messages": [m.copy() for m in self.messages],
             "tools": self.tools,
             "tool_choice": plan.tool_choice,
             "max_tokens": plan.max_tokens,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from builders.config import Project
+from builders.project import Project
 from builders.repro.lockfile import read_lock
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from builders.config import Project
 from builders.config.models import GpuMode
+from builders.engines import make_plan
 from builders.errors import ConfigError
-from builders.plan import BuildPlan, PlanOptions, make_plan
+from builders.plan import BuildPlan, PlanOptions
+from builders.project import Project
 from builders.render import render
 
 ROOT = Path(__file__).resolve().parents[2]

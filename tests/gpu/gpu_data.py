@@ -1,4 +1,4 @@
-"""cuobjdump's recorded output for vLLM 0.33.0's CUDA wheel, read as the tests of the arch reader and gate need it."""
+"""cuobjdump's captured output for vLLM 0.33.0's CUDA wheel, read as the tests of the arch reader and gate need it."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ VLLM = DATA / "vllm-0.33.0"
 ARCH_LIST = "7.5 8.0 8.6 8.9 9.0 10.0 11.0 12.0"
 
 
-def recorded(directory: Path, stem: str) -> LibraryArchs:
+def captured(directory: Path, stem: str) -> LibraryArchs:
     elf = directory / f"{stem}.elf.txt"
     ptx = directory / f"{stem}.ptx.txt"
     return LibraryArchs(
@@ -23,4 +23,4 @@ def recorded(directory: Path, stem: str) -> LibraryArchs:
 
 
 def vllm_libraries() -> list[LibraryArchs]:
-    return [recorded(VLLM, p.name.removesuffix(".elf.txt")) for p in sorted(VLLM.glob("*.elf.txt"))]
+    return [captured(VLLM, p.name.removesuffix(".elf.txt")) for p in sorted(VLLM.glob("*.elf.txt"))]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from gpu_data import ARCH_LIST, DATA, VLLM, recorded, vllm_libraries
+from gpu_data import ARCH_LIST, DATA, VLLM, captured, vllm_libraries
 
 from builders.errors import ConfigError, ForgeError
 from builders.gpu_archs import Arch, Capability, core, coverage_gaps, parse_listing
@@ -16,23 +16,23 @@ def sms(archs: frozenset[Arch]) -> list[str]:
 
 
 def test_vllm_core_library_archs_as_cuobjdump_lists_them() -> None:
-    c = recorded(VLLM, "_C_stable_libtorch")
+    c = captured(VLLM, "_C_stable_libtorch")
     assert sms(c.sass) == ["sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100", "sm_120"]
     assert sms(c.ptx) == ["sm_80", "sm_89", "sm_90"]
-    moe = recorded(VLLM, "_moe_C_stable_libtorch")
+    moe = captured(VLLM, "_moe_C_stable_libtorch")
     assert sms(moe.sass) == ["sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120"]
     assert sms(moe.ptx) == ["sm_80"]
 
 
 def test_attention_libraries_are_per_gpu_family() -> None:
-    assert sms(recorded(VLLM, "_vllm_fa3_C").sass) == ["sm_90a"]
-    assert sms(recorded(VLLM, "_vllm_fa2_C").sass) == ["sm_80"]
-    assert sms(recorded(VLLM, "_flashmla_C").sass) == ["sm_90a", "sm_100"]
+    assert sms(captured(VLLM, "_vllm_fa3_C").sass) == ["sm_90a"]
+    assert sms(captured(VLLM, "_vllm_fa2_C").sass) == ["sm_80"]
+    assert sms(captured(VLLM, "_flashmla_C").sass) == ["sm_90a", "sm_100"]
 
 
 def test_libraries_without_device_code_read_empty() -> None:
     for stem in ("spinloop", "fs_io_C", "cumem_allocator", "_C_extension"):
-        lib = recorded(VLLM, stem)
+        lib = captured(VLLM, stem)
         assert not lib.has_device_code, stem
     assert [library.library for library in core(vllm_libraries())] == ["_C_stable_libtorch", "_moe_C_stable_libtorch"]
 
@@ -68,7 +68,7 @@ def test_compatibility_rules(arch: str, gpu: str, sass: bool, ptx: bool) -> None
 def test_vllm_wheel_covers_the_recipe_arch_list_11_0_only_through_ptx() -> None:
     libs = vllm_libraries()
     assert coverage_gaps(libs, ARCH_LIST, where="recipes/vllm-gpu.yaml") == []
-    c = recorded(VLLM, "_C_stable_libtorch")
+    c = captured(VLLM, "_C_stable_libtorch")
     assert c.runs_on(Capability(11, 0)) == "compute_90 PTX (JIT)"
     assert c.runs_on(Capability(8, 6)) == "sm_86 SASS"
     assert c.runs_on(Capability(10, 3)) == "sm_100 SASS"
@@ -91,6 +91,6 @@ def test_bad_arch_list_names_where() -> None:
 
 
 def test_nvjpeg_listing() -> None:
-    lib = recorded(DATA / "nvjpeg-13.3.2.43", "libnvjpeg")
+    lib = captured(DATA / "nvjpeg-13.3.2.43", "libnvjpeg")
     assert sms(lib.sass) == [f"sm_{n}" for n in (75, 80, 86, 89, 90, 100, 103, 107, 120, 121)]
     assert sms(lib.ptx) == ["sm_121"]

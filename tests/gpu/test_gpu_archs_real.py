@@ -30,13 +30,13 @@ pytestmark = [
 ]
 
 
-def test_real_cuobjdump_reads_nvjpeg_as_recorded() -> None:
+def test_real_cuobjdump_reads_nvjpeg_as_captured() -> None:
     cache = wheel_cache(ROOT)
     tool = cuobjdump_from_pypi(cache)
     (library,) = unpacked_wheel(fetch_wheel(*NVJPEG, cache)).rglob("libnvjpeg.so.*")
     lib = read_library(tool, library)
-    assert lib.sass == parse_listing((RECORDED / "libnvjpeg.elf.txt").read_text(), "sass", where="recorded")
-    assert lib.ptx == parse_listing((RECORDED / "libnvjpeg.ptx.txt").read_text(), "ptx", where="recorded")
+    assert lib.sass == parse_listing((RECORDED / "libnvjpeg.elf.txt").read_text(), "sass", where="captured")
+    assert lib.ptx == parse_listing((RECORDED / "libnvjpeg.ptx.txt").read_text(), "ptx", where="captured")
     assert Arch(12, 1) in lib.ptx
     assert lib.runs_on(Capability(7, 0)) is None
     assert lib.runs_on(Capability(9, 0)) == "sm_90 SASS"

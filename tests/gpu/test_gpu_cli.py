@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from builders.cli import main
-from builders.preflight.runner import COMPILE_GATES
+from builders.engines.vllm.preflight import COMPILE_GATES
 
 SOURCE = Path(__file__).parents[1] / "preflight" / "fixtures" / "vllm-0.33.0"
 # Gates whose verdict depends on this host's disk and memory, not on the distro files.

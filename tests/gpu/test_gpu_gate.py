@@ -1,4 +1,5 @@
-"""The GPU gate on nvidia-smi outputs of real GPUs and the archs cuobjdump read from vLLM 0.33.0's wheel."""
+"""The GPU gate on typed nvidia-smi outputs (tests/gpu/data/nvidia-smi/README.md says where each comes from) and on
+the archs cuobjdump read from vLLM 0.33.0's wheel (captured)."""
 
 from __future__ import annotations
 
@@ -38,9 +39,30 @@ def test_nvidia_smi_outputs_parse() -> None:
     assert parse_nvidia_smi("NVIDIA L4, 8.9\n", source="x")[0].capability == Capability(8, 9)
 
 
-def test_a_driver_without_compute_cap_is_a_usage_error() -> None:
-    with pytest.raises(UsageError, match=r"old-driver.csv:2: '\[N/A\]' is not a compute capability"):
+def test_a_saved_output_of_a_driver_before_510_says_what_to_do() -> None:
+    # What such a driver prints for the query: one line and a blank one, no GPU.
+    assert (SMI / "old-driver.csv").read_text() == 'Field "compute_cap" is not a valid field to query.\n\n'
+    with pytest.raises(UsageError) as info:
         gpus("old-driver.csv")
+    assert info.value.message == (
+        f"{SMI / 'old-driver.csv'}: nvidia-smi does not know the compute_cap field: it needs driver 510 or later "
+        "for compute_cap, or pass --gpu-product"
+    )
+    assert info.value.exit_code == 2 and "--gpu-product" in (info.value.hint or "")
+
+
+def test_a_saved_nvml_failure_is_named_not_parsed() -> None:
+    with pytest.raises(UsageError) as info:
+        gpus("driver-library-mismatch.txt")
+    assert "Driver/library version mismatch (NVML library 535.161)" in info.value.message
+    assert "reboot" in (info.value.hint or "")
+
+
+def test_an_output_that_is_no_name_compute_cap_list_is_refused() -> None:
+    with pytest.raises(UsageError, match=r"x.csv:2: '\[N/A\]' is not a compute capability"):
+        parse_nvidia_smi("name, compute_cap\nTesla T4, [N/A]\n", source="x.csv")
+    with pytest.raises(UsageError, match="is not a `name, compute_cap` line"):
+        parse_nvidia_smi((SMI / "no-driver.txt").read_text(), source="no-driver.txt")
     with pytest.raises(UsageError, match="no GPU listed"):
         parse_nvidia_smi("name, compute_cap\n", source="empty.csv")
 
@@ -50,7 +72,9 @@ def test_a_driver_without_compute_cap_is_a_usage_error() -> None:
 )
 def test_gpus_inside_the_wheels_archs_pass(fixture: str) -> None:
     path = SMI / fixture
-    verdicts = enforce(parse_nvidia_smi(path.read_text(), source=fixture), vllm_libraries(), "recorded")
+    verdicts = enforce(
+        parse_nvidia_smi(path.read_text(), source=fixture), vllm_libraries(), "captured cuobjdump output"
+    )
     assert all(v.supported for v in verdicts)
 
 
@@ -61,7 +85,7 @@ def test_gpus_inside_the_wheels_archs_pass(fixture: str) -> None:
 def test_gpus_outside_are_refused_with_gpu_capability_and_archs(fixture: str, name: str, cap: str) -> None:
     path = SMI / fixture
     with pytest.raises(GpuUnsupported) as info:
-        enforce(parse_nvidia_smi(path.read_text(), source=fixture), vllm_libraries(), "recorded")
+        enforce(parse_nvidia_smi(path.read_text(), source=fixture), vllm_libraries(), "captured cuobjdump output")
     err = info.value
     assert err.exit_code == 20
     assert f"{name} (compute capability {cap}, from {fixture})" in err.message
@@ -138,7 +162,7 @@ def test_args_errors_name_the_flag(tmp_path: Path) -> None:
     (tmp_path / "r.json").write_text("{}")
     with pytest.raises(UsageError, match=r"--image-archs .*r.json: no cuda_archs in it"):
         gate_from_args(parse("--gpu-product", "NVIDIA-L4", "--image-archs", str(tmp_path / "r.json")))
-    with pytest.raises(UsageError, match=r"--gpu-query .*nope.csv: cannot read it"):
+    with pytest.raises(UsageError, match=r"--gpu-query .*nope.csv does not exist"):
         gate_from_args(parse("--gpu-query", str(tmp_path / "nope.csv"), "--image-archs", ARCH_LIST))
     # nothing given and no arch list: no gate (a CPU image)
     assert gate_from_args(parse()) is None

@@ -8,12 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from builders.config import Project
 from builders.config.models import Distro
-from builders.plan import PlanOptions, make_plan
-from builders.preflight import gates, run_preflight
-from builders.preflight.findings import Finding
-from builders.preflight.source_facts import SourceFacts, read_source_facts
+from builders.engines import make_plan
+from builders.engines.vllm import gates
+from builders.engines.vllm.source_facts import SourceFacts, read_source_facts
+from builders.gates.findings import Finding
+from builders.plan import PlanOptions
+from builders.preflight import run_preflight
+from builders.project import Project
 
 SOURCE = Path(__file__).parents[1] / "preflight" / "fixtures" / "vllm-0.33.0"
 

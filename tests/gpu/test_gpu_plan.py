@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from builders.config import Project
 from builders.config.models import Distro, GpuMode, TorchChoice
+from builders.engines import make_plan
 from builders.engines.vllm.plan import glibc_rsqrt_fix, make_cuda_plan
 from builders.errors import ConfigError
-from builders.plan import BuildPlan, PlanOptions, make_plan
+from builders.plan import BuildPlan, PlanOptions
+from builders.project import Project
 
 GPU_DISTROS = ("fedora-44", "ubi-9", "ubuntu-24.04")
 MODES: tuple[GpuMode, ...] = ("source", "wheel")

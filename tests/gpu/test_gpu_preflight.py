@@ -11,12 +11,13 @@ from typing import ClassVar
 
 import pytest
 
-from builders.config import Project
 from builders.config.models import Distro, Recipe, TorchChoice
 from builders.container import Engine
-from builders.plan import PlanOptions, make_plan
+from builders.engines import make_plan
+from builders.engines.vllm.preflight import COMPILE_GATES
+from builders.plan import PlanOptions
 from builders.preflight import PreflightReport, run_preflight
-from builders.preflight.runner import COMPILE_GATES
+from builders.project import Project
 
 SOURCE = Path(__file__).parents[1] / "preflight" / "fixtures" / "vllm-0.33.0"
 

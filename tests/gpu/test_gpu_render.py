@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from builders.config import Project
 from builders.config.models import GpuMode
-from builders.plan import PlanOptions, make_plan
+from builders.engines import make_plan
+from builders.plan import PlanOptions
+from builders.project import Project
 from builders.render import render
 
 GPU_DISTROS = ("fedora-44", "ubi-9", "ubuntu-24.04")

@@ -10,11 +10,12 @@ from typing import Any
 import pytest
 from gpu_data import ARCH_LIST, VLLM
 
-from builders.config import Project
+from builders.engines import make_plan
 from builders.engines.vllm.gpu_wheel import judge_archs, judge_libs
 from builders.errors import UsageError
-from builders.plan import BuildPlan, PlanOptions, make_plan
+from builders.plan import BuildPlan, PlanOptions
 from builders.preflight.gpu_gate import gpu_from_product, image_libraries, judge
+from builders.project import Project
 from builders.render import render
 from builders.target import Target
 
@@ -82,7 +83,7 @@ def test_any_other_load_failure_fails() -> None:
 
 
 def archs_out() -> str:
-    """What the image's probe prints for vLLM's libraries, from cuobjdump's recorded listings."""
+    """What the image's probe prints for vLLM's libraries, from cuobjdump's captured listings."""
     libs = {}
     for elf in sorted(VLLM.glob("*.elf.txt")):
         stem = elf.name.removesuffix(".elf.txt")
@@ -90,7 +91,7 @@ def archs_out() -> str:
         entry = {}
         for flag, path in (("--list-elf", elf), ("--list-ptx", ptx)):
             text = path.read_text()
-            # cuobjdump exits 255 where it finds no code of the kind asked for, as it did when recorded.
+            # cuobjdump exits 255 where it finds no code of the kind asked for, as it did when captured.
             entry[flag] = [0 if text.startswith(("ELF", "PTX")) else 255, text.splitlines()]
         libs[f"vllm/{stem}.abi3.so"] = entry
     return "CUOBJDUMP " + json.dumps({"tool": "/opt/venv/.../cuobjdump", "libs": libs})

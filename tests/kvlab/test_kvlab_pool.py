@@ -5,10 +5,14 @@ through, the ids a sliding window frees, and the invariant checks each shown fai
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from builders.kvlab import fuzz
 from builders.kvlab.pool import POOL_BUGS, BlockPool, FreeBlockQueue, KVBlock, PoolError, Request, hash_block
 
 COW_HINT = "vLLM V1 shares only full blocks; create the pool with cow=True for V0's copy-on-write"
@@ -28,7 +32,7 @@ def test_each_refusal_says_which_rule_and_what_to_do() -> None:
     assert _refusal(lambda: BlockPool(4, 4, bug="nope")).message == (
         f"unknown pool bug 'nope'; known: {', '.join(POOL_BUGS)}"
     )
-    assert POOL_BUGS == ("no-hit-cap", "mru-eviction", "window-frees-extra", "append-not-atomic", "parentless-hash")
+    assert POOL_BUGS[:5] == ("no-hit-cap", "mru-eviction", "window-frees-extra", "append-not-atomic", "parentless-hash")
 
     pool = BlockPool(4, 4)
     r = pool.add_request("r", [])
@@ -216,7 +220,17 @@ def _broken_link(pool: BlockPool, r: Request) -> None:
         (lambda p, r: r.hashes.append(b"x"), "r: hash count"),
         (lambda p, r: p.free_queue.append(p.null_block), "the null block is in the free queue"),
         (lambda p, r: setattr(p.free_queue, "num_free", 99), "free queue has duplicates or a bad count"),
-        (lambda p, r: p.cached.__setitem__(b"other", p.blocks[r.block_ids[0]]), "cached block {0} has another hash"),
+        (
+            lambda p, r: p.cached.__setitem__(b"other", {r.block_ids[0]: p.blocks[r.block_ids[0]]}),
+            "cached block {0} has another hash",
+        ),
+        (lambda p, r: p.cached.__setitem__(b"other", {}), "a hash is cached with no block"),
+        (
+            lambda p, r: p.cached[r.hashes[0]].__setitem__(5, p.blocks[r.block_ids[0]]),
+            "cached block {0} is filed under id 5",
+        ),
+        (lambda p, r: p.cached[r.hashes[1]].clear(), "a hash is cached with no block"),
+        (lambda p, r: p.cached.pop(r.hashes[1]), "block {1}: hashed but not cached, or cached without its hash"),
         (lambda p, r: p.free_queue.remove(p.blocks[7]), "block 7: free iff ref 0"),
         (lambda p, r: p.free_queue.append(KVBlock(99)), "lost blocks"),
         (_shared_partial, "block {2}: shared but not full"),
@@ -231,3 +245,64 @@ def test_each_invariant_fails_on_the_corruption_it_names(
     with pytest.raises(AssertionError) as caught:
         pool.check_invariants()
     assert str(caught.value) == message.format(*request.block_ids)
+
+
+# -- the pool's state after sequences its first fuzz never built (issue 51) ----------------------------------------
+
+
+def test_every_copy_of_a_block_is_cached_and_a_hit_takes_the_first() -> None:
+    # vLLM V1 keeps {hash: {block id: block}} and never de-duplicates, so block tables stay append-only.
+    pool = BlockPool(8, 4)
+    prompt = list(range(8))
+    a = pool.add_request("a", prompt)
+    pool.append(a, prompt)
+    b = pool.add_request("b", prompt)  # the hit is capped at 7 tokens: b computes the second block again
+    pool.append(b, prompt[b.num_tokens :])
+    assert list(pool.cached[a.hashes[1]]) == [a.block_ids[1], b.block_ids[1]]
+    assert pool.cached_prefix([*prompt, 0])[1] is pool.blocks[a.block_ids[1]]
+    # Evicting a's copy leaves b's findable; evicting both drops the hash.
+    second, a_copy, b_copy = a.hashes[1], a.block_ids[1], b.block_ids[1]
+    pool.free(a)
+    pool._evict(pool.blocks[a_copy], second)
+    assert list(pool.cached[second]) == [b_copy]
+    pool._evict(pool.blocks[b_copy], second)
+    assert second not in pool.cached
+
+
+def test_the_hash_separates_token_ids_whose_digits_run_together() -> None:
+    assert hash_block(None, [1, 23, 4]) != hash_block(None, [12, 3, 4])
+    assert hash_block(None, [1, 23, 4], no_separator=True) == hash_block(None, [12, 3, 4], no_separator=True)
+
+
+@settings(max_examples=200, derandomize=True, database=None)
+@given(st.text("0123456789", min_size=2, max_size=12), st.data())
+def test_two_splits_of_the_same_digits_never_hash_alike(digits: str, data: st.DataObject) -> None:
+    # The collision a separator-free join allows: the same digits cut into token ids at other places.
+    def split(cuts: list[int]) -> list[int]:
+        edges = [0, *sorted(set(cuts)), len(digits)]
+        return [int(digits[i:j]) for i, j in itertools.pairwise(edges) if j > i]
+
+    cut = st.lists(st.integers(1, len(digits) - 1), max_size=len(digits))
+    first, second = split(data.draw(cut)), split(data.draw(cut))
+    assert (hash_block(None, first) == hash_block(None, second)) == (first == second)
+    parent = hash_block(None, [7])
+    assert (hash_block(parent, first) == hash_block(parent, second)) == (first == second)
+
+
+@pytest.mark.parametrize(
+    ("bug", "message"),
+    [
+        ("one-copy-per-hash", "hashed but not cached"),
+        ("stale-hash-after-eviction", "has another hash"),
+        ("hash-without-separator", "prefix hit of"),
+        ("free-keeps-request", "a new request with its id is refused"),
+        ("hit-skips-hole", "prefix hit of"),
+        ("parentless-hash", "prefix hit of"),
+    ],
+)
+def test_each_state_property_fails_when_its_bug_is_put_back(bug: str, message: str) -> None:
+    # The fuzz's seeded sequences (the path without Hypothesis) against the pool with the bug planted: the
+    # property that names it fails, on a shrunk sequence. Without the bug every sequence passes.
+    with pytest.raises(AssertionError, match=message):
+        fuzz.check_seeded(bug)
+    fuzz.check_seeded(None)

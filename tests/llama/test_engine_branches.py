@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
-from typing import get_args
 
-from builders.config.models import Recipe
+from builders.engines import ENGINES as REGISTRY
 
 ROOT = Path(__file__).resolve().parents[2]
-ENGINES: tuple[str, ...] = get_args(Recipe.model_fields["engine"].annotation)
+ENGINES: tuple[str, ...] = REGISTRY.names
 # vLLM is the engine the rest of the package was written for; its name is also the sdist's source key ("vllm" in
 # overrides), so a bare "vllm" string is not an engine branch. Compared with something called engine, it is.
 OTHER_ENGINES = tuple(e for e in ENGINES if e != "vllm")

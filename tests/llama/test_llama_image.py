@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from builders.config import Project
 from builders.container import Engine
-from builders.engines import native_engine
-from builders.plan import PlanOptions, make_plan
+from builders.engines import ENGINES, make_plan
+from builders.plan import PlanOptions
+from builders.project import Project
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "smoke"))
 from smoke_helpers import llama_image
@@ -51,7 +51,7 @@ def test_labels_record_the_isa_the_recipe_chose(image: str, project: Project) ->
 def test_the_image_passes_its_test_stage_again(image: str, project: Project, engine: Engine) -> None:
     distro, recipe = project.distro("debian-14"), project.recipe_for("llama-cpp")
     plan = make_plan(distro, recipe, PlanOptions(max_jobs=1))
-    results = native_engine(recipe).checks(engine, image, plan)
+    results = ENGINES.of(recipe).checks(engine, image, plan)
     assert [r.name for r in results] == ["llama-server-version", "no-compilers", "serve-gguf"]
     failed = [f"{r.name}: {r.detail}" for r in results if not r.ok]
     assert failed == []

@@ -8,9 +8,9 @@ import time
 import pytest
 
 from builders.bootstrap import ensure_base, ensure_image, registry_of
-from builders.config import Project
 from builders.container import Engine
 from builders.errors import BaseUnavailable
+from builders.project import Project
 
 
 @pytest.mark.parametrize(

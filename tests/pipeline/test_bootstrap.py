@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from builders.bootstrap import bootstrap, bootstrap_failure, remove_stale_tempdir, stale_tempdir
-from builders.config import Project
 from builders.container import Engine
 from builders.distros import family_for
 from builders.errors import BaseUnavailable
+from builders.project import Project
 
 LOGS = Path(__file__).parents[1] / "logs"
 

@@ -1,4 +1,4 @@
-"""How a build ends is recorded in one place (Context.recorded): the loop over the phases only runs them. Here
+"""How a build ends is recorded in one place (build.recorded): the loop over the phases only runs them. Here
 the phases are stand-ins, so each way a build ends is seen without an engine."""
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from builders import build as build_module
-from builders.build import BuildOptions, Context, build
-from builders.config import Project
+from builders.build import BuildOptions, build
+from builders.context import Context
 from builders.errors import BuildFailed, PreflightBlocked
+from builders.project import Project
 
 
 def _run(
@@ -35,7 +36,7 @@ def _run(
     monkeypatch.setattr(
         build_module,
         "PHASES",
-        (("first", first, lambda o: True), ("second", second, lambda o: True), ("skipped", skipped, lambda o: False)),
+        (("first", first, lambda c: True), ("second", second, lambda c: True), ("skipped", skipped, lambda c: False)),
     )
     reports = tmp_path / "report"
     build(project, project.distro("debian-12"), project.recipe_for("cpu"), BuildOptions(reports_dir=reports), print)

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from builders.build import BuildOptions, build
-from builders.config import Project
 from builders.container import Engine
 from builders.errors import BaseUnavailable, PreflightBlocked
+from builders.project import Project
 
 pytestmark = [pytest.mark.engine]
 

@@ -16,9 +16,10 @@ from types import ModuleType
 
 import pytest
 
-from builders.config import Project
+from builders.engines import make_plan
 from builders.engines.vllm.image_tests import BYTECODE_PROBE, ImportProbe, check_bytecode
-from builders.plan import PlanOptions, make_plan
+from builders.plan import PlanOptions
+from builders.project import Project
 
 SCRIPT = Path(__file__).resolve().parents[2] / "containers" / "scripts" / "install_wheelhouse.py"
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from builders.config import Project
 from builders.errors import ConfigError, UsageError
+from builders.project import Project
 
 
 def test_every_distro_and_recipe_loads(project: Project) -> None:

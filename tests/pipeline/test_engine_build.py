@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -10,9 +11,10 @@ import pytest
 
 from builders.bootstrap import bootstrap, ensure_base
 from builders.build import BuildOptions, build
-from builders.config import Project
 from builders.container import Engine, RunSpec
 from builders.errors import BaseUnavailable, BuildFailed
+from builders.project import Project
+from builders.report import BuildReport
 
 pytestmark = pytest.mark.engine
 
@@ -54,13 +56,16 @@ def test_router_image_builds_tests_and_tags(project: Project, engine: Engine, tm
     )
     try:
         assert report.result == "succeeded"
-        assert report.builder["name"] in {"buildkit", "legacy"}
-        assert all(t["ok"] for t in report.tests) and report.tests
+        assert report.builder is not None and report.builder.name in {"buildkit", "legacy"}
+        assert all(t.ok for t in report.tests) and report.tests
         info = engine.image_info(tag)
         assert info.labels["dev.forge.recipe"] == "router"
         assert info.labels["dev.forge.distro"] == "debian-12"
         assert set(report.phases) >= {"engine", "base", "context", "build", "test", "tag"}
         assert (tmp_path / "report.json").exists() and (tmp_path / "summary.txt").exists()
+        # A real build's report, every section filled, reads back through its model unchanged.
+        written = json.loads((tmp_path / "report.json").read_text())
+        assert BuildReport.read(tmp_path / "report.json").as_json() == written
         # The CA bundle was a build secret: it is nowhere in the final image.
         rc, out = engine.run_once(
             RunSpec(

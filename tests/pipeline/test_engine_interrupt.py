@@ -17,7 +17,7 @@ import pytest
 
 from builders.container import Engine
 from builders.container.docker_engine import DockerEngine
-from builders.report import BuildReport
+from builders.report import BuildReport, ImageRecord
 
 pytestmark = pytest.mark.engine
 
@@ -34,7 +34,7 @@ def _plant_earlier_build(folder: Path) -> None:
     folder.mkdir(parents=True)
     earlier = BuildReport(distro="debian-12", target="router", recipe="router", result="succeeded")
     earlier.started, earlier.error = "2020-01-01T00:00:00Z", EARLIER
-    earlier.image = {"id": "sha256:" + "e" * 64, "tags": ["forge/debian-12-router:old"], "size": 1}
+    earlier.image = ImageRecord(id="sha256:" + "e" * 64, tags=["forge/debian-12-router:old"], size=1)
     earlier.write(folder)
     for name in ("sbom.cdx.json", "build.log", "toolchain.log", "Containerfile"):
         (folder / name).write_text(f"{name} {EARLIER}\n")

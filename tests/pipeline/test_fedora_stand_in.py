@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from builders.config import Project
 from builders.config.models import Distro
 from builders.distros import family_for
-from builders.plan import BuildPlan, PlanOptions, make_plan
+from builders.engines import make_plan
+from builders.plan import BuildPlan, PlanOptions
+from builders.project import Project
 from builders.render import render
 
 STAND_IN, TARGET = "debian-14", "fedora-44"

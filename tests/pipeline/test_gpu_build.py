@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 
 from builders.build import BuildOptions, build, parse_toolchain, toolchain_script
-from builders.config import Project
 from builders.container import Engine
+from builders.engines import make_plan
 from builders.errors import BaseUnavailable
-from builders.plan import PlanOptions, make_plan
+from builders.plan import PlanOptions
+from builders.project import Project
 
 SOURCE = Path(__file__).parents[1] / "preflight" / "fixtures" / "vllm-0.33.0"
 NVCC_VERSION = """nvcc: NVIDIA (R) Cuda compiler driver

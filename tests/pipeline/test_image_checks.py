@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from builders.emulation import NEOVERSE_N1_MIDR, SYSFS_CPU, emulated_cpu_sysfs
+from builders.engines import make_plan
 from builders.engines.vllm.image_tests import IMPORT_PROBE, ImportProbe, check_cpu_kernels, check_import, check_version
-from builders.plan import PlanOptions, make_plan
+from builders.plan import PlanOptions
 
 SBGEMM = "ImportError('/opt/venv/lib/python3.11/site-packages/vllm/_C.abi3.so: undefined symbol: sbgemm_')"
 
@@ -93,7 +94,7 @@ def test_the_probe_loads_no_kernels_unless_the_plan_checks_them(tmp_path: Path) 
 
 
 def test_cpu_vllm_images_check_their_kernels_and_gpu_images_do_not() -> None:
-    from builders.config import Project
+    from builders.project import Project
 
     root = Path(__file__).resolve().parents[2]
     project = Project.load(root)
@@ -141,8 +142,8 @@ def test_a_failed_check_is_diagnosed_into_the_report_and_its_remedy_is_the_hint(
         judge_checks(checks, report)
     assert caught.value.message.startswith("test stage failed: cpu-kernels (torch-mismatch: ")
     assert "+cpu" in (caught.value.hint or "")
-    assert report.diagnosis is not None and report.diagnosis["category"] == "torch-mismatch"
-    assert "sbgemm_" in (report.diagnosis["line"] or "")
+    assert report.diagnosis is not None and report.diagnosis.category == "torch-mismatch"
+    assert "sbgemm_" in (report.diagnosis.line or "")
 
 
 def test_a_failure_no_rule_knows_keeps_the_checks_own_line_and_says_unknown() -> None:
@@ -156,5 +157,5 @@ def test_a_failure_no_rule_knows_keeps_the_checks_own_line_and_says_unknown() ->
     with pytest.raises(BuildFailed) as caught:
         judge_checks([failed], report)
     assert caught.value.message == "test stage failed: router-relay" and caught.value.hint == "python"
-    assert report.diagnosis is not None and report.diagnosis["category"] == "unknown"
+    assert report.diagnosis is not None and report.diagnosis.category == "unknown"
     judge_checks([CheckResult(name="entrypoint-help", ok=True, detail="usage", seconds=0)], report)  # no raise

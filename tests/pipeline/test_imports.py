@@ -1,5 +1,8 @@
-"""The package's import graph has no cycles, counting imports inside functions too (a late import is a cycle
-hidden, not removed: `build` → `repro.integration` → `repro.resolve` → `build` was one)."""
+"""The package's import graph has no cycles, counting every way one module reaches another: imports inside
+functions (a late import is a cycle hidden, not removed: `build` → `repro.integration` → `repro.resolve` → `build`
+was one), imports under `if TYPE_CHECKING:` (a type a module names is a dependency even if it never runs), and
+loads by name (`importlib.import_module("builders.x")`, `__import__`). A load by a name the graph cannot read (not
+a literal) fails the test, so "no cycle" means none."""
 
 from __future__ import annotations
 
@@ -17,30 +20,38 @@ def _modules() -> dict[str, Path]:
     return out
 
 
-def _type_only(tree: ast.Module) -> set[ast.AST]:
-    """The nodes under `if TYPE_CHECKING:`: annotations a type checker reads, never executed, so no import order
-    can depend on them (a serving engine annotating with the profile's PoolSettings while the profile lists the
-    engines is a plugin and its registry, not a cycle)."""
-    hidden: set[ast.AST] = set()
+def name_loads(tree: ast.Module) -> tuple[set[str], list[int]]:
+    """The modules `tree` loads by name (`importlib.import_module("m")`, `import_module("m")`, `__import__("m")`),
+    and the lines of such loads whose name is not a literal."""
+    named: set[str] = set()
+    unreadable: list[int] = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
-            for child in node.body:
-                hidden |= set(ast.walk(child))
-    return hidden
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+        if called not in {"import_module", "__import__"}:
+            continue
+        first = node.args[0] if node.args else None
+        if isinstance(first, ast.Constant) and isinstance(first.value, str):
+            named.add(first.value)
+        else:
+            unreadable.append(node.lineno)
+    return named, unreadable
 
 
 def import_graph() -> dict[str, set[str]]:
-    """Module → the builders modules it imports anywhere in its body that runs. `from pkg import sub` counts as
-    importing the submodule; a name that is not a submodule counts as importing the package that defines it."""
+    """Module → the builders modules it imports anywhere in its body, `if TYPE_CHECKING:` blocks included, or
+    loads by a literal name. `from pkg import sub` counts as importing the submodule; a name that is not a
+    submodule counts as importing the package that defines it."""
     modules = _modules()
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         deps: set[str] = set()
         tree = ast.parse(path.read_text(), filename=str(path))
-        hidden = _type_only(tree)
+        loaded, _ = name_loads(tree)
+        deps |= {m for m in loaded if m in modules}
         for node in ast.walk(tree):
-            if node in hidden:
-                continue
             if isinstance(node, ast.Import):
                 deps |= {a.name for a in node.names if a.name in modules}
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in modules:
@@ -96,16 +107,22 @@ def test_builders_has_no_import_cycle() -> None:
     assert cycles(graph) == []
 
 
-def test_only_type_checking_imports_are_left_out_of_the_graph() -> None:
+def test_type_checking_imports_and_loads_by_name_are_in_the_graph(tmp_path: Path) -> None:
     tree = ast.parse(
-        "from typing import TYPE_CHECKING\n"
+        "import importlib\nfrom typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n    from builders.smoke.profile import PoolSettings\n"
         "def late():\n    from builders.build import build\n"
+        "PLANNER = importlib.import_module('builders.plan')\nOTHER = __import__('builders.target')\n"
+        "def by_variable(name):\n    return importlib.import_module(name)\n"
     )
-    hidden = _type_only(tree)
-    imports = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module != "typing"]
-    assert [n.module for n in imports if n in hidden] == ["builders.smoke.profile"]
-    assert [n.module for n in imports if n not in hidden] == ["builders.build"]
+    assert name_loads(tree) == ({"builders.plan", "builders.target"}, [10])
+
+
+def test_nothing_in_builders_is_loaded_by_a_name_the_graph_cannot_read() -> None:
+    unreadable = {
+        name: lines for name, path in _modules().items() if (lines := name_loads(ast.parse(path.read_text()))[1])
+    }
+    assert unreadable == {}, "load these by an import (or a literal name) so the graph sees them"
 
 
 def test_packages_of_builders_import_each_other_in_one_direction_only() -> None:

@@ -2,8 +2,8 @@
 
 The layers are data here, lowest first, and docs/architecture.md explains them. Every package and top-level
 module of builders/ must sit in one, so a new one cannot slip past the count. An arrow is one import edge of
-test_imports.import_graph() (deferred imports inside functions included, `if TYPE_CHECKING:` ones left out)
-whose importing module sits in a lower layer than the module it imports.
+test_imports.import_graph() (deferred imports inside functions, `if TYPE_CHECKING:` imports and loads by name all
+counted, so 0 means none) whose importing module sits in a lower layer than the module it imports.
 """
 
 from __future__ import annotations
@@ -15,18 +15,40 @@ from test_imports import PACKAGE, import_graph
 ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
 
 LAYERS: list[tuple[str, set[str]]] = [
-    ("foundations", {"errors", "interrupt", "log", "output", "cpusets", "emulation", "gpu_archs", "locks"}),
+    (
+        "foundations",
+        {
+            "errors",
+            "interrupt",
+            "log",
+            "output",
+            "cpusets",
+            "emulation",
+            "gpu_archs",
+            "locks",
+            "redact",
+            "input_files",
+            "runs",
+            "records",
+            "results",
+        },
+    ),
+    ("router", {"router"}),
     ("config and data", {"config", "distros", "platforms", "target", "registry", "diagnose"}),
     ("container engines", {"container"}),
-    ("planning", {"plan", "options", "render", "serving_dtype", "sources", "trust", "bootstrap", "rebuild"}),
-    ("serving engines", {"engines", "preflight"}),
-    ("build", {"build", "devloop", "report", "repro", "publish", "verify"}),
-    ("runtime", {"router", "traffic", "kvlab", "smoke", "sweep", "deploy"}),
+    (
+        "planning",
+        {"plan", "options", "render", "serving_dtype", "sources", "trust", "bootstrap", "rebuild", "gates", "cache"},
+    ),
+    ("serving engines", {"engines"}),
+    ("build", {"project", "preflight", "build", "context", "report", "repro", "publish", "verify"}),
+    ("runtime", {"traffic", "kvlab", "smoke", "sweep", "deploy"}),
     ("CLI edge", {"cli", "commands"}),
 ]
 
-# A ratchet: what was measured when this test was written (7 package arrows, carried by 10 module edges). Lower
-# these as arrows are removed, never raise them; issue 35's goal is at most 3 package arrows.
+# A ratchet: what was measured when this test was written (7 package arrows, carried by 10 module edges), then 0
+# once issue 35 moved code; issue 55 made the graph count type-only imports and loads by name, and it is 0 still.
+# Lower these as arrows are removed, never raise them; issue 55's bound is at most 3 package arrows.
 MAX_PACKAGE_ARROWS = 0
 MAX_MODULE_EDGES = 0
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from builders import sources
-from builders.config import Project
 from builders.locks import exclusive
+from builders.project import Project
 
 ROOT = Path(__file__).resolve().parents[2]
 

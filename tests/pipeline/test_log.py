@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 import io
-from typing import Any
 
 import pytest
 from rich.console import Console
 from rich.table import Table
 
 from builders.cli import main
-from builders.config import Project
 from builders.log import Log, ci_system, print_table
 from builders.log import console as wide_console
+from builders.project import Project
 from builders.router.classes import RequestClass
+from builders.smoke.report import ChecksRequested, ClassRecord, SmokeReport, TrafficRecord, TrafficRecords
 from builders.smoke.stack import summary_table
 from builders.sweep.report import class_rows, table_rows
 from builders.sweep.report import render_table as sweep_table
+from builders.sweep.report_model import Calibration, LoadAverage, ProfileRun, SweepReport
 from builders.traffic.metrics import RequestRecord
 from builders.traffic.plan import TrafficPlan
 from builders.traffic.results import TrafficResult
@@ -95,7 +96,7 @@ def test_a_rich_table_outside_a_terminal_keeps_each_row_on_one_line() -> None:
     assert len(rows) == 1 and "16.7 / 37.2" in rows[0] and "pass" in rows[0]
 
 
-def _sweep_and_smoke_reports() -> tuple[dict[str, Any], dict[str, Any], TrafficResult]:
+def _sweep_and_smoke_reports() -> tuple[SweepReport, SmokeReport, TrafficResult]:
     """Real rows from real traffic records: a shared pool whose interactive class fails its TTFT gate."""
     plan = TrafficPlan.model_validate(
         {
@@ -124,16 +125,50 @@ def _sweep_and_smoke_reports() -> tuple[dict[str, Any], dict[str, Any], TrafficR
             r.e2e_s = r.content_times_s[-1]
             records.append(r)
     traffic = TrafficResult.build(plan, records, wall_s=3300.0, stopped_by="completed")
-    rows = class_rows(traffic)
-    sweep = {
-        "load": "seeded open loop",
-        "profiles": {"shared-one-pool": {"classes": rows}, "work-conserving": {"classes": rows}},
-    }
-    smoke = {
-        "profile": "ci",
-        "run_id": "0123abcd",
-        "traffic": {"main": {"classes": {k: {**v, "pool": "interactive-and-batch"} for k, v in rows.items()}}},
-    }
+    run = ProfileRun(
+        file="profiles/sweep/shared.yaml",
+        description="one pool",
+        dtype="float32",
+        engine="vllm",
+        pools={},
+        wall_s=traffic.wall_s,
+        startup=None,
+        stopped_by="completed",
+        classes=class_rows(traffic),
+        repetition=0,
+        seed=7,
+        load_average_1m=LoadAverage(start=None, end=None),
+    )
+    sweep = SweepReport(
+        started_at="2026-01-01T00:00:00+00:00",
+        load="seeded open loop",
+        cpu_budget=2,
+        calibration=Calibration(),
+        replica_cache="none",
+        profiles={"shared-one-pool": run, "work-conserving": run},
+        failed_profiles={},
+        repeat=1,
+        seeds=[7],
+        repetitions=[],
+    )
+    smoke = SmokeReport(
+        run_id="0123abcd",
+        profile="ci",
+        profile_file="profiles/ci.yaml",
+        started_at="2026-01-01T00:00:00+00:00",
+        checks_requested=ChecksRequested(slow_clients=False, kill_replica=False),
+        traffic=TrafficRecords(
+            main=TrafficRecord(
+                wall_s=traffic.wall_s,
+                stopped_by="completed",
+                requests=len(traffic.records),
+                classes={
+                    c.value: ClassRecord.of(summary, pool="interactive-and-batch")
+                    for c, summary in traffic.summaries.items()
+                },
+            )
+        ),
+    )
     return sweep, smoke, traffic
 
 

@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from builders.config import Project
+from builders.engines import make_plan
 from builders.engines.vllm.image_tests import WARM_PROBE, ImportProbe, check_model_info
 from builders.errors import ConfigError
-from builders.plan import BuildPlan, PlanOptions, make_plan
+from builders.plan import BuildPlan, PlanOptions
+from builders.project import Project
 from builders.render import render
 
 SCRIPT = Path(__file__).resolve().parents[2] / "containers" / "scripts" / "warm_model_info.py"

@@ -14,6 +14,7 @@ import pytest
 from builders.cli import build_parser
 from builders.config.models import CudaBuild, TorchChoice
 from builders.container.base import BuilderChoice
+from builders.container.select import chosen
 from builders.options import BuildOptions, cli_options, plan_options
 from builders.plan import PlanOptions
 from builders.smoke.runtimes import Runtimes
@@ -39,7 +40,7 @@ def _subparser(command: str) -> argparse.ArgumentParser:
 
 def test_every_option_in_the_table_is_a_build_flag_and_the_plan_ones_render_and_plan_flags() -> None:
     table = list(cli_options())
-    assert len(table) == 17 and {o.flag.scope for o in table} == {"plan", "build"}
+    assert len(table) == 21 and {o.flag.scope for o in table} == {"plan", "build"}
     build_help = _help("build")
     for option in table:
         assert option.name in build_help, option.name
@@ -130,14 +131,16 @@ def test_verify_repro_takes_the_build_flags_it_passes_on_from_the_same_table(tmp
 
 def test_the_engine_is_chosen_once_and_carried_down(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FORGE_ENGINE", "podman")
-    # --engine wins over FORGE_ENGINE, and the options carry it to the build's one Engine.connect.
+    # --engine wins over FORGE_ENGINE, and the options carry it to the build's one connect.
     given = build_parser().parse_args(["build", "debian-12", "cpu", "--engine", "docker"])
     assert BuildOptions.from_args(given).engine == "docker"
-    assert Runtimes.choose(image="forge/x:1", local_vllm=None, router_image=None, engine="docker").engine_choice == (
-        "docker"
-    )
-    # Without the flag (and for a caller that builds without the CLI) FORGE_ENGINE is the default, as for the CLI.
-    assert BuildOptions.from_args(build_parser().parse_args(["build", "debian-12", "cpu"])).engine == "podman"
-    assert Runtimes.choose(image="forge/x:1", local_vllm=None, router_image=None).engine_choice == "podman"
+    assert Runtimes.choose(
+        images={"vllm": "forge/x:1"}, local={}, router_image=None, engine="docker"
+    ).engine_choice == ("docker")
+    # Without the flag the options carry no choice: FORGE_ENGINE is read when the build connects an engine
+    # (select.chosen), so a command that connects none never reads it (issue 50).
+    assert BuildOptions.from_args(build_parser().parse_args(["build", "debian-12", "cpu"])).engine is None
+    assert chosen(BuildOptions().engine) == "podman"
+    assert Runtimes.choose(images={"vllm": "forge/x:1"}, local={}, router_image=None).engine_choice == "podman"
     monkeypatch.delenv("FORGE_ENGINE")
-    assert BuildOptions().engine == "auto"
+    assert chosen(BuildOptions().engine) == "auto"

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from builders.config import Project
+from builders.engines import make_plan
 from builders.errors import UsageError
-from builders.plan import PlanOptions, make_plan
+from builders.plan import PlanOptions
+from builders.project import Project
 
 
 def opts(**kw: object) -> PlanOptions:

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from builders.config import Project
+from builders.engines import make_plan
 from builders.errors import ConfigError
-from builders.plan import PlanOptions, make_plan
+from builders.plan import PlanOptions
+from builders.project import Project
 from builders.render import render
 
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from builders.build import BuildOptions, _fetched_source
-from builders.config import Project
 from builders.config.models import FetchedSource, Recipe
 from builders.container import Engine
 from builders.errors import SourceUnavailable
+from builders.project import Project
 from builders.sources import manylinux_platforms, resolve_fetched
 
 ROOT = Path(__file__).resolve().parents[2]

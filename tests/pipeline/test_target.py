@@ -5,18 +5,21 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from builders.config import Project
+from builders.project import Project
 from builders.target import Target
 
 
 def test_each_kind_of_target(project: Project) -> None:
     d13 = project.distro("debian-13")
     cpu = Target.resolve(d13, project.recipe_for("cpu"))
-    assert cpu.compiles and cpu.cpu and cpu.runs_vllm and cpu.installs_torch and not cpu.cuda
+    assert cpu.compiles and cpu.cpu and cpu.pinned_source and cpu.installs_torch and not cpu.cuda
     wheel = Target.resolve(d13, project.recipe_for("cpu-wheel"))
     assert not wheel.compiles and wheel.cpu and wheel.installs_torch
     router = Target.resolve(d13, project.recipe_for("router"))
-    assert not (router.compiles or router.runs_vllm or router.installs_torch or router.cpu)
+    assert not (router.compiles or router.pinned_source or router.installs_torch or router.cpu)
+    llama = Target.resolve(project.distro("debian-14"), project.recipe_for("llama-cpp"))
+    # Another engine's pinned archive is an input too, though the vLLM-shaped `compiles` says no.
+    assert llama.pinned_source and llama.cpu and not (llama.compiles or llama.installs_torch or llama.from_sdist)
 
 
 def test_gpu_mode_decides_whether_a_gpu_target_compiles(project: Project) -> None:

@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from builders.cli import main
-from builders.config import Project
 from builders.errors import PreflightBlocked, PreflightIncomplete
-from builders.report import BuildReport
+from builders.gates.findings import PreflightReport, passed, unchecked
+from builders.project import Project
+from builders.report import BuildReport, PreflightSkipped
 from builders.repro.ci import render_github, render_gitlab
 from builders.sources import sha256_file
 
@@ -205,18 +206,22 @@ def test_torch_is_checked_on_the_index_the_build_uses(
 
 def test_build_summary_never_says_clear_for_an_unchecked_or_skipped_preflight(tmp_path: Path) -> None:
     report = BuildReport(distro="debian-13", target="cpu", recipe="vllm-cpu")
-    report.preflight = {
-        "verdict": "incomplete",
-        "complete": False,
-        "not_evaluated": ["torch-wheel"],
-        "findings": [{"gate": "torch-wheel", "blocking": False}],
-        "passed": [{"gate": "gcc"}],
-    }
+    report.preflight = PreflightReport.from_findings(
+        [
+            unchecked("torch-wheel", "index unreachable", "a torch wheel", "the index", "fetch it"),
+            passed("gcc", "GCC 14.2", ">= 12.3", "cmake/cpu_extension.cmake"),
+        ],
+        distro="debian-13",
+        target="cpu",
+        recipe="vllm-cpu",
+        mode="declared",
+        seconds=0.1,
+    )
     report.write(tmp_path)
     summary = (tmp_path / "summary.txt").read_text()
     assert "preflight: INCOMPLETE (not evaluated: torch-wheel; 1 passed)" in summary
     assert json.loads((tmp_path / "report.json").read_text())["preflight"]["complete"] is False
-    report.preflight = {"verdict": "skipped", "complete": False, "why": "--skip-preflight: no gate evaluated"}
+    report.preflight = PreflightSkipped(verdict="skipped", complete=False, why="--skip-preflight: no gate evaluated")
     assert "preflight: SKIPPED (--skip-preflight" in report.summary()
 
 

@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from builders.config import Project
 from builders.config.models import Distro, FetchedSource
-from builders.preflight import gates
-from builders.preflight.host import GIB, Memory, derive_max_jobs, mount_for, parse_mounts
-from builders.preflight.source_facts import SourceFacts, read_source_facts
-from builders.preflight.torch_index import IndexListing, matching_wheels, parse_listing
+from builders.engines.vllm import gates
+from builders.engines.vllm.source_facts import SourceFacts, read_source_facts
+from builders.engines.vllm.torch_index import IndexListing, matching_wheels, parse_listing
+from builders.gates import common
+from builders.gates.host import GIB, Memory, derive_max_jobs, mount_for, parse_mounts
+from builders.project import Project
 
 FIXTURE = Path(__file__).parent / "fixtures" / "vllm-0.33.0"
 
@@ -25,10 +26,10 @@ def facts() -> SourceFacts:
 
 
 def _alternatives(project: Project) -> list[tuple[str, str]]:
-    from builders.preflight.runner import _alternatives as order
+    from builders.engines.vllm.preflight import alternatives as order
     from builders.target import Target
 
-    return order(project, Target.resolve(project.distros["debian-12"], project.recipe_for("cpu")))
+    return order(project.distros, Target.resolve(project.distros["debian-12"], project.recipe_for("cpu")))
 
 
 def test_debian_12_gcc_blocks_citing_the_x86_gate(project: Project, facts: SourceFacts) -> None:
@@ -128,10 +129,24 @@ def test_fedora_44_with_its_gcc14_host_compiler_passes(project: Project, facts: 
 
 
 def test_vllm_cuda_gate_needs_gcc_13(facts: SourceFacts) -> None:
-    found = gates.gcc_gates(facts, gcc="12.4", gcc_origin="yaml", device="cuda", arch="x86_64", distro_name="x")
+    found = gates.gcc_gates(
+        facts,
+        gcc="12.4",
+        gcc_origin="yaml",
+        device="cuda",
+        arch="x86_64",
+        distro_name="x",
+        alternatives=[("fedora-44", "14.3"), ("ubuntu-22.04", "11.4"), ("x", "12.4")],
+        compiler_key="cuda.host_compiler",
+    )
     (block,) = [f for f in found if f.blocking]
     assert block.required == "≥ 13" and block.source.startswith("CMakeLists.txt:")
-    assert "cuda.host_compiler" not in block.remedy or "compiler" in block.remedy
+    # The distro that passes is offered, the one that does not and the distro itself are not; the key named is the
+    # one a CUDA build's compiler is declared under.
+    assert block.remedy == (
+        "use fedora-44 (GCC 14.3), or a newer compiler: install GCC 13 or later and declare it as "
+        "cuda.host_compiler in distros/x.yaml"
+    )
 
 
 # The shape of nvcc 13.0's crt/host_config.h around its GCC check: an earlier __GNUC__ comparison that is not
@@ -267,11 +282,11 @@ def test_file_gates_in_each_mode() -> None:
 
 
 def test_disk_gate() -> None:
-    low = gates.disk_gate(
+    low = common.disk_gate(
         gate="disk-scratch", where="/x", free=GIB, need_gb=4, need_source="recipes/r.yaml: x", remedy="more"
     )
     assert low.blocking and low.found.startswith("1.0 GiB")
-    assert gates.disk_gate(gate="disk-scratch", where="/x", free=5 * GIB, need_gb=4, need_source="s", remedy="").passed
+    assert common.disk_gate(gate="disk-scratch", where="/x", free=5 * GIB, need_gb=4, need_source="s", remedy="").passed
 
 
 MOUNTS = """\
@@ -287,13 +302,15 @@ def test_tmpfs_scratch_is_found_and_judged(tmp_path: Path) -> None:
     assert mounts[2].mountpoint == "/var/tmp/small dir" and mounts[2].size_bytes == 64 * 1024**2
     on_tmp = mount_for(Path("/tmp/forge/build"), mounts)
     assert on_tmp is not None and on_tmp.mountpoint == "/tmp"
-    big = gates.tmpfs_gate(scratch_dir=Path("/tmp/forge"), mount=on_tmp, need_gb=4, mem_total=24 * GIB, need_source="s")
+    big = common.tmpfs_gate(
+        scratch_dir=Path("/tmp/forge"), mount=on_tmp, need_gb=4, mem_total=24 * GIB, need_source="s"
+    )
     assert not big.passed and not big.blocking and "RAM" in big.found
-    small = gates.tmpfs_gate(
+    small = common.tmpfs_gate(
         scratch_dir=Path("/var/tmp/small dir"), mount=mounts[2], need_gb=4, mem_total=24 * GIB, need_source="s"
     )
     assert small.blocking and "/var/tmp/forge" in small.remedy
-    disk = gates.tmpfs_gate(
+    disk = common.tmpfs_gate(
         scratch_dir=Path("/var/lib/docker"), mount=mounts[3], need_gb=4, mem_total=GIB, need_source="s"
     )
     assert disk.passed and "xfs" in disk.found
@@ -304,13 +321,13 @@ def test_ram_gate_and_derived_jobs() -> None:
     assert derive_max_jobs(10 * GIB, 16, 3.0) == 3
     assert derive_max_jobs(10 * GIB, 2, 3.0) == 2
     assert derive_max_jobs(GIB, 8, 3.0) == 1
-    ok = gates.ram_gate(memory=mem, max_jobs=3, jobs_origin="derived", per_job_gb=3, per_job_source="r", cores=16)
+    ok = common.ram_gate(memory=mem, max_jobs=3, jobs_origin="derived", per_job_gb=3, per_job_source="r", cores=16)
     assert ok.passed
-    too_many = gates.ram_gate(
+    too_many = common.ram_gate(
         memory=mem, max_jobs=8, jobs_origin="--max-jobs", per_job_gb=3, per_job_source="r", cores=16
     )
     assert too_many.blocking and "--max-jobs 3" in too_many.remedy
-    tmpfs_eats = gates.ram_gate(
+    tmpfs_eats = common.ram_gate(
         memory=mem,
         max_jobs=3,
         jobs_origin="derived",

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from builders.bootstrap import ensure_base
-from builders.config import Project
 from builders.container import Engine
+from builders.engines.vllm.probe import ProbeUnavailable, numeric_version, parse_probe_output, probe_base, probe_script
 from builders.preflight import PreflightReport, run_preflight
-from builders.preflight.probe import ProbeUnavailable, numeric_version, parse_probe_output, probe_base, probe_script
+from builders.project import Project
 
 FIXTURE = Path(__file__).parent / "fixtures" / "vllm-0.33.0"
 

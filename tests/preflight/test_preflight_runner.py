@@ -11,11 +11,9 @@ from pathlib import Path
 import pytest
 
 from builders.cli import main
-from builders.config import Project
 from builders.config.models import Distro
 from builders.errors import PreflightBlocked, PreflightIncomplete
-from builders.preflight import PreflightReport, render_table, run_preflight
-from builders.preflight.host import (
+from builders.gates.host import (
     GIB,
     HostFacts,
     Memory,
@@ -25,6 +23,8 @@ from builders.preflight.host import (
     read_host_facts,
     read_memory,
 )
+from builders.preflight import PreflightReport, render_table, run_preflight
+from builders.project import Project
 
 FIXTURE = Path(__file__).parent / "fixtures" / "vllm-0.33.0"
 JSON_FINDING_KEYS = {"gate", "found", "required", "source", "blocking", "remedy"}
@@ -371,6 +371,24 @@ def test_cuda_target_gates(project: Project, tmp_path: Path) -> None:
     no_host = f44.model_copy(update={"cuda": f44.cuda.model_copy(update={"host_compiler": None})})
     assert "nvcc-host-gcc" in blocking(no_host)
     assert "cuda" in blocking(project.distros["ubuntu-22.04"])  # no CUDA section in its distro file
+    # A host compiler older than vLLM's CUDA gate: the remedy names the key that compiler is declared under.
+    assert f44.cuda.host_compiler is not None
+    old_host = f44.cuda.host_compiler.model_copy(update={"gcc": "12.4"})
+    old = f44.model_copy(update={"cuda": f44.cuda.model_copy(update={"host_compiler": old_host})})
+    report = run_preflight(
+        project,
+        old,
+        recipe,
+        engine=None,
+        source=FIXTURE,
+        max_jobs=None,
+        scratch_dir=tmp_path,
+        probe=False,
+        gpu_mode="source",
+    )
+    (gcc,) = [f for f in report.blocking if f.gate == "gcc"]
+    assert gcc.found == "GCC 12.4" and gcc.required == "≥ 13"
+    assert gcc.remedy.endswith("install GCC 13 or later and declare it as cuda.host_compiler in distros/fedora-44.yaml")
 
 
 def test_the_build_interpreter_is_python_executable(project: Project, tmp_path: Path) -> None:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from builders.engines.vllm.cmake_script import condition_terms, locate, tokenize
+from builders.engines.vllm.source_facts import SourceFacts, read_source_facts
 from builders.errors import SourceUnavailable
-from builders.preflight.cmake_script import condition_terms, locate, tokenize
-from builders.preflight.source_facts import SourceFacts, read_source_facts
 
 FIXTURE = Path(__file__).parent / "fixtures" / "vllm-0.33.0"
 

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from builders.build import BuildOptions, build
-from builders.config import Project
 from builders.container import Engine
 from builders.emulation import describe as describe_stand_in
 from builders.log import Log
 from builders.platforms import PLATFORMS, for_platform
+from builders.project import Project
 from builders.publish import proven, publish
 from builders.registry import RegistryClient, parse_reference
 from builders.registry.client import DOCKER_LIST
@@ -81,20 +81,21 @@ def test_both_platforms_are_pushed_under_one_index_and_pulled_back_by_digest(
     index, media_type, digest = client.get_manifest(ref.name, ref.tag or "latest")
     assert media_type == DOCKER_LIST
     by_arch = {m["platform"]["architecture"]: m["digest"] for m in index["manifests"]}
-    assert by_arch == {"amd64": reports[0].push["digest"], "arm64": reports[1].push["digest"]}  # type: ignore[index]
+    assert reports[0].push is not None and reports[1].push is not None
+    assert by_arch == {"amd64": reports[0].push.digest, "arm64": reports[1].push.digest}
     for report in reports:
-        assert report.push is not None and report.push["index"]["digest"] == digest
-        served = client.head_manifest(ref.name, report.push["digest"])
-        assert served is not None and served[0] == report.push["digest"]
+        assert report.push is not None and report.push.index is not None and report.push.index.digest == digest
+        served = client.head_manifest(ref.name, report.push.digest)
+        assert served is not None and served[0] == report.push.digest
     # The arm64 child really is arm64: its config says so.
     child, _, _ = client.get_manifest(ref.name, by_arch["arm64"])
-    assert child["config"]["digest"] == reports[1].image["id"]
+    assert reports[1].image is not None and child["config"]["digest"] == reports[1].image.id
 
     # Pulled by the index digest, the engine gets exactly the image the amd64 report proved.
     pinned = f"{ref.repository}@{digest}"
-    runtimes = Runtimes.choose(image=pinned, local_vllm=None, router_image=None)
+    runtimes = Runtimes.choose(images={"vllm": pinned}, local={}, router_image=None)
     try:
         lines = runtimes.pull_pinned()
-        assert lines and engine.image_info(pinned).id == reports[0].image["id"]
+        assert lines and reports[0].image is not None and engine.image_info(pinned).id == reports[0].image.id
     finally:
         engine.untag(pinned)

@@ -8,14 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from builders.config import Project
 from builders.distros import family_for
+from builders.engines import make_plan
+from builders.engines.vllm.arm_gates import arm_gates
+from builders.engines.vllm.source_facts import read_source_files
 from builders.errors import ConfigError, UsageError
-from builders.plan import PlanOptions, make_plan
+from builders.gates.findings import Finding
+from builders.plan import PlanOptions
 from builders.platforms import PLATFORMS, for_platform, parse_platforms
-from builders.preflight.arm_gates import arm_gates
-from builders.preflight.findings import Finding
-from builders.preflight.source_facts import read_source_files
+from builders.project import Project
 from builders.publish import sbom_tag
 from builders.registry import parse_reference
 from builders.registry.client import credentials_for

@@ -1,7 +1,7 @@
 """Engine-backed: the dev loop's layers (containers/_devloop.j2) on the small C++/Python project, built three
-times. Cold: both C++ files compile. A Python-only edit: the environment and the extension come from the
-engine's cache and nothing compiles. A one-line edit of one .cpp file: the extension is rebuilt, and ccache
-compiles that file alone (one miss) and takes the other from its cache (one hit).
+times. Cold: both C++ files compile. A Python-only edit: the environment, the extension, the venv and the
+runtime's copy of it come from the engine's cache and nothing compiles. A one-line edit of one .cpp file: the
+extension is rebuilt, and ccache compiles that file alone (one miss) and takes the other from its cache (one hit).
 
 Each run edits with a value of its own and mounts a ccache of its own, so no earlier run's layers or cache
 entries can answer for this one's. It runs on Docker (BuildKit's cache mount) and on Podman (buildah's), each
@@ -19,9 +19,9 @@ import pytest
 from devtree_project import PROJECT, render, stage_context
 
 from builders.bootstrap import ensure_base
-from builders.config import Project
-from builders.container import BuildRequest, Engine, RunSpec, choose_builder
+from builders.container import BuildRequest, Engine, RunSpec, choose_builder, connect
 from builders.errors import EngineError
+from builders.project import Project
 from builders.rebuild.ccache_stats import CcacheStats, stats_from_log
 from builders.rebuild.reuse import verdict
 
@@ -31,13 +31,13 @@ pytestmark = pytest.mark.engine
 @pytest.fixture(params=["docker", "podman"])
 def loop_engine(request: pytest.FixtureRequest) -> Engine:
     try:
-        return Engine.connect(request.param)
+        return connect(request.param)
     except EngineError as exc:
         pytest.fail(f"{request.param} does not answer: {exc.message} (run .ci/engines as root)")
 
 
 def _build(engine: Engine, project: Project, tree: Path, work: Path, name: str, cache_id: str) -> tuple[str, str]:
-    """Stage the tree into a fresh context, build it to the venv stage; the image id and the build's log."""
+    """Stage the tree into a fresh context, build it to the runtime stage; the image id and the build's log."""
     builder = choose_builder(engine, "auto")
     if not builder.supports_cache_mounts:
         pytest.skip(f"{builder.name} has no cache mounts: ccache cannot outlive a stage there")
@@ -47,7 +47,7 @@ def _build(engine: Engine, project: Project, tree: Path, work: Path, name: str, 
     stage_context(tree, context, text)
     log_path = work / f"{name}.log"
     result = builder.build(
-        BuildRequest(context_dir=context, containerfile=context / "Containerfile", target="venv", log_path=log_path),
+        BuildRequest(context_dir=context, containerfile=context / "Containerfile", target="runtime", log_path=log_path),
         lambda _line: None,
     )
     log = log_path.read_text(errors="replace")
@@ -93,11 +93,16 @@ def test_a_python_edit_compiles_nothing_and_a_cpp_edit_compiles_one_file(
 
         # A Python-only edit: env and extension reused, nothing compiled, the new Python in the image.
         init.write_text(init.read_text().replace(f"cold-{token}", f"python-{token}"))
+        cold_layers = engine.rootfs_layers(images[0])
         image, log = _build(engine, project, tree, tmp_path, "python-edit", cache_id)
         images.append(image)
         assert verdict(log, "env") == "reused", log[-3000:]
         assert verdict(log, "extension") == "reused", log[-3000:]
-        assert verdict(log, "venv") == "rebuilt"
+        # The warm loop's cut: the venv and the runtime's copy of it are reused, the package layers alone redone,
+        # so the image keeps the cold build's layers up to the venv's copy, layer for layer.
+        assert verdict(log, "venv") == "reused" and verdict(log, "runtime-venv") == "reused", log[-3000:]
+        assert verdict(log, "runtime") == "rebuilt"
+        assert engine.rootfs_layers(image)[:-4] == cold_layers[:-4]
         assert stats_from_log(log) is None  # the compile did not run: no counters printed
         assert _answer(engine, image) == f"python-{token} 42"
 

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from builders.config import Project
-from builders.plan import PlanOptions, make_plan
+from builders.cache.phase import TemplateLauncher
+from builders.engines import make_plan
+from builders.plan import PlanOptions
+from builders.project import Project
 from builders.rebuild.ccache_stats import BEGIN, END
 from builders.render import render
 
@@ -35,7 +37,14 @@ def copies(text: str) -> list[str]:
 
 def test_a_tree_builds_env_extension_venv_runtime_and_no_sdist_stage(project: Project) -> None:
     text = rendered(project, source_tree=True)
-    assert re.findall(r"^FROM \S+ AS (\S+)$", text, re.M) == ["toolchain", "env", "extension", "venv", "runtime"]
+    assert re.findall(r"^FROM \S+ AS (\S+)$", text, re.M) == [
+        "toolchain",
+        "env",
+        "extension",
+        "venv",
+        "runtime-venv",
+        "runtime",
+    ]
     assert ".tar.gz" not in text and "tar -xzf" not in text
 
 
@@ -50,15 +59,22 @@ def test_each_layer_copies_only_its_part(project: Project) -> None:
         "sources/onednn /opt/src/onednn",
         "sources/vllm-tree/compiler-inputs/ /var/tmp/forge/vllm/",
     ]
+    # The warm loop's cut: the venv holds the requirements alone; the wheel and the package go over its copy in
+    # the runtime stage, after the one COPY of the venv, so an edit leaves that copy's layer as it was.
     venv = stage(text, "venv")
-    assert copies(venv) == [
-        "--from=env /var/tmp/forge/vllm/requirements/ /opt/forge/requirements/",
+    assert copies(venv) == ["--from=env /var/tmp/forge/vllm/requirements/ /opt/forge/requirements/"]
+    assert "requirements/cpu.txt" in venv and "--no-deps" not in venv
+    assert copies(stage(text, "runtime-venv")) == ["--from=venv /opt/venv /opt/venv"]
+    runtime = stage(text, "runtime")
+    assert copies(runtime) == [
         "--from=extension /opt/forge/wheels/ /opt/forge/wheels/",
         "sources/vllm-tree/package/ /opt/forge/package/",
+        "scripts/warm_model_info.py /opt/forge/scripts/warm_model_info.py",
     ]
-    # Order is the point: requirements installed before the wheel, the wheel without dependencies, the package last.
-    assert venv.index("requirements/cpu.txt") < venv.index("--no-deps") < venv.index("sources/vllm-tree/package/")
-    assert "sysconfig.get_paths()" in venv and '"$site"/' in venv
+    # Order is the point: the venv copied first, the wheel without dependencies, the package last, the warm-up
+    # (which imports vLLM) over the package it imports.
+    assert runtime.index("--no-deps") < runtime.index("sources/vllm-tree/package/") < runtime.index("warm_model_info")
+    assert "sysconfig.get_paths()" in runtime and '"$site"/' in runtime
 
 
 def test_the_compile_runs_through_a_mounted_ccache_between_markers(project: Project) -> None:
@@ -104,5 +120,29 @@ def test_a_tree_render_lints_clean(project: Project, tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_sdist_compile_takes_the_shared_launcher_too_and_nothing_else_moves(
+    project: Project, tmp_path: Path
+) -> None:
+    plan = make_plan(
+        project.distro("debian-12"),
+        project.recipe_for("cpu"),
+        PlanOptions(max_jobs=2, torch_version="2.14.0+cpu", vllm_version="0.33.0", buildkit=True),
+    )
+    plain = render(plan, project.containers_dir)
+    text = render(plan, project.containers_dir, compiler_cache=TemplateLauncher(ca_bundle=True))
+    wheel = stage(text, "wheel")
+    run = wheel[wheel.index("--mount=type=secret,id=forge_compiler_cache") :]
+    assert run.index("compiler_cache.py start") < run.index("pip wheel") < run.index("compiler_cache.py stop")
+    assert "target=/root/.cache/ccache" not in wheel and "target=/root/.cache/sccache" in wheel
+    for name in ("toolchain", "venv", "runtime"):
+        assert stage(text, name) == stage(plain, name)
+    path = tmp_path / "sccache.Containerfile"
+    path.write_text(text)
+    proc = subprocess.run(
+        ["hadolint", "--config", str(project.root / ".hadolint.yaml"), str(path)], capture_output=True, text=True
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr

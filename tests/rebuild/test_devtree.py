@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from builders.config import Project
 from builders.engines.vllm.devtree import VLLM_LAYOUT
 from builders.errors import SourceUnavailable, UsageError
+from builders.project import Project
 from builders.rebuild.devtree import TreeLayout, changed_files, matches, split_tree, stage_parts
 from builders.sources import resolve_sdist
 

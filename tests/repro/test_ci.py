@@ -12,8 +12,9 @@ import pytest
 import yaml
 
 from builders.cli import main
-from builders.config import Project
+from builders.project import Project
 from builders.repro.ci import GITHUB_PATH, job_id, render_github, render_gitlab, render_matrix
+from builders.repro.ci import matrix as json_matrix
 from builders.repro.errors import StaleRender
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,7 +43,8 @@ def test_github_has_one_preflight_and_one_image_job_per_pair(project: Project) -
     # A second platform adds its own image job and a manifest job joining the two; nothing else is added.
     arm64 = [_pair_of(j) for name, j in jobs.items() if name.startswith("arm64-")]
     assert arm64 == [p for p in _pairs(project) if p[0] == "debian-12"]
-    assert len(jobs) == 2 * len(_pairs(project)) + 2 * len(arm64)
+    # And one job on the default branch that warms the caches (builders/repro/ci.py, _warm_job).
+    assert len(jobs) == 2 * len(_pairs(project)) + 2 * len(arm64) + 1
 
 
 def test_images_are_pushed_on_main_only_to_the_one_registry_and_joined_after_every_platform(
@@ -135,9 +137,51 @@ def test_gitlab_has_the_same_jobs_with_needs(project: Project) -> None:
         assert job["needs"][0] in data
         assert job["artifacts"]["when"] == "always"
     assert data[".forge"]["tags"] == ["docker-host"]
-    assert data["stages"] == ["preflight", "image", "manifest"]
+    assert data["stages"] == ["preflight", "image", "manifest", "warm"]
     assert data["image:debian-12:router:arm64"]["needs"] == ["preflight:debian-12:router"]
     assert data["manifest:debian-12:router"]["needs"] == ["image:debian-12:router", "image:debian-12:router:arm64"]
+
+
+def test_caches_come_from_configuration_credentials_reach_the_build_step_only_and_main_alone_exports(
+    project: Project,
+) -> None:
+    data = yaml.safe_load(render_github(project))
+    assert data["env"]["FORGE_COMPILER_CACHE"] == "${{ vars.FORGE_COMPILER_CACHE }}"
+    assert data["env"]["FORGE_CACHE_REGISTRY"] == "${{ vars.FORGE_CACHE_REGISTRY }}"
+    assert data["env"]["FORGE_CACHE_EXPORT"] == "0"  # a pull request's job never writes what main builds from
+    for name, job in data["jobs"].items():
+        for step in job["steps"]:
+            env = step.get("env") or {}
+            secret_names = {k for k, v in env.items() if "secrets.SCCACHE" in str(v) or "secrets.AWS" in str(v)}
+            # The backend's credentials are on steps that run forge build, and nowhere else.
+            assert not secret_names or "forge build" in step.get("run", ""), (name, step.get("name"))
+        if name.startswith("image-"):
+            build = next(st for st in job["steps"] if "forge build" in st.get("run", ""))
+            assert build["env"]["SCCACHE_REDIS_PASSWORD"] == "${{ secrets.SCCACHE_REDIS_PASSWORD }}"
+            names = [st.get("name") for st in job["steps"]]
+            assert names.index("log in to the cache registry") < names.index("build, test stage, tag, SBOM")
+    warm = data["jobs"]["warm-caches"]
+    assert warm["if"] == "github.event_name == 'push' && github.ref == 'refs/heads/main'"
+    assert warm["env"]["FORGE_CACHE_EXPORT"] == "1"
+    warmed = {
+        (st["env"]["FORGE_DISTRO"], st["env"]["FORGE_TARGET"]) for st in warm["steps"] if "warm " in st.get("name", "")
+    }
+    compiled = {(e.distro, e.target) for e in json_matrix(project) if e.kind in ("source", "native")}
+    assert warmed == compiled and compiled
+    gitlab = yaml.safe_load(render_gitlab(project))
+    assert gitlab["variables"]["FORGE_CACHE_EXPORT"] == "0" and gitlab["warm-caches"]["variables"] == {
+        "FORGE_CACHE_EXPORT": "1"
+    }
+    assert "SCCACHE_REDIS_PASSWORD" not in render_gitlab(project)  # GitLab hands its masked variables itself
+
+
+def test_a_compiler_cache_url_with_a_password_is_refused_for_the_workflow(tmp_path: Path) -> None:
+    rc = main(
+        ["ci", "--format", "github", "--compiler-cache", "redis://:hunter22@cache:6379", "-o", str(tmp_path / "w")]
+    )
+    assert rc == 2 and not (tmp_path / "w").exists()
+    rc = main(["ci", "--format", "github", "--compiler-cache", "redis://cache:6379", "-o", str(tmp_path / "w")])
+    assert rc == 0 and "FORGE_COMPILER_CACHE: redis://cache:6379" in (tmp_path / "w").read_text()
 
 
 def test_matrix_is_the_pairs_in_order(project: Project) -> None:

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import io
 import tarfile
-from typing import Any
 
 from builders.repro.compare import compare_images, config_differences
-from builders.repro.image_export import ExportedImage, Layer, read_layer
+from builders.repro.image_export import ExportedImage, ImageConfig, Layer, read_layer
 
 BASE = ("sha256:base",)
 PYC_HEADER = b"\xa7\r\r\n" + b"\0\0\0\0"  # CPython 3.11 magic, timestamp-checked (flags 0)
@@ -34,9 +33,9 @@ def _layer_tar(files: dict[str, bytes | str], *, mtime: int, mode: int = 0o644) 
     return out.getvalue()
 
 
-def _image(ref: str, layer: bytes, config: dict[str, Any] | None = None, diff_id: str = "") -> ExportedImage:
+def _image(ref: str, layer: bytes, config: ImageConfig | None = None, diff_id: str = "") -> ExportedImage:
     entries = read_layer(io.BytesIO(layer))
-    cfg = config or {
+    cfg: ImageConfig = config or {
         "created": f"2026-01-01T00:00:0{len(ref)}Z",
         "config": {"Env": ["PATH=/opt/venv/bin"], "User": "1000"},
         "history": [{"created": ref, "created_by": "FROM base"}, {"created": ref, "created_by": "RUN pip install"}],
@@ -107,7 +106,7 @@ def test_equal_diff_ids_are_bit_identical() -> None:
 
 
 def test_engine_stamps_are_ignored_but_what_a_user_runs_is_compared() -> None:
-    def config(created: str, user: str) -> dict[str, Any]:
+    def config(created: str, user: str) -> ImageConfig:
         return {
             "created": created,
             "docker_version": created,

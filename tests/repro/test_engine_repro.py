@@ -13,12 +13,13 @@ import pytest
 from builders.bootstrap import ensure_base
 from builders.build import BuildOptions, build
 from builders.cli import main
-from builders.config import Project
 from builders.container import Engine, RunSpec
+from builders.project import Project
 from builders.repro.errors import LockDrift
-from builders.repro.lockfile import LockFile, merge, read_lock, write_lock
+from builders.repro.lockfile import LockFile, LockRecord, merge, read_lock, write_lock
 from builders.repro.resolve import resolve_pair
-from builders.repro.sbom import SBOM_LABEL
+from builders.repro.sbom import SBOM_LABEL, SbomRecord
+from builders.verify.report import ReproVerdict, read_repro
 from builders.verify.repro import VerifyOptions, verify_repro
 
 pytestmark = pytest.mark.engine
@@ -111,13 +112,14 @@ def test_build_writes_an_sbom_of_the_image_and_records_the_lock(
         lambda _l: None,
     )
     assert report.result == "succeeded"
-    assert report.lock and report.lock["matches"] and report.lock["entries"]["base"]["ref"] == debian_12_base
+    assert isinstance(report.lock, LockRecord) and report.lock.matches
+    assert report.lock.entries.base.ref == debian_12_base
     assert report.build_args["SOURCE_DATE_EPOCH"] == str(
         read_lock(frozen_project / "forge.lock").pairs["debian-12/router"].source_date_epoch
     )
-    assert report.sbom and Path(report.sbom["path"]) == tmp_path / "sbom.cdx.json"
+    assert isinstance(report.sbom, SbomRecord) and Path(report.sbom.path) == tmp_path / "sbom.cdx.json"
     doc = json.loads((tmp_path / "sbom.cdx.json").read_text())
-    assert doc["metadata"]["component"]["version"] == engine.image_info(tag).id == report.sbom["image_id"]
+    assert doc["metadata"]["component"]["version"] == engine.image_info(tag).id == report.sbom.image_id
     python = {
         c["name"].lower(): c["version"]
         for c in doc["components"]
@@ -155,6 +157,9 @@ def test_verify_repro_router_debian_12(
     )
     data = json.loads(result.report.read_text())
     assert data["source_date_epoch"] is not None
+    # The verdict file reads back through its model.
+    verdict = read_repro(result.report)
+    assert isinstance(verdict, ReproVerdict) and verdict.reproducible == result.comparison.reproducible
     assert not engine.image_exists("forge/repro-debian-12-router:first")
     assert result.comparison.layers, "no layer above the base was compared"
     assert result.comparison.reproducible, result.comparison.summary()

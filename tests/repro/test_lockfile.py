@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from builders.config import Project
+from builders.engines.vllm.lock import filtered_requirements
 from builders.errors import ConfigError
+from builders.project import Project
 from builders.repro.errors import LockDrift
 from builders.repro.integration import check_drift
 from builders.repro.lockfile import (
@@ -31,7 +32,7 @@ from builders.repro.lockfile import (
     read_lock,
     write_lock,
 )
-from builders.repro.resolve import filtered_requirements, sdist_epoch, tree_sha256, wheel_epoch
+from builders.repro.resolve import sdist_epoch, tree_sha256, wheel_epoch
 from builders.target import Target
 
 FIXTURE_SOURCE = Path(__file__).resolve().parents[1] / "preflight" / "fixtures" / "vllm-0.33.0"
@@ -189,7 +190,7 @@ def _sdist(tmp_path: Path, mtime: int) -> Path:
 def test_source_requirements_are_filtered_by_the_builds_own_script(project: Project, tmp_path: Path) -> None:
     sdist = _sdist(tmp_path, 1700000000)
     build, runtime = filtered_requirements(
-        project, sdist, Target.resolve(project.distro("debian-12"), project.recipe_for("cpu"))
+        project.containers_dir, sdist, Target.resolve(project.distro("debian-12"), project.recipe_for("cpu"))
     )
     assert build.name == "build" and runtime.name == "runtime"
     # torch comes from its own index, cmake from the distro (cmake_from_pip: false), triton's URL is dropped.

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from builders.bootstrap import ensure_base
-from builders.config import Project
 from builders.container import Engine, RunSpec
-from builders.repro.sbom import build_sbom, write_sbom
+from builders.project import Project
+from builders.repro.sbom import Bom, build_sbom, write_sbom
 
 INVENTORY = "\n".join(
     [
@@ -59,7 +59,7 @@ def _validate(text: str) -> None:
     assert error is None, str(error)
 
 
-def _document(**changes: Any) -> dict[str, Any]:
+def _document(**changes: Any) -> Bom:
     args: dict[str, Any] = {
         "image_id": "sha256:" + "ab" * 32,
         "image_name": "forge/debian-12-router",

@@ -10,11 +10,11 @@ import pytest
 
 from builders.bootstrap import ensure_base
 from builders.build import BuildOptions, build
-from builders.config import Project
 from builders.container import Engine
 from builders.diagnose import diagnose_file
 from builders.errors import BuildFailed
 from builders.preflight import Finding, PreflightReport, run_preflight
+from builders.project import Project
 from builders.sources import cache_dir, fetch_debian_source, fetch_wheelhouse, resolve_sdist
 
 pytestmark = [pytest.mark.engine]

@@ -11,11 +11,11 @@ import pytest
 
 from builders.bootstrap import ensure_base
 from builders.build import BuildOptions, build
-from builders.config import Project
 from builders.config.models import Distro
 from builders.container import Engine
 from builders.errors import BuildFailed
 from builders.preflight import run_preflight
+from builders.project import Project
 from builders.sources import fetch_wheelhouse
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "smoke"))

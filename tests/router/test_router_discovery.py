@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -17,6 +22,7 @@ from builders.router.discoverer import DiscoveryFailed
 from builders.router.discovery import system_resolver
 
 NAME = "forge-pool-p.test.svc.cluster.local"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Answers:
@@ -134,8 +140,36 @@ def test_a_failing_resolver_keeps_the_pool_and_an_empty_answer_empties_it() -> N
     run(body(), timeout=20)
 
 
-def test_system_resolver_returns_every_address_of_a_name() -> None:
-    assert run(system_resolver("localhost", 80)) == ["127.0.0.1"]
+# The resolver under test, by its import path: a child process in a namespace of its own runs it.
+RESOLVE = (
+    f"import asyncio, sys; from {system_resolver.__module__} import {system_resolver.__name__} as resolve; "
+    "print(asyncio.run(resolve(sys.argv[1], 80)))"
+)
+
+
+def test_system_resolver_returns_every_address_of_a_name(tmp_path: Path) -> None:
+    # A headless Service's name has one A record per ready pod. The seam is the system resolver's own input: a
+    # hosts file the test writes, bind-mounted over /etc/hosts in a user and mount namespace of the resolving
+    # process alone (glibc's files source returns every line of a name), so no DNS server and no root.
+    hosts = tmp_path / "hosts"
+    hosts.write_text(
+        "127.0.0.1 localhost\n10.88.0.12 forge-pool.test\n10.88.0.3 forge-pool.test\n10.88.0.7 forge-pool.test\n"
+        "10.88.0.9 forge-one.test\n"
+    )
+    unshare = shutil.which("unshare")
+    assert unshare, "unshare (util-linux) runs the resolver in a namespace of its own"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    answers = []
+    for name in ("forge-pool.test", "forge-one.test"):
+        done = subprocess.run(
+            [unshare, "--user", "--map-root-user", "--mount", "sh", "-c",
+             'mount --bind "$0" /etc/hosts && exec "$1" -c "$2" "$3"', hosts, sys.executable, RESOLVE, name],
+            env=env, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, f"the resolver could not run in a namespace of its own: {done.stderr}"
+        answers.append(done.stdout.strip())
+    # Every address, deduplicated and sorted as strings (the discoverer diffs sets of URLs).
+    assert answers == ["['10.88.0.12', '10.88.0.3', '10.88.0.7']", "['10.88.0.9']"]
 
 
 @pytest.mark.parametrize(

@@ -23,9 +23,9 @@ import aiohttp
 import pytest
 import requests
 
-from builders.container import Engine
+from builders.container import connect
 from builders.container.select import chosen
-from builders.engines import SERVING_ENGINES
+from builders.engines import serving_engine
 from builders.router import start_router
 from builders.router.config import config_from_mapping
 from builders.smoke.plan import plan_stack
@@ -38,7 +38,7 @@ from smoke_helpers import ROOT, llama_image
 
 pytestmark = [pytest.mark.server, pytest.mark.engine, pytest.mark.image("docker:llama-cpp")]
 
-LLAMA = SERVING_ENGINES["llama-cpp"]
+LLAMA = serving_engine("llama-cpp")
 KEY = "upstream-key"
 # This work's loopback range: other sessions on the machine use theirs.
 PORTS = range(25500, 26000)
@@ -66,7 +66,7 @@ def runtime(model_dir: Path, logs_dir: Path) -> tuple[ReplicaRuntime, list[str]]
             local,
         ]
     image = llama_image()
-    return ContainerReplicas(Engine.connect(chosen()), image, model_dir=model_dir, serving=LLAMA), [
+    return ContainerReplicas(connect(chosen()), image, model_dir=model_dir, serving=LLAMA), [
         "--llama-image",
         image,
     ]

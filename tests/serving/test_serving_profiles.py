@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from builders.engines import SERVING_ENGINES
+from builders.engines import serving_engine
 from builders.errors import ConfigError
 from builders.router.classes import ALL_CLASSES
 from builders.smoke.plan import plan_stack
@@ -131,7 +131,7 @@ def test_a_mixed_profile_groups_pools_by_engine_and_image() -> None:
 
 
 def test_each_engine_names_its_key_env_and_model_file() -> None:
-    vllm, llama = SERVING_ENGINES["vllm"], SERVING_ENGINES["llama-cpp"]
+    vllm, llama = serving_engine("vllm"), serving_engine("llama-cpp")
     assert vllm.api_key_env("k") == {"VLLM_API_KEY": "k"}
     assert llama.api_key_env("k") == {"LLAMA_API_KEY": "k"}
     assert vllm.model_argument("/m") == "/m"
@@ -142,7 +142,7 @@ def test_each_engine_names_its_key_env_and_model_file() -> None:
 
 def test_the_llama_model_is_the_gguf_the_server_loads(tmp_path: Path) -> None:
     loaded, _ = load_profile("ci-llama", root=ROOT)
-    SERVING_ENGINES["llama-cpp"].write_model(tmp_path, loaded, dtype="float32")
+    serving_engine("llama-cpp").write_model(tmp_path, loaded, dtype="float32")
     written = tmp_path / "model.gguf"
     assert written.read_bytes()[:4] == b"GGUF"
 
@@ -184,7 +184,7 @@ def test_the_shipped_llama_profile_is_accepted_by_that_llama_server_and_a_typo_i
     probe = ServerProbe(spec=parse_server_help(HELP.read_text(encoding="utf-8"), source="fixture"), entry=("x",))
     loaded, _ = load_profile("ci-llama", root=ROOT)
     plan = plan_stack(loaded, run_id="t", base_port=25500)
-    llama = SERVING_ENGINES["llama-cpp"]
+    llama = serving_engine("llama-cpp")
     assert llama.check(plan.pool_argvs(), probe) == []
     bad = llama.check([PoolArgv(pool="a", argv=("--paralel", "2"), keys=("pools.a.extra_args[0]",) * 2)], probe)
     assert [p.render() for p in bad] == [

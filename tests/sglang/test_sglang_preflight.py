@@ -11,19 +11,20 @@ from pathlib import Path
 
 import pytest
 
-from builders.config import Project
+from builders.engines import ENGINES, make_plan
 from builders.engines.sglang import kernel_source
-from builders.engines.sglang.image import ENGINE
 from builders.errors import SourceUnavailable, UsageError
-from builders.plan import PlanOptions, make_plan
+from builders.gates.findings import Finding
+from builders.gates.host import parse_cpu_flags, read_host_facts
+from builders.plan import PlanOptions
 from builders.preflight.command import split_sources
-from builders.preflight.findings import Finding
-from builders.preflight.host import parse_cpu_flags, read_host_facts
 from builders.preflight.runner import run_preflight
+from builders.project import Project
 from builders.render import render
 from builders.target import Target
 
 ROOT = Path(__file__).resolve().parents[2]
+ENGINE = ENGINES.get("sglang")
 CPUINFO = ROOT / "tests" / "smoke" / "fixtures"
 EPYC_AVX2 = parse_cpu_flags((CPUINFO / "cpuinfo-amd-epyc-avx2.txt").read_text(encoding="utf-8"))
 CASCADE_LAKE = parse_cpu_flags((CPUINFO / "cpuinfo-xeon-cascade-lake-avx512.txt").read_text(encoding="utf-8"))
@@ -94,7 +95,7 @@ def _preflight(
         run_host_flags=flags,
         run_host_source="run CPU",
         host=replace(read_host_facts(), cpu_flags=flags),
-        local_sources={"sgl-kernel": checkout} if checkout else None,
+        given_sources={"sgl-kernel": checkout} if checkout else None,
     )
     return {f.gate: f for f in (*report.findings, *report.passed)}
 
@@ -163,18 +164,18 @@ def test_a_checkout_in_the_later_layout_is_refused_naming_the_commit_to_check_ou
     source = _preflight(project, SAPPHIRE_RAPIDS, _sdist(tmp_path), moved)["sgl-kernel-source"]
     assert source.verdict == "block" and "python/sglang/kernels/aot/csrc/cpu/" in source.found
     with pytest.raises(SourceUnavailable) as err:
-        ENGINE.sources(_target(project, "sglang"), {"sgl-kernel": moved})
+        ENGINE.checkouts(_target(project, "sglang"), {"sgl-kernel": moved})
     assert "0.5.11" in err.value.message and kernel_source.COMMIT in (err.value.hint or "")
 
 
 def test_the_build_refuses_without_a_checkout_naming_the_commit_and_the_source_flag(project: Project) -> None:
     with pytest.raises(SourceUnavailable) as err:
-        ENGINE.sources(_target(project, "sglang"), {})
+        ENGINE.checkouts(_target(project, "sglang"), {})
     assert f"{kernel_source.REPOSITORY}@{kernel_source.COMMIT}" in err.value.message
     assert "sgl-kernel 0.4.1, which sglang 0.5.10.post1 requires" in err.value.message
     assert "--source sgl-kernel=PATH" in (err.value.hint or "")
     assert SourceUnavailable.exit_code == 4
-    assert ENGINE.sources(_target(project, "sglang-gpu", "ubuntu-24.04"), {}) == []
+    assert ENGINE.checkouts(_target(project, "sglang-gpu", "ubuntu-24.04"), {}) == []
 
 
 def test_a_checkout_root_or_its_kernel_folder_both_resolve_to_the_kernel_folder(
@@ -182,7 +183,7 @@ def test_a_checkout_root_or_its_kernel_folder_both_resolve_to_the_kernel_folder(
 ) -> None:
     root = _checkout(tmp_path)
     for given in (root, root / "sgl-kernel"):
-        (resolved,) = ENGINE.sources(_target(project, "sglang"), {"sgl-kernel": given})
+        (resolved,) = ENGINE.checkouts(_target(project, "sglang"), {"sgl-kernel": given})
         assert resolved.path == root / "sgl-kernel" and resolved.name == "sgl-kernel"
 
 

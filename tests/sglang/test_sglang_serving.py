@@ -13,13 +13,16 @@ from typing import Any
 
 import pytest
 
-from builders.engines import SERVING_ENGINES
+from builders.cli import build_parser
+from builders.engines import ENGINES
+from builders.engines.sglang import SGLang
 from builders.engines.sglang.checks import parse_kernel_probe
-from builders.engines.sglang.serve import ENTRY, KEY_ENV, SGLang, kv_tokens, parse_help
-from builders.errors import ConfigError
+from builders.engines.sglang.serve import ENTRY, KEY_ENV, SGLangPool, kv_tokens, parse_help
+from builders.errors import ConfigError, UsageError
 from builders.router.classes import ALL_CLASSES
 from builders.smoke.plan import plan_stack
 from builders.smoke.profile import profile_from_mapping
+from builders.smoke.runtimes import Runtimes
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,8 +44,27 @@ def _flags(args: tuple[str, ...], keys: tuple[str, ...]) -> dict[str, tuple[str 
 
 
 def test_sglang_is_registered_beside_vllm_and_llama_cpp() -> None:
-    assert isinstance(SERVING_ENGINES["sglang"], SGLang)
-    assert SERVING_ENGINES["sglang"].model_format == "hf-dir"
+    engine = ENGINES.get("sglang")
+    assert isinstance(engine, SGLang) and engine.serves and engine.model_format == "hf-dir"
+    assert engine.pool_model is SGLangPool
+    assert isinstance(
+        _profile({"a": {"engine": "sglang", "sglang": {"max_running_requests": 3}}}).pools["a"], SGLangPool
+    )
+
+
+def test_smoke_and_sweep_take_the_sglang_image_or_a_host_python_and_endpoint_refuses_both() -> None:
+    parser = build_parser()
+    for command in ("smoke", "sweep"):
+        args = parser.parse_args([command, "--sglang-image", "forge/debian-13-sglang:latest"])
+        assert Runtimes.from_args(args).images == {"sglang": "forge/debian-13-sglang:latest"}
+        args = parser.parse_args([command, "--local-sglang", "/usr/bin/python3"])
+        assert Runtimes.from_args(args).local == {"sglang": Path("/usr/bin/python3")}
+        args = parser.parse_args([command, "--sglang-image", "x:1", "--local-sglang", "/usr/bin/python3"])
+        with pytest.raises(UsageError, match="--sglang-image or --local-sglang, not both"):
+            Runtimes.from_args(args)
+    args = parser.parse_args(["smoke", "--endpoint", "http://127.0.0.1:1", "--sglang-image", "x:1"])
+    with pytest.raises(UsageError, match="--sglang-image"):
+        args.func(args)
 
 
 def test_the_seed_workload_controls_become_sglangs_flags_with_their_keys() -> None:
@@ -122,7 +144,7 @@ def test_the_kernel_probe_is_judged_on_its_ops_and_the_amx_backends_op() -> None
     line = 'FORGE-KERNELS {"torch": "2.9.0", "ops": ["convert_weight_packed", "rmsnorm_cpu"], "amx_tile": true, "sglang_amx_backend": true}'
     ok, detail, data = parse_kernel_probe(0, "warning: something\n" + line + "\n")
     assert ok and detail.startswith("2 ops registered under torch.ops.sgl_kernel (torch 2.9.0)")
-    assert data is not None and data["ops"] == 2 and data["names"] == ["convert_weight_packed", "rmsnorm_cpu"]
+    assert data == {"ops": ["convert_weight_packed", "rmsnorm_cpu"]}
     ok, detail, _ = parse_kernel_probe(0, line.replace('"convert_weight_packed", ', ""))
     assert not ok and "convert_weight_packed: MISSING" in detail
     ok, detail, data = parse_kernel_probe(1, "ImportError: libnuma.so.1: cannot open shared object file\n")

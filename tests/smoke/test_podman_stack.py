@@ -23,10 +23,10 @@ import pytest
 from smoke_helpers import ROOT, free_base_port, marked_ca_bundle, podman_base, podman_image
 
 from builders.cli import main
-from builders.config import Project
-from builders.container import Engine, RunSpec
+from builders.container import Engine, RunSpec, connect
 from builders.errors import EngineError
 from builders.preflight import run_preflight
+from builders.project import Project
 from builders.repro.image_export import export_image
 from builders.smoke.plan import RUN_LABEL
 from builders.smoke.profile import load_profile
@@ -41,7 +41,7 @@ CAP_SYS_RESOURCE = 24
 @pytest.fixture(scope="module")
 def podman() -> Iterator[Engine]:
     try:
-        engine = Engine.connect("podman")
+        engine = connect("podman")
     except EngineError as exc:
         pytest.fail(f"Podman tests, but {exc.message} (`nox -s engines` sets Podman up)")
     before = set(engine.containers_with_label("forge.throwaway"))
@@ -78,10 +78,23 @@ def test_the_engine_check_names_rlimits_above_the_hard_limit(
     podman: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     podman.check()  # as .ci/engines set it up: a container starts
-    status = Path("/proc/self/status").read_text().splitlines()
-    bounding = int(next(line for line in status if line.startswith("CapBnd:")).split()[1], 16)
-    if bounding & (1 << CAP_SYS_RESOURCE):
-        pytest.skip("root here may raise rlimits (CAP_SYS_RESOURCE): no start for this check to refuse")
+    # Root with CAP_SYS_RESOURCE (every ordinary root CI VM) may raise rlimits past the hard limit: the runtime's
+    # setrlimit would succeed and leave nothing to refuse. So the Podman this check starts runs without the
+    # capability, as root does on a host that withholds it (a container, a hardened VM), wherever this runs.
+    setpriv = shutil.which("setpriv")
+    assert setpriv, "setpriv (util-linux) is needed to start Podman without CAP_SYS_RESOURCE"
+    drop = [setpriv, "--inh-caps=-sys_resource", "--bounding-set=-sys_resource"]
+    status = subprocess.run([*drop, "cat", "/proc/self/status"], capture_output=True, text=True, check=True).stdout
+    caps = {line.split(":")[0]: int(line.split()[1], 16) for line in status.splitlines() if line.startswith("Cap")}
+    assert not any(caps[kind] & (1 << CAP_SYS_RESOURCE) for kind in ("CapEff", "CapPrm", "CapBnd")), caps
+    real = shutil.which("podman")
+    assert real, "podman is on PATH (the fixture connected to it)"
+    wrapper = tmp_path / "bin" / "podman"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f'#!/bin/sh\nexec {" ".join(drop)} {real} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{wrapper.parent}{os.pathsep}{os.environ['PATH']}")
+    assert shutil.which("podman") == str(wrapper)
     # Podman's own default, nproc above what Podman caps itself to (pid_max), in an otherwise working config.
     nproc = 2 * int(Path("/proc/sys/kernel/pid_max").read_text())
     assert podman.facts.cgroups is not None
@@ -92,7 +105,7 @@ def test_the_engine_check_names_rlimits_above_the_hard_limit(
     )
     monkeypatch.setenv("CONTAINERS_CONF", str(conf))
     with pytest.raises(EngineError) as err:
-        Engine.connect("podman").check()
+        connect("podman").check()
     text = err.value.render()
     assert "rlimits above" in text and "default_ulimits" in text and "rlimit type" in text
 
@@ -106,7 +119,7 @@ def test_preflight_checks_buildahs_scratch_dir_where_it_is_a_small_tmpfs(
     assert mounted.returncode == 0, "mounting a tmpfs needs root, as CI has"
     try:
         monkeypatch.setenv("TMPDIR", str(small))  # where buildah stages layers, as `podman info` reports it
-        engine = Engine.connect("podman")
+        engine = connect("podman")
         assert engine.facts.scratch_dirs == (str(small),)
         report = run_preflight(
             project,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from builders.preflight.gates import runtime_dtype_gate
+from builders.engines.vllm.gates import runtime_dtype_gate
 from builders.serving_dtype import MEASURED_BF16_FACTOR, CpuHost, choose_dtype, parse_cpuinfo
 from builders.smoke.plan import plan_stack
 from builders.smoke.profile import profile_from_mapping
@@ -83,7 +83,7 @@ def test_the_plan_serves_the_choice_and_records_it() -> None:
     plan = plan_stack(profile, run_id="t", base_port=20000, dtype=choose_dtype("auto", host("amd-epyc-avx2")))
     args = plan.replicas[0].args
     assert args[args.index("--dtype") + 1] == "float32"
-    assert plan.dtype.as_json()["isa"] == "avx2, no avx512f, no avx512_bf16, no amx_bf16"
+    assert plan.dtype.as_json().isa == "avx2, no avx512f, no avx512_bf16, no amx_bf16"
     pinned = profile.model_copy(update={"model": profile.model.model_copy(update={"dtype": "bfloat16"})})
     plan = plan_stack(pinned, run_id="t", base_port=20000, dtype=choose_dtype("bfloat16", host("amd-epyc-avx2")))
     args = plan.replicas[0].args

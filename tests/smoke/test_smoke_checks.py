@@ -65,11 +65,12 @@ def test_slow_clients_within_the_margin_pass_and_beyond_it_fail() -> None:
     calm = result(traffic, [record(INTER, k, sent=k, e2e=0.2, ttft=0.200) for k in range(5)])
     noisy = result(traffic, [record(INTER, k, sent=k, e2e=0.6, ttft=0.500) for k in range(5)])
     ok = compare_slow_clients(calm, quiet, judged={INTER}, max_ratio=1.5, allowance_ms=50.0)
-    assert ok["passed"], ok["failures"]
-    assert ok["classes"]["interactive"]["ttft_p99_ms"] == {"with_slow": 200.0, "fast_readers": 100.0, "bound": 200.0}
+    assert ok.passed, ok.failures
+    ttft = ok.classes["interactive"].ttft_p99_ms
+    assert ttft is not None and ttft.as_json() == {"with_slow": 200.0, "fast_readers": 100.0, "bound": 200.0}
     bad = compare_slow_clients(noisy, quiet, judged={INTER}, max_ratio=1.5, allowance_ms=50.0)
-    assert not bad["passed"]
-    assert bad["failures"] == [
+    assert not bad.passed
+    assert bad.failures == [
         "interactive ttft_p99_ms 500.0 ms with slow clients > 200.0 ms (1.5× 100.0 ms with fast readers + 50 ms)"
     ]
 
@@ -81,8 +82,8 @@ def test_a_class_starved_or_failing_with_slow_clients_fails_the_check() -> None:
     quiet = result(traffic, [record(INTER, k, sent=k, e2e=0.2, ttft=0.100) for k in range(5)])
     starved = result(traffic, [record(INTER, k, sent=k, e2e=30.0, error="timed out") for k in range(5)])
     verdict = compare_slow_clients(starved, quiet, judged={INTER}, max_ratio=1.5, allowance_ms=50.0)
-    assert not verdict["passed"]
-    assert verdict["failures"] == [
+    assert not verdict.passed
+    assert verdict.failures == [
         "interactive ttft_p99_ms: no request succeeded with slow clients (100.0 ms with fast readers)",
         "interactive: 5 of 5 requests failed with slow clients, 0 of 5 with fast readers",
     ]
@@ -91,15 +92,16 @@ def test_a_class_starved_or_failing_with_slow_clients_fails_the_check() -> None:
         [record(INTER, k, sent=k, e2e=0.2, ttft=0.100, error="HTTP 504: t" if k == 0 else None) for k in range(5)],
     )
     verdict = compare_slow_clients(some, quiet, judged={INTER}, max_ratio=1.5, allowance_ms=50.0)
-    assert verdict["failures"] == ["interactive: 1 of 5 requests failed with slow clients, 0 of 5 with fast readers"]
-    assert verdict["classes"]["interactive"]["errors"] == {"with_slow": 1, "fast_readers": 0}
+    assert verdict.failures == ["interactive: 1 of 5 requests failed with slow clients, 0 of 5 with fast readers"]
+    errors = verdict.classes["interactive"].errors
+    assert errors is not None and errors.as_json() == {"with_slow": 1, "fast_readers": 0}
 
 
 def test_slow_client_check_with_nothing_to_compare_fails() -> None:
     _, traffic = ci()
     empty = result(traffic, [])
     verdict = compare_slow_clients(empty, empty, judged={INTER}, max_ratio=1.5, allowance_ms=50.0)
-    assert not verdict["passed"]
+    assert not verdict.passed
 
 
 def test_kill_cuts_in_flight_requests_fast_and_spares_other_pools() -> None:
@@ -116,10 +118,10 @@ def test_kill_cuts_in_flight_requests_fast_and_spares_other_pools() -> None:
         record(BATCH, 1, sent=0.0, e2e=1.0),
     ]
     verdict = judge_kill(result(traffic, records), plan=plan, victim=victim, killed_at_s=3.0, error_within_s=5.0)
-    assert verdict["passed"], verdict["failures"]
-    assert (verdict["in_flight"], verdict["cut"], verdict["completed_anyway"]) == (2, 1, 1)
-    assert verdict["error_after_s_max"] == 0.3
-    assert verdict["other_classes_gates"]["interactive"] is True
+    assert verdict.passed, verdict.failures
+    assert (verdict.in_flight, verdict.cut, verdict.completed_anyway) == (2, 1, 1)
+    assert verdict.error_after_s_max == 0.3
+    assert verdict.other_classes_gates["interactive"] is True
 
 
 def test_kill_fails_when_an_error_comes_late_or_another_pool_suffers() -> None:
@@ -130,9 +132,9 @@ def test_kill_fails_when_an_error_comes_late_or_another_pool_suffers() -> None:
         record(BATCH, 0, sent=2.0, e2e=9.0, error="no complete answer within 9.0s"),
     ]
     verdict = judge_kill(result(traffic, records), plan=plan, victim=victim, killed_at_s=3.0, error_within_s=5.0)
-    assert not verdict["passed"]
-    assert any("got its error 8.0s after the kill" in f for f in verdict["failures"])
-    assert "interactive (served by another pool) failed its gate" in verdict["failures"]
+    assert not verdict.passed
+    assert any("got its error 8.0s after the kill" in f for f in verdict.failures)
+    assert "interactive (served by another pool) failed its gate" in verdict.failures
 
 
 def test_a_kill_that_cut_nothing_proved_nothing() -> None:
@@ -140,8 +142,8 @@ def test_a_kill_that_cut_nothing_proved_nothing() -> None:
     victim = next(r for r in plan.replicas if r.pool == "bulk")
     records = [record(INTER, 0, sent=0.0, e2e=0.2, replica=plan.replicas[0].url)]
     verdict = judge_kill(result(traffic, records), plan=plan, victim=victim, killed_at_s=3.0, error_within_s=5.0)
-    assert not verdict["passed"]
-    assert any("cut no request" in f for f in verdict["failures"])
+    assert not verdict.passed
+    assert any("cut no request" in f for f in verdict.failures)
 
 
 def test_with_survivors_in_the_pool_later_requests_must_be_served() -> None:
@@ -155,6 +157,6 @@ def test_with_survivors_in_the_pool_later_requests_must_be_served() -> None:
         record(INTER, 2, sent=4.5, e2e=0.01, error="HTTP 503: no replica", replica=None),
     ]
     verdict = judge_kill(result(traffic, records), plan=plan, victim=victim, killed_at_s=3.0, error_within_s=5.0)
-    assert verdict["survivors_in_pool"] == 3
-    assert (verdict["sent_after_kill"], verdict["failed_after_kill"]) == (2, 1)
-    assert any("interactive#2 sent 1.5s after the kill failed although 3 replica(s)" in f for f in verdict["failures"])
+    assert verdict.survivors_in_pool == 3
+    assert (verdict.sent_after_kill, verdict.failed_after_kill) == (2, 1)
+    assert any("interactive#2 sent 1.5s after the kill failed although 3 replica(s)" in f for f in verdict.failures)

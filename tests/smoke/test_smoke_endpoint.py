@@ -17,6 +17,7 @@ import yaml
 from builders.cli import main
 from builders.router import start_router
 from builders.router.config import config_from_mapping
+from builders.smoke.report import EndpointReport
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
 from router_fakes import Behavior, FakeReplica, dead_url
@@ -117,7 +118,10 @@ def test_the_six_classes_pass_against_a_stack_forge_did_not_start_and_say_where_
         served = {name: sum(r.completed for r in rs) for name, rs in stack.replicas.items()}
         fast_urls = {r.url for r in stack.replicas["fast"]}
     assert rc == 0
-    report = json.loads(next((tmp_path / "r").glob("smoke-endpoint-*.json")).read_text())
+    path = next((tmp_path / "r").glob("smoke-endpoint-*.json"))
+    report = json.loads(path.read_text())
+    # The file reads back through its model unchanged.
+    assert EndpointReport.read(path).as_json() == report
     assert report["gates"] == {"passed": True, "failures": []}
     classes = report["traffic"]["main"]["classes"]
     assert sorted(classes) == sorted(CLASSES)

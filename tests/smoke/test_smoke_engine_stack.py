@@ -55,7 +55,7 @@ def test_ci_profile_passes_on_the_image_with_the_kill_check(engine: Engine, tmp_
         check_kill_replica=True,
     )
     run = image_run(engine, image, options)
-    report = run.execute()
+    report = json.loads(run.execute().to_json())
 
     assert report["gates"] == {"passed": True, "failures": []}
     assert report["checks"]["kill_replica"]["cut"] >= 1

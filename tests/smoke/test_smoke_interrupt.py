@@ -17,6 +17,7 @@ from smoke_helpers import free_base_port, interrupt_forge_smoke, processes_menti
 
 from builders.container import Engine
 from builders.smoke.plan import RUN_LABEL
+from builders.smoke.report import SmokeReport
 
 # The replicas are stand-ins, not vLLM servers: only the router container needs the engine.
 pytestmark = pytest.mark.engine
@@ -46,6 +47,7 @@ def test_sigterm_during_traffic_leaves_an_interrupted_report_and_no_server(engin
     assert code == 143, output
     assert "forge: interrupted by SIGTERM (exit 143)" in output
     report = json.loads((reports / f"smoke-ci-{run_id}.json").read_text(encoding="utf-8"))
+    assert SmokeReport.read(reports / f"smoke-ci-{run_id}.json").as_json() == report
     assert report["result"] == "interrupted" and report["signal"] == "SIGTERM", report
     assert report["ended_in"] == "traffic"
     assert {"probe", "start", "traffic", "teardown"} <= report["phases"].keys()

@@ -13,6 +13,7 @@ from smoke_helpers import ROOT, free_base_port, interrupt_forge_smoke, local_vll
 from builders.cli import main
 from builders.errors import SmokeFailed
 from builders.smoke.profile import load_profile, profile_from_mapping
+from builders.smoke.report import SmokeReport
 from builders.smoke.runtimes import LocalReplicas, LocalRouter, ReplicaRuntime, RouterRuntime
 from builders.smoke.stack import SmokeOptions, SmokeRun
 
@@ -52,13 +53,14 @@ def test_ci_profile_passes_with_the_slow_client_check_and_leaves_nothing(tmp_pat
         check_slow_clients=True,
     )
     run = local_run(options, binary)
-    report = run.execute()
+    report = json.loads(run.execute().to_json())
 
     assert report["gates"] == {"passed": True, "failures": []}
     assert report["checks"]["slow_clients"]["passed"]
     assert "kill_replica" not in report["checks"]
     assert report["teardown"]["clean"] is True and report["teardown"]["leftovers"] == []
     written = json.loads(Path(report["report_file"]).read_text(encoding="utf-8"))
+    assert SmokeReport.read(Path(report["report_file"])).as_json() == written
     assert set(written["traffic"]) == {"main", "baseline_fast_readers"}
     assert set(written["traffic"]["main"]["classes"]) == {c.value for c in profile.classes}
     assert processes_mentioning(f"forge-smoke-{run.run_id}") == []
@@ -114,13 +116,13 @@ def test_the_slow_client_check_fails_when_slow_readers_hold_the_router_s_shared_
     run = local_run(options, binary)
     with pytest.raises(SmokeFailed):
         run.execute()
-    check = run.report["checks"]["slow_clients"]
+    check = json.loads(run.report.to_json())["checks"]["slow_clients"]
     assert not check["passed"]
     row = check["classes"]["interactive"]["ttft_p99_ms"]
     # Waiting for a connection a slow reader holds (1.8 and 2.4 s in two runs here), against ~20-35 ms.
     assert row["with_slow"] > row["bound"], check
     assert any(line.startswith("interactive ttft_p99_ms") for line in check["failures"]), check["failures"]
-    assert run.report["teardown"]["clean"] is True
+    assert json.loads(run.report.to_json())["teardown"]["clean"] is True
 
 
 @pytest.mark.timeout(300)
@@ -143,8 +145,8 @@ def test_a_replica_that_dies_at_startup_fails_the_run_with_its_log(tmp_path: Pat
         run.execute()
     assert "exited before it answered" in caught.value.message
     assert "last log lines" in caught.value.message
-    assert run.report["teardown"]["clean"] is True
-    logs = Path(run.report["logs_dir"])
+    assert json.loads(run.report.to_json())["teardown"]["clean"] is True
+    logs = Path(json.loads(run.report.to_json())["logs_dir"])
     assert any(p.read_text(encoding="utf-8") for p in logs.glob("*.log"))
     assert processes_mentioning(f"forge-smoke-{run.run_id}") == []
 

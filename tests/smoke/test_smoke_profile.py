@@ -10,17 +10,14 @@ from typing import Any
 import pytest
 import yaml
 
+from builders.config.profile import check_cpus_available
 from builders.cpusets import format_cpuset, parse_cpuset
 from builders.engines.args import check_pools, parse_serve_help
 from builders.errors import ConfigError, UsageError
 from builders.router.classes import ALL_CLASSES, RequestClass
 from builders.router.config import RouterConfig
 from builders.smoke.plan import plan_stack
-from builders.smoke.profile import (
-    available_profiles,
-    check_cpus_available,
-    load_profile,
-)
+from builders.smoke.profile import available_profiles, load_profile
 from builders.smoke.stack import merged, validate_profile
 
 ROOT = Path(__file__).resolve().parents[2]

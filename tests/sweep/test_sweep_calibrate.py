@@ -25,10 +25,12 @@ from builders.sweep.calibrate import (
 )
 from builders.sweep.definition import load_sweep, load_sweep_settings
 from builders.sweep.report import class_rows, judge_validity, render_markdown, summary_lines
+from builders.sweep.report_model import Calibration, ModelSizeRecord, Resize
 from builders.sweep.run import model_size, resized
 from builders.traffic.plan import TrafficPlan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sweep_records import profile_run, sweep_of
 from test_sweep_report import result as two_class_result
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,25 +90,25 @@ def test_a_reference_that_answers_under_the_floor_makes_the_run_invalid() -> Non
     # The forced overload's shape: almost every request of the reference timed out.
     overloaded = two_class_result([None, None, 0.5], [None, None])
     healthy = two_class_result([0.1, 0.2, 0.3], [1.0, None])
-    profiles = {"shared": {"classes": class_rows(overloaded)}, "class-aware": {"classes": class_rows(healthy)}}
+    profiles = {"shared": profile_run(class_rows(overloaded)), "class-aware": profile_run(class_rows(healthy))}
     verdict = judge_validity(profiles, reference="shared", floor=0.5, names=list(profiles))
-    assert not verdict["valid"] and verdict["served_fraction"] == 0.2 and "1 of 5" in verdict["why"]
-    text = render_markdown({"load": "x", "profiles": profiles, "validity": verdict})
+    assert not verdict.valid and verdict.served_fraction == 0.2 and "1 of 5" in verdict.why
+    text = render_markdown(sweep_of(profiles, load="x", validity=verdict))
     assert "INVALID RUN: shared answered 1 of 5" in text
     # Without shared, the first profile that ran is the reference; 4 of 5 answered clears the floor.
     verdict = judge_validity(
         {"class-aware": profiles["class-aware"]}, reference="shared", floor=0.5, names=["class-aware"]
     )
-    assert verdict["valid"] and verdict["reference"] == "class-aware" and verdict["served_fraction"] == 0.8
+    assert verdict.valid and verdict.reference == "class-aware" and verdict.served_fraction == 0.8
 
 
 def test_a_reference_sent_nothing_or_absent_is_never_valid() -> None:
-    assert not judge_validity({}, reference="shared", floor=0.5, names=[])["valid"]
+    assert not judge_validity({}, reference="shared", floor=0.5, names=[]).valid
     nothing = two_class_result([], [])
     verdict = judge_validity(
-        {"shared": {"classes": class_rows(nothing)}}, reference="shared", floor=0.0, names=["shared"]
+        {"shared": profile_run(class_rows(nothing))}, reference="shared", floor=0.0, names=["shared"]
     )
-    assert not verdict["valid"] and verdict["served_fraction"] == 0.0
+    assert not verdict.valid and verdict.served_fraction == 0.0
 
 
 def test_an_invalid_sweep_has_an_exit_code_of_its_own() -> None:
@@ -240,21 +242,27 @@ def test_a_resized_profile_serves_the_smaller_model_and_keeps_everything_else() 
 
 def test_the_report_says_what_calibration_kept_and_what_it_took_off() -> None:
     size = sized(sweep_traffic(), SLOW_HOST)
-    calibration = {
-        "calibrated": True,
-        "capacity": SLOW_HOST.as_json(),
-        "configured_utilisation": round(size.configured_utilisation, 3),
-        "replicas_worth": 2.0,
-        "applied_factor": size.rate_factor,
-        "load_fraction": 0.5,
-        "clamped": True,
-        "sizing": size.as_json(),
-        "window_s": round(size.window_s, 1),
-        "resized": [
-            {"from": {"hidden_size": 1024, "num_hidden_layers": 8}, "to": {"hidden_size": 256, "num_hidden_layers": 5}}
+    calibration = Calibration(
+        calibrated=True,
+        capacity=SLOW_HOST.as_json(),
+        configured_utilisation=round(size.configured_utilisation, 3),
+        replicas_worth=2.0,
+        applied_factor=size.rate_factor,
+        load_fraction=0.5,
+        clamped=True,
+        sizing=size.as_json(),
+        window_s=round(size.window_s, 1),
+        resized=[
+            Resize.model_validate(
+                {
+                    "from": {"hidden_size": 1024, "num_hidden_layers": 8},
+                    "to": {"hidden_size": 256, "num_hidden_layers": 5},
+                }
+            )
         ],
-    }
-    lines = summary_lines({"calibration": calibration, "model": {"hidden_size": 256, "num_hidden_layers": 5}})
+    )
+    model = ModelSizeRecord(hidden_size=256, num_hidden_layers=5)
+    lines = summary_lines(sweep_of({}, calibration=calibration, model=model, repetitions=[]))
     text = "\n".join(lines)
     assert "(held up by the per-class floor)" in text
     assert f"arrivals in the {round(size.window_s, 1):g} s window (min 8): interactive " in text

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from builders.engines.args import check_pools, parse_serve_help
+from builders.engines.llama_cpp.serve import LlamaCppPool
 from builders.errors import ConfigError, UsageError
 from builders.smoke.stack import validate_profile
 from builders.sweep.definition import available_sweep_profiles, load_sweep
@@ -105,8 +106,9 @@ def test_an_engine_axis_runs_each_profile_on_each_engine_with_the_same_budget() 
     assert {p.cpu_budget for p in loaded} == {2}
     moved = loaded[3].profile
     # vLLM's scheduler knobs are gone, the profile's own llama.cpp knobs are in, the cores and classes stay.
-    assert moved.pools["interactive"].max_num_seqs is None
-    assert moved.pools["interactive"].llama_cpp is not None and moved.pools["interactive"].llama_cpp.ubatch == 128
+    interactive = moved.pools["interactive"]
+    assert isinstance(interactive, LlamaCppPool) and not hasattr(interactive, "max_num_seqs")
+    assert interactive.llama_cpp is not None and interactive.llama_cpp.ubatch == 128
     assert moved.pools["bulk"].cpus == ("1",)
     assert moved.classes == loaded[2].profile.classes
     assert moved.traffic == loaded[2].profile.traffic

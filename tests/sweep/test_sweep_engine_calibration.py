@@ -16,11 +16,13 @@ from rich.console import Console
 from sweep_records import streamed
 
 from builders.router.classes import RequestClass
+from builders.smoke.report import ChecksRequested, SmokeReport
 from builders.smoke.stack import SmokeOptions, traffic_plan
 from builders.sweep import run as sweep_run
 from builders.sweep.calibrate import Capacity
 from builders.sweep.definition import SweepSettings, load_sweep
 from builders.sweep.report import summary_lines
+from builders.sweep.report_model import SweepReport
 from builders.traffic.plan import TrafficPlan
 from builders.traffic.results import TrafficResult
 
@@ -39,11 +41,19 @@ class StandIn:
     router_runtime_factory: Any
     console: Console
     before_traffic: Any
-    report: dict[str, Any] = field(default_factory=dict)
     results: dict[str, TrafficResult] = field(default_factory=dict)
     running: str | None = None
 
-    def execute(self) -> dict[str, Any]:
+    def __post_init__(self) -> None:
+        self.report = SmokeReport(
+            run_id="standin",
+            profile=self.options.profile.name,
+            profile_file=str(self.options.profile_path),
+            started_at="2026-01-01T00:00:00+00:00",
+            checks_requested=ChecksRequested(slow_clients=False, kill_replica=False),
+        )
+
+    def execute(self) -> SmokeReport:
         profile = self.options.profile
         engine = next(iter(profile.pools.values())).engine
         replica = SimpleNamespace(label=f"{engine}/0", cpuset="0", url="http://127.0.0.1:1")
@@ -64,7 +74,7 @@ def _measure(replica: Any, **_: Any) -> Capacity:
     )
 
 
-def _sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, per_engine: bool) -> dict[str, Any]:
+def _sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, per_engine: bool) -> SweepReport:
     offered.clear()
     monkeypatch.setattr(sweep_run, "SmokeRun", StandIn)
     monkeypatch.setattr(sweep_run, "measure", _measure)
@@ -91,26 +101,31 @@ def test_each_engine_is_offered_the_same_share_of_its_own_capacity(
 ) -> None:
     report = _sweep(tmp_path, monkeypatch, per_engine=True)
     assert list(offered) == ["shared", "shared@sglang", "class-aware", "class-aware@sglang"]
-    calibration = report["calibration"]
-    assert calibration["engine"] == "vllm" and calibration["capacity"]["replica"] == "vllm/0"
-    own = calibration["engines"]["sglang"]
-    assert own["capacity"]["prefill_tokens_per_s"] == PREFILL["sglang"]
+    calibration = report.calibration
+    assert calibration.engine == "vllm" and calibration.capacity is not None
+    assert calibration.capacity.replica == "vllm/0"
+    own = (calibration.engines or {})["sglang"]
+    assert own.capacity is not None and own.capacity.prefill_tokens_per_s == PREFILL["sglang"]
+    assert own.applied_factor is not None and calibration.applied_factor is not None
     # Every rate scales by one factor per engine, and both land on load_fraction of their own capacity.
     assert _rate("shared@sglang") / _rate("shared") == pytest.approx(
-        own["applied_factor"] / calibration["applied_factor"], rel=1e-3
+        own.applied_factor / calibration.applied_factor, rel=1e-3
     )
     assert _rate("shared@sglang") < _rate("shared") and _rate("class-aware@sglang") == _rate("shared@sglang")
-    assert own["sizing"]["expected_utilisation"] == pytest.approx(
-        calibration["sizing"]["expected_utilisation"], rel=0.05
-    )
+    assert own.sizing is not None and calibration.sizing is not None
+    assert own.sizing.expected_utilisation == pytest.approx(calibration.sizing.expected_utilisation, rel=0.05)
     written = json.loads((tmp_path / "sweep.json").read_text(encoding="utf-8"))
     assert written["calibration"]["engines"]["sglang"]["engine"] == "sglang"
+    # What sweep.json holds reads back through the report's model, the per-engine calibration included.
+    assert (SweepReport.read(tmp_path / "sweep.json").calibration.engines or {})["sglang"].engine == "sglang"
     assert any(line.startswith("calibration of sglang on sglang/0") for line in summary_lines(report))
+    assert any(line.startswith("calibration of vllm on vllm/0") for line in summary_lines(report))
 
 
 def test_without_per_engine_calibration_every_engine_gets_the_first_engines_load(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     report = _sweep(tmp_path, monkeypatch, per_engine=False)
-    assert "engines" not in report["calibration"] and len(report["calibration"]["measurements"]) == 1
+    assert report.calibration.engines is None and len(report.calibration.measurements or []) == 1
+    assert "engines" not in json.loads((tmp_path / "sweep.json").read_text(encoding="utf-8"))["calibration"]
     assert _rate("shared@sglang") == _rate("shared")

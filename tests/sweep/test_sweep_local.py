@@ -13,6 +13,7 @@ from builders.router.classes import ALL_CLASSES
 from builders.smoke.runtimes import LocalReplicas, LocalRouter, ReplicaRuntime, RouterRuntime
 from builders.sweep.definition import SweepSettings, load_sweep
 from builders.sweep.report import ROW_KEYS
+from builders.sweep.report_model import SweepReport
 from builders.sweep.run import SweepOptions, run_sweep
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "smoke"))
@@ -70,11 +71,12 @@ def test_a_short_sweep_writes_table_json_and_plots_for_each_profile(tmp_path: Pa
         router=router,
         console=Console(stderr=True, width=160),
     )
-    assert report["failed_profiles"] == {}
+    assert report.failed_profiles == {}
     # vLLM kept what its registry learnt of the model class where every later replica looks for it, instead of
     # in each replica's own home.
     assert list((cache / "modelinfos").glob("*.json")), sorted(str(p) for p in cache.rglob("*"))
     written = json.loads((tmp_path / "sweep.json").read_text(encoding="utf-8"))
+    assert SweepReport.read(tmp_path / "sweep.json").as_json() == written
     assert list(written["profiles"]) == ["shared", "work-conserving"]
     assert written["cpu_budget"] == 2 and written["load"].endswith("2 CPUs per profile")
     calibration = written["calibration"]

@@ -14,12 +14,15 @@ import pytest
 from rich.console import Console
 from sweep_records import streamed
 
+from builders.records import ReportInvalid
 from builders.router.classes import RequestClass
 from builders.smoke.plan import StackPlan
+from builders.smoke.report import ChecksRequested, SmokeReport
 from builders.smoke.stack import SmokeOptions, traffic_plan
 from builders.sweep import run as sweep_run
 from builders.sweep.definition import SweepSettings, load_sweep
 from builders.sweep.repeat import repetition_seed
+from builders.sweep.report_model import SweepReport
 from builders.traffic.results import TrafficResult
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,11 +38,19 @@ class StandIn:
     router_runtime_factory: Any
     console: Console
     before_traffic: Any
-    report: dict[str, Any] = field(default_factory=dict)
     results: dict[str, TrafficResult] = field(default_factory=dict)
     running: str | None = None
 
-    def execute(self) -> dict[str, Any]:
+    def __post_init__(self) -> None:
+        self.report = SmokeReport(
+            run_id="standin",
+            profile=self.options.profile.name,
+            profile_file=str(self.options.profile_path),
+            started_at="2026-01-01T00:00:00+00:00",
+            checks_requested=ChecksRequested(slow_clients=False, kill_replica=False),
+        )
+
+    def execute(self) -> SmokeReport:
         profile = self.options.profile
         plan = self.before_traffic(cast(StackPlan, None), "key", traffic_plan(profile, "test"))
         ran.append((profile.name, plan.seed))
@@ -102,3 +113,53 @@ def test_a_repeated_sweep_interleaves_reseeds_and_records_load(tmp_path: Path, m
     assert verdicts["shared fails the interactive gate"] == "holds"
     assert list(verdicts.values()).count("not run") == 2  # prefix-affinity is not in this sweep
     assert "## Claims" in (tmp_path / "sweep.md").read_text(encoding="utf-8")
+    # The file run_sweep wrote reads back through its model, the claims' figures included; an edited one is
+    # refused naming each field that is wrong.
+    assert SweepReport.read(tmp_path / "sweep.json").as_json() == written
+    written["claims"][0]["verdict"] = "probably"
+    del written["aggregate"]["shared"]["classes"]["interactive"]["runs"]
+    (tmp_path / "sweep.json").write_text(json.dumps(written), encoding="utf-8")
+    with pytest.raises(ReportInvalid) as caught:
+        SweepReport.read(tmp_path / "sweep.json")
+    assert "sweep.json: claims.0.verdict: Input should be 'holds', 'does not hold'" in caught.value.message
+    assert "sweep.json: aggregate.shared.classes.interactive.runs: Field required" in caught.value.message
+
+
+class Interrupted(StandIn):
+    """A profile run that Ctrl-C stops during its traffic, as SmokeRun records it in its own report."""
+
+    def execute(self) -> SmokeReport:
+        if self.options.profile.name != "class-aware":
+            return super().execute()
+        self.report.result, self.report.ended_in, self.running = "interrupted", "traffic", "teardown"
+        raise KeyboardInterrupt
+
+
+def test_an_interrupted_sweep_keeps_what_it_measured_and_names_the_profile_and_its_phase(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ran.clear()
+    monkeypatch.setattr(sweep_run, "SmokeRun", Interrupted)
+    monkeypatch.setattr(sweep_run, "load_average", lambda: 1.0)
+    with pytest.raises(KeyboardInterrupt):
+        sweep_run.run_sweep(
+            sweep_run.SweepOptions(
+                profiles=load_sweep(["shared", "class-aware", "slow-isolation"], root=ROOT),
+                report_dir=tmp_path,
+                plots=False,
+                settings=SweepSettings(calibrate=False),
+            ),
+            replicas=lambda *a: None,  # type: ignore[arg-type]
+            router=lambda *a: None,  # type: ignore[arg-type]
+            console=Console(file=io.StringIO()),
+        )
+    assert [name for name, _ in ran] == ["shared"]
+    report = SweepReport.read(tmp_path / "sweep.json")
+    assert (report.result, report.signal, report.ended_in, report.ended_in_phase) == (
+        "interrupted",
+        "SIGINT",
+        "class-aware",
+        "traffic",
+    )
+    assert list(report.profiles) == ["shared"] and report.claims is None and report.validity is None
+    assert not (tmp_path / "sweep.md").exists()

@@ -12,9 +12,9 @@ import re
 from pathlib import Path
 
 from builders.engines.llama_cpp.tree import GGML_ISA_FLAGS, VENDORED, read_member
-from builders.engines.native import find_line
-from builders.preflight.findings import Finding, blocker, passed, unchecked, warning
-from builders.preflight.inputs import PreflightInputs
+from builders.engines.sdist import find_line
+from builders.gates.context import PreflightContext
+from builders.gates.findings import Finding, blocker, passed, unchecked, warning
 
 # The oldest GCC whose libstdc++ gives a C++ standard in full, <filesystem> included without -lstdc++fs (GCC 9
 # release notes); llama.cpp's common library and server use std::filesystem.
@@ -30,7 +30,7 @@ def _cite(sdist: Path, relative: str, line: int) -> str:
     return f"{sdist.name}: {VENDORED}/{relative}:{line}"
 
 
-def preflight(inputs: PreflightInputs) -> list[Finding]:
+def preflight(inputs: PreflightContext) -> list[Finding]:
     recipe, distro, sdist = inputs.recipe, inputs.distro, inputs.source
     if sdist is None:
         return [
@@ -52,7 +52,7 @@ def preflight(inputs: PreflightInputs) -> list[Finding]:
     ]
 
 
-def _cmake_gate(inputs: PreflightInputs, sdist: Path, text: str) -> Finding:
+def _cmake_gate(inputs: PreflightContext, sdist: Path, text: str) -> Finding:
     distro = inputs.distro
     found_at = find_line(text, r"cmake_minimum_required\s*\(\s*VERSION\s+(\d+(?:\.\d+)*)")
     if found_at is None:
@@ -81,7 +81,7 @@ def _cmake_gate(inputs: PreflightInputs, sdist: Path, text: str) -> Finding:
     )
 
 
-def _compiler_gate(inputs: PreflightInputs, sdist: Path, text: str) -> Finding:
+def _compiler_gate(inputs: PreflightContext, sdist: Path, text: str) -> Finding:
     distro = inputs.distro
     found_at = find_line(text, r"set\s*\(\s*CMAKE_CXX_STANDARD\s+(\d+)\s*\)")
     if found_at is None:
@@ -125,7 +125,7 @@ def _compiler_gate(inputs: PreflightInputs, sdist: Path, text: str) -> Finding:
     )
 
 
-def _isa_gates(inputs: PreflightInputs, sdist: Path, text: str) -> list[Finding]:
+def _isa_gates(inputs: PreflightContext, sdist: Path, text: str) -> list[Finding]:
     recipe = inputs.recipe
     enabled = [key for key, value in recipe.isa.items() if value == "ON"]
     out: list[Finding] = []

@@ -14,17 +14,16 @@ import json
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from builders.config.models import Recipe
+from builders.config.profile import PoolSettings, StackProfile
 from builders.cpusets import parse_cpuset
 from builders.engines.args import ArgProblem, PoolArgv, ServeArgSpec, ServeOption, check_pools, serve_args_cache_dir
-from builders.engines.serving import HelpRunner, ModelFormat, PoolCommand, ServerProbe, ServingEngine
+from builders.engines.serving import HelpRunner, ModelFormat, PoolCommand, ServeOptions, ServerProbe, ServingEngine
 from builders.errors import SmokeFailed
-
-if TYPE_CHECKING:
-    from builders.smoke.profile import PoolSettings, StackProfile
 
 MODEL_FILE = "model.gguf"
 SERVER = "llama-server"
@@ -75,6 +74,42 @@ class LlamaCppSettings(BaseModel):
         return value
 
 
+class LlamaCppRecipe(Recipe):
+    """A llama.cpp recipe: the keys every recipe has, its engine named."""
+
+    engine: Literal["llama-cpp"] = Field(description="llama.cpp's llama-server")
+
+
+class LlamaCppPool(PoolSettings):
+    """A pool of llama-server replicas: the settings every pool has, and llama-server's own knobs."""
+
+    engine: Literal["llama-cpp"] = Field(description="llama.cpp's llama-server.")
+    llama_cpp: LlamaCppSettings | None = Field(
+        default=None, description="llama-server's own knobs (engine: llama-cpp only): slots, context, batches, threads."
+    )
+
+    @property
+    def knobs(self) -> LlamaCppSettings:
+        return self.llama_cpp or LlamaCppSettings()
+
+    def problems(self, profile: StackProfile, name: str) -> list[str]:
+        knobs = self.knobs
+        length = self.max_model_len or profile.model.max_model_len
+        problems = []
+        if knobs.context is not None and knobs.context // knobs.slots < length:
+            problems.append(
+                f"pools.{name}.llama_cpp.context: {knobs.context} tokens over {knobs.slots} slot(s) leave "
+                f"{knobs.context // knobs.slots} per request, below the pool's max_model_len {length}; raise "
+                "context to slots × max_model_len or drop it"
+            )
+        if knobs.batch is not None and knobs.ubatch is not None and knobs.ubatch > knobs.batch:
+            problems.append(
+                f"pools.{name}.llama_cpp.ubatch: {knobs.ubatch} exceeds batch {knobs.batch} (a micro-batch is "
+                "part of a batch; llama.cpp would cut it to the batch silently)"
+            )
+        return problems
+
+
 def parse_server_help(text: str, *, source: str) -> ServeArgSpec:
     """Parse `llama-server --help` into the flags it accepts; lines that are not entries are skipped, so a
     container's combined output (log lines about the CPU backend) can be passed as is."""
@@ -116,42 +151,33 @@ def parse_server_help(text: str, *, source: str) -> ServeArgSpec:
     return ServeArgSpec(options=options, source=source, server=SERVER)
 
 
-class LlamaCpp(ServingEngine):
-    kind: ClassVar[str] = "llama-cpp"
+class LlamaCppServer(ServingEngine):
+    """How a pool serves llama.cpp: the serving half of its engine (builders/engines/llama_cpp/__init__.py)."""
+
+    name: ClassVar[str] = "llama-cpp"
     title: ClassVar[str] = "llama.cpp"
+    recipe_model: ClassVar[type[Recipe]] = LlamaCppRecipe
     model_format: ClassVar[ModelFormat] = "gguf"
-    knobs: ClassVar[frozenset[str]] = frozenset({"llama_cpp"})
+    pool_model: ClassVar[type[PoolSettings] | None] = LlamaCppPool
     busy_metric: ClassVar[str] = "llamacpp:requests_processing"
     reuses_connections: ClassVar[bool] = False
     deployable: ClassVar[bool] = False
-    image_option: ClassVar[str] = "--llama-image"
-    local_option: ClassVar[str] = "--local-llama-server"
-    local_hint: ClassVar[str] = "pass a llama-server binary built from llama.cpp (build/bin/llama-server)"
+    serve_options: ClassVar[ServeOptions] = ServeOptions(
+        image="--llama-image",
+        image_help="image with llama-server for the profile's llama-cpp pools (e.g. forge/debian-14-llama-cpp:latest)",
+        local="--local-llama-server",
+        local_help="run llama-cpp pools as host processes of this `llama-server` binary instead",
+        local_hint="pass a llama-server binary built from llama.cpp (build/bin/llama-server)",
+    )
 
     @staticmethod
     def settings(pool: PoolSettings) -> LlamaCppSettings:
-        return pool.llama_cpp or LlamaCppSettings()
+        assert isinstance(pool, LlamaCppPool), "a llama.cpp pool is loaded by LlamaCppPool"
+        return pool.knobs
 
     def context(self, profile: StackProfile, pool: PoolSettings) -> int:
         knobs = self.settings(pool)
         return knobs.context or knobs.slots * (pool.max_model_len or profile.model.max_model_len)
-
-    def check_pool(self, profile: StackProfile, name: str, pool: PoolSettings) -> list[str]:
-        knobs = self.settings(pool)
-        length = pool.max_model_len or profile.model.max_model_len
-        problems = []
-        if knobs.context is not None and knobs.context // knobs.slots < length:
-            problems.append(
-                f"pools.{name}.llama_cpp.context: {knobs.context} tokens over {knobs.slots} slot(s) leave "
-                f"{knobs.context // knobs.slots} per request, below the pool's max_model_len {length}; raise "
-                "context to slots × max_model_len or drop it"
-            )
-        if knobs.batch is not None and knobs.ubatch is not None and knobs.ubatch > knobs.batch:
-            problems.append(
-                f"pools.{name}.llama_cpp.ubatch: {knobs.ubatch} exceeds batch {knobs.batch} (a micro-batch is "
-                "part of a batch; llama.cpp would cut it to the batch silently)"
-            )
-        return problems
 
     def command(
         self,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from builders.engines.native import sdist_member
+from builders.engines.sdist import sdist_member
 from builders.errors import ConfigError
 
 # The tree inside the sdist: every path the gates cite is relative to the sdist's top folder.

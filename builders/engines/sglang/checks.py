@@ -12,7 +12,7 @@ from pathlib import Path
 import requests
 
 from builders.container import Engine, RunSpec
-from builders.engines.checks import CheckResult, free_port, server_log_excerpt, streamed_chat
+from builders.engines.checks import CheckDataEntry, CheckResult, free_port, server_log_excerpt, streamed_chat
 from builders.plan import BuildPlan
 
 CPU_CHECKS = ("kernel-ops", "no-compilers", "serve-tiny")
@@ -52,8 +52,9 @@ def run(engine: Engine, image: str, plan: BuildPlan) -> list[CheckResult]:
     return results
 
 
-def parse_kernel_probe(rc: int, out: str) -> tuple[bool, str, dict[str, object] | None]:
-    """Judge KERNEL_PROBE's output: (ok, detail, data). Ok needs the ops registered, SGLang's AMX op among them."""
+def parse_kernel_probe(rc: int, out: str) -> tuple[bool, str, CheckDataEntry | None]:
+    """Judge KERNEL_PROBE's output: (ok, detail, data: the ops' names, kept in the report). Ok needs the ops
+    registered, SGLang's AMX op among them."""
     line = next((ln for ln in reversed(out.splitlines()) if ln.startswith(MARKER)), None)
     if rc != 0 or line is None:
         return False, f"exit {rc}: " + (out.strip()[-1200:] or "(no output)"), None
@@ -68,11 +69,7 @@ def parse_kernel_probe(rc: int, out: str) -> tuple[bool, str, dict[str, object] 
         f"{AMX_BACKEND_OP}: {'MISSING' if missing else 'present'}; AMX tiles: {data.get('amx_tile')}; "
         f"SGLang's intel_amx backend: {'on' if data.get('sglang_amx_backend') else 'off'}"
     )
-    return (
-        bool(ops) and not missing,
-        detail,
-        {"ops": len(ops), "names": ops, **{k: data.get(k) for k in data if k != "ops"}},
-    )
+    return bool(ops) and not missing, detail, {"ops": ops}
 
 
 def check_kernel_ops(engine: Engine, image: str) -> CheckResult:

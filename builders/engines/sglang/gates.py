@@ -7,12 +7,12 @@ source gate is not evaluated: the report is then incomplete, never clear.
 
 from __future__ import annotations
 
-from builders.engines.native import find_line, sdist_member
+from builders.engines.sdist import find_line, sdist_member
 from builders.engines.sglang import kernel_source
 from builders.engines.sglang.kernel_source import KernelCheckout
 from builders.errors import SourceUnavailable
-from builders.preflight.findings import Finding, blocker, passed, unchecked, warning
-from builders.preflight.inputs import PreflightInputs
+from builders.gates.context import PreflightContext
+from builders.gates.findings import Finding, blocker, passed, unchecked, warning
 
 # SGLang's own probe, in the sdist: the intel_amx backend runs only where torch reports AMX tiles.
 AMX_PROBE_FILE = "sglang/srt/utils/common.py"
@@ -31,10 +31,10 @@ COMPILE_AT_IMPORT = r"^@torch\.compile\("
 TORCH_COMPILE_PYTHON_BELOW = {"2.9": ((3, 14), "torch 2.9.0 wheel: torch/__init__.py:2590")}
 
 
-def preflight(inputs: PreflightInputs) -> list[Finding]:
+def preflight(inputs: PreflightContext) -> list[Finding]:
     checkout: KernelCheckout | None = None
     problem: str | None = None
-    path = inputs.local_sources.get(kernel_source.NAME)
+    path = inputs.given_sources.get(kernel_source.NAME)
     if path is not None:
         try:
             checkout = kernel_source.read_checkout(path)
@@ -49,7 +49,7 @@ def preflight(inputs: PreflightInputs) -> list[Finding]:
     ]
 
 
-def _kernel_isa(inputs: PreflightInputs, checkout: KernelCheckout | None) -> Finding:
+def _kernel_isa(inputs: PreflightContext, checkout: KernelCheckout | None) -> Finding:
     if checkout is not None and checkout.isa_where is not None:
         macros = checkout.isa_macros
         source = f"{checkout.root}: {checkout.isa_where}" + (
@@ -79,7 +79,7 @@ def _kernel_isa(inputs: PreflightInputs, checkout: KernelCheckout | None) -> Fin
     )
 
 
-def _amx(inputs: PreflightInputs) -> Finding:
+def _amx(inputs: PreflightContext) -> Finding:
     lacking = [f for f in AMX_FLAGS if f not in inputs.run_flags]
     if inputs.source is None:
         return unchecked(
@@ -106,7 +106,7 @@ def _amx(inputs: PreflightInputs) -> Finding:
     )
 
 
-def _required_kernel(inputs: PreflightInputs) -> tuple[str, str]:
+def _required_kernel(inputs: PreflightContext) -> tuple[str, str]:
     """The kernel version the sglang sdist requires and where it says so; the pin where the sdist is not at hand."""
     text = sdist_member(inputs.source, KERNEL_PIN_FILE) if inputs.source is not None else None
     pin = kernel_source.required_version(text) if text else None
@@ -115,7 +115,7 @@ def _required_kernel(inputs: PreflightInputs) -> tuple[str, str]:
     return pin[0], f"{inputs.source.name}: {KERNEL_PIN_FILE}:{pin[1]}"
 
 
-def _kernel_source(inputs: PreflightInputs, checkout: KernelCheckout | None, problem: str | None) -> Finding:
+def _kernel_source(inputs: PreflightContext, checkout: KernelCheckout | None, problem: str | None) -> Finding:
     version, where = _required_kernel(inputs)
     required = f"sgl-kernel {version}: a checkout of {kernel_source.PINNED}"
     if problem is not None:
@@ -151,7 +151,7 @@ def _kernel_source(inputs: PreflightInputs, checkout: KernelCheckout | None, pro
     return passed("sgl-kernel-source", found, required, where)
 
 
-def _torch_pin(inputs: PreflightInputs, checkout: KernelCheckout | None) -> Finding:
+def _torch_pin(inputs: PreflightContext, checkout: KernelCheckout | None) -> Finding:
     """The torch the build installs against what SGLang's CPU project and the kernels' CPU project pin: the kernels
     are C++ against torch's ABI, and SGLang's own pins would otherwise replace it."""
     recipe = inputs.recipe
@@ -190,7 +190,7 @@ def _torch_pin(inputs: PreflightInputs, checkout: KernelCheckout | None) -> Find
     )
 
 
-def _python_for_compile(inputs: PreflightInputs) -> Finding:
+def _python_for_compile(inputs: PreflightContext) -> Finding:
     """The distro's Python against the newest one the pinned torch's torch.compile accepts, where SGLang calls it
     at import: the server would die before it listens (a real start on Debian 14's Python 3.14 did)."""
     recipe, distro = inputs.recipe, inputs.distro

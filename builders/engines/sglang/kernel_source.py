@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from builders.engines.native import find_line
+from builders.engines.sdist import find_line
 from builders.errors import SourceUnavailable
 
 NAME = "sgl-kernel"

@@ -24,10 +24,12 @@ import json
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from builders.config.models import Recipe
+from builders.config.profile import PoolSettings, StackProfile
 from builders.cpusets import format_cpuset, parse_cpuset
 from builders.engines.args import (
     ArgProblem,
@@ -38,11 +40,8 @@ from builders.engines.args import (
     parse_serve_help,
     serve_args_cache_dir,
 )
-from builders.engines.serving import HelpRunner, ModelFormat, PoolCommand, ServerProbe, ServingEngine
+from builders.engines.serving import HelpRunner, ModelFormat, PoolCommand, ServeOptions, ServerProbe, ServingEngine
 from builders.errors import SmokeFailed
-
-if TYPE_CHECKING:
-    from builders.smoke.profile import PoolSettings, StackProfile
 
 KEY_ENV = "FORGE_SGLANG_API_KEY"
 SERVER_MODULE = "sglang.launch_server"
@@ -99,6 +98,47 @@ class SGLangSettings(BaseModel):
     )
 
 
+class SGLangRecipe(Recipe):
+    """An SGLang recipe: the keys every recipe has, its engine named."""
+
+    engine: Literal["sglang"] = Field(description="SGLang's server")
+
+
+class SGLangPool(PoolSettings):
+    """A pool of SGLang CPU servers: the settings every pool has, and SGLang's own scheduler knobs."""
+
+    engine: Literal["sglang"] = Field(description="SGLang's CPU server (python3 -m sglang.launch_server).")
+    sglang: SGLangSettings | None = Field(
+        default=None,
+        description="SGLang's own knobs (engine: sglang only): chunked prefill size, running requests, prefill "
+        "batch tokens, KV pool tokens (builders/engines/sglang/serve.py names their vLLM counterparts).",
+    )
+
+    @property
+    def knobs(self) -> SGLangSettings:
+        return self.sglang or SGLangSettings()
+
+    def problems(self, profile: StackProfile, name: str) -> list[str]:
+        knobs = self.knobs
+        length = self.max_model_len or profile.model.max_model_len
+        problems = []
+        if knobs.max_total_tokens is not None and knobs.max_total_tokens < length:
+            problems.append(
+                f"pools.{name}.sglang.max_total_tokens: {knobs.max_total_tokens} tokens of KV pool cannot hold one "
+                f"request of the pool's max_model_len {length}; raise it or drop it"
+            )
+        if knobs.mixed_chunk and knobs.chunked_prefill_size == -1:
+            problems.append(
+                f"pools.{name}.sglang.mixed_chunk: mixes a prefill chunk into decode batches, and "
+                "chunked_prefill_size -1 turns chunks off; drop one of them"
+            )
+        return problems
+
+    @property
+    def max_sequences(self) -> int | None:
+        return self.knobs.max_running_requests
+
+
 def parse_help(text: str, *, source: str) -> ServeArgSpec:
     """SGLang's `--help` (argparse's own layout) as the flags it accepts."""
     spec = parse_serve_help(text, source=source, server="SGLang", command=HELP_COMMAND)
@@ -119,39 +159,28 @@ def kv_tokens(kv_cache_memory: str, *, layers: int, hidden: int, dtype: str) -> 
     return max(64, size // (2 * layers * hidden * _DTYPE_BYTES.get(dtype, 4)))
 
 
-class SGLang(ServingEngine):
-    kind: ClassVar[str] = "sglang"
+class SGLangServer(ServingEngine):
+    """How a pool serves SGLang: the serving half of its engine (builders/engines/sglang/__init__.py)."""
+
+    name: ClassVar[str] = "sglang"
     title: ClassVar[str] = "SGLang"
+    recipe_model: ClassVar[type[Recipe]] = SGLangRecipe
     model_format: ClassVar[ModelFormat] = "hf-dir"
-    knobs: ClassVar[frozenset[str]] = frozenset({"sglang"})
+    pool_model: ClassVar[type[PoolSettings] | None] = SGLangPool
     busy_metric: ClassVar[str] = "sglang:num_running_reqs"
     reuses_connections: ClassVar[bool] = True
     deployable: ClassVar[bool] = False
-    image_option: ClassVar[str] = "--sglang-image"
-    local_option: ClassVar[str] = "--local-sglang"
-    local_hint: ClassVar[str] = (
-        "pass the python of a virtualenv with SGLang and sgl-kernel's CPU build, VENV/bin/python"
+    # The generated spellings (--sglang-image, --local-sglang); the binary is a python, not a server.
+    serve_options: ClassVar[ServeOptions] = ServeOptions(
+        image_help="image with SGLang's CPU server for the profile's sglang pools (e.g. forge/debian-13-sglang:latest)",
+        local_help="run sglang pools as host processes of this python (a virtualenv with SGLang) instead",
+        local_hint="pass the python of a virtualenv with SGLang and sgl-kernel's CPU build, VENV/bin/python",
     )
 
     @staticmethod
     def settings(pool: PoolSettings) -> SGLangSettings:
-        return pool.sglang or SGLangSettings()
-
-    def check_pool(self, profile: StackProfile, name: str, pool: PoolSettings) -> list[str]:
-        knobs = self.settings(pool)
-        length = pool.max_model_len or profile.model.max_model_len
-        problems = []
-        if knobs.max_total_tokens is not None and knobs.max_total_tokens < length:
-            problems.append(
-                f"pools.{name}.sglang.max_total_tokens: {knobs.max_total_tokens} tokens of KV pool cannot hold one "
-                f"request of the pool's max_model_len {length}; raise it or drop it"
-            )
-        if knobs.mixed_chunk and knobs.chunked_prefill_size == -1:
-            problems.append(
-                f"pools.{name}.sglang.mixed_chunk: mixes a prefill chunk into decode batches, and "
-                "chunked_prefill_size -1 turns chunks off; drop one of them"
-            )
-        return problems
+        assert isinstance(pool, SGLangPool), "an SGLang pool is loaded by SGLangPool"
+        return pool.knobs
 
     def command(
         self,

@@ -8,14 +8,18 @@ cover the recipe's arch_list, and serving is "skipped: no GPU" unless a GPU reac
 
 from __future__ import annotations
 
-import json
 import time
-from typing import Any
+from typing import TypeVar
+
+from pydantic import TypeAdapter, ValidationError
+
+# pydantic reads a TypedDict's fields from typing_extensions' on Python 3.11.
+from typing_extensions import TypedDict
 
 from builders.config.models import Distro, Recipe
 from builders.container import Engine
 from builders.distros import family_for
-from builders.engines.checks import CheckResult
+from builders.engines.checks import CheckDataEntry, CheckResult
 from builders.engines.vllm.image_tests import _python
 from builders.errors import ConfigError
 from builders.gpu_archs import LibraryArchs, coverage_gaps, library_stem, parse_listing
@@ -121,7 +125,7 @@ print('CUDALIBS ' + json.dumps({'torch': torch.__version__, 'cuda': torch.versio
 
 # Run in the image: cuobjdump on vLLM's libraries and torch's CUDA ones. One line per arch is kept of each
 # listing (a library has thousands of kernels, the same arch each time), in cuobjdump's own format, so the host
-# parses it with the reader tested on recorded output.
+# parses it with the reader tested on captured output.
 ARCHS_PROBE = """
 import glob, json, os, subprocess, sysconfig
 sp = sysconfig.get_paths()['purelib']
@@ -149,19 +153,42 @@ DRIVER_SUPPLIER = (
 )
 
 
-def _probe(out: str, prefix: str) -> dict[str, Any] | None:
+class CudaLibs(TypedDict):
+    """LIBS_PROBE's line: torch's version and CUDA, and each vLLM library's load error (null: it loaded)."""
+
+    torch: str
+    cuda: str | None
+    libs: dict[str, str | None]
+
+
+class Cuobjdump(TypedDict):
+    """ARCHS_PROBE's line: the cuobjdump found, and per library and flag its exit code and listing lines."""
+
+    tool: str | None
+    libs: dict[str, dict[str, tuple[int, list[str]]]]
+
+
+P = TypeVar("P", CudaLibs, Cuobjdump)
+
+
+def _probe(out: str, prefix: str, shape: type[P]) -> P | None:
+    """The probe's JSON line, as the probe writes it; None when it printed none or something else."""
     line = next((ln for ln in out.splitlines() if ln.startswith(prefix + " ")), None)
-    value = json.loads(line.removeprefix(prefix + " ")) if line else None
-    return value if isinstance(value, dict) else None
+    if line is None:
+        return None
+    try:
+        return TypeAdapter(shape).validate_json(line.removeprefix(prefix + " "))
+    except ValidationError:
+        return None
 
 
 def judge_libs(rc: int, out: str, seconds: float) -> CheckResult:
     """Failed for a library that does not load for any reason but the driver; not passed (skipped, with what
     supplies it) where the driver's libcuda.so.1 is all that is missing."""
-    facts = _probe(out, "CUDALIBS") if rc == 0 else None
+    facts = _probe(out, "CUDALIBS", CudaLibs) if rc == 0 else None
     if facts is None:
         return CheckResult(name="cuda-libs-load", ok=False, detail=out[-800:] or f"exited {rc}", seconds=seconds)
-    libs: dict[str, str | None] = facts["libs"]
+    libs = facts["libs"]
     broken = {lib: err for lib, err in libs.items() if err and DRIVER_LIB not in err}
     need_driver = sorted(lib for lib, err in libs.items() if err and DRIVER_LIB in err)
     head = f"torch {facts['torch']} (CUDA {facts['cuda']}): {len(libs) - len(broken) - len(need_driver)}/{len(libs)}"
@@ -184,7 +211,7 @@ def judge_libs(rc: int, out: str, seconds: float) -> CheckResult:
 
 def read_archs(out: str) -> list[LibraryArchs]:
     """The probe's listings through the tested parser; a cuobjdump failure other than "no device code" raises."""
-    facts = _probe(out, "CUOBJDUMP")
+    facts = _probe(out, "CUOBJDUMP", Cuobjdump)
     if facts is None or not facts.get("tool"):
         raise ValueError("no cuobjdump in the image (nvidia-cuda-cuobjdump in the wheelhouse)")
     libs = []
@@ -207,7 +234,7 @@ def judge_archs(rc: int, out: str, arch_list: str, seconds: float) -> CheckResul
         return CheckResult(name="cuda-archs", ok=False, detail=str(exc), seconds=seconds)
     if libs is None:
         return CheckResult(name="cuda-archs", ok=False, detail=out[-800:] or f"exited {rc}", seconds=seconds)
-    data = {"cuda_archs": {lib.library: lib.to_json() for lib in libs if lib.has_device_code}}
+    data: CheckDataEntry = {"cuda_archs": {lib.library: lib.to_json() for lib in libs if lib.has_device_code}}
     gaps = coverage_gaps(libs, arch_list, where="cuda.arch_list")
     if gaps:
         detail = f"{len(gaps)} gap(s) against arch_list {arch_list}:\n" + "\n".join(g.message() for g in gaps)

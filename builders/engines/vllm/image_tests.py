@@ -16,13 +16,14 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import requests
 
 from builders.container import Engine, RunSpec
 from builders.emulation import emulated_cpu_sysfs
 from builders.engines.checks import CheckResult, free_port, server_log_excerpt
+from builders.engines.vllm.recipe import vllm_recipe
 from builders.errors import EngineError
 from builders.plan import BuildPlan
 
@@ -101,7 +102,7 @@ def probe_import(engine: Engine, image: str, plan: BuildPlan) -> ImportProbe:
     if "bytecode" in plan.test_checks:
         code += BYTECODE_PROBE.format()
     if "model-info-warm" in plan.test_checks:
-        code += WARM_PROBE.format(names=list(plan.recipe.warm_model_classes))
+        code += WARM_PROBE.format(names=list(vllm_recipe(plan.recipe).warm_model_classes))
     rc, out = _python(engine, image, code, plan, timeout=EMULATED_IMPORT_S if emulated(plan) else 300)
     return ImportProbe(rc=rc, output=out, seconds=time.monotonic() - start)
 
@@ -155,7 +156,7 @@ def check_model_info(probe: ImportProbe, plan: BuildPlan) -> CheckResult:
         for ln in probe.output.splitlines()
         if ln.startswith("WARM ") and len(parts := ln.split()) >= 3
     }
-    names = plan.recipe.warm_model_classes
+    names = vllm_recipe(plan.recipe).warm_model_classes
     missing = [f"{name}: {' '.join(said.get(name, ['not read']))}" for name in names if said.get(name) != ["recorded"]]
     detail = "; ".join(missing) if missing else f"registry records of {', '.join(names)} in the image user's cache"
     return CheckResult(name="model-info-warm", ok=not missing, detail=detail, seconds=0.0)
@@ -372,7 +373,7 @@ def skipped(name: str, reason: str) -> CheckResult:
     return CheckResult(name=name, ok=True, skipped=True, detail=reason, seconds=0.0)
 
 
-def _probe_json(out: str, prefix: str) -> dict[str, Any] | None:
+def _probe_json(out: str, prefix: str) -> dict[str, object] | None:
     line = next((ln for ln in out.splitlines() if ln.startswith(prefix + " ")), None)
     if line is None:
         return None

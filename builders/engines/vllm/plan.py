@@ -1,6 +1,6 @@
 """vLLM's build plans: the CPU image (compiled from the sdist or installed from a wheelhouse; the router's image
 rides the same plan), the CUDA image on NVIDIA's bases (`make_cuda_plan`) and the CUDA image from PyPI's wheels
-(gpu_wheel.py). Pure, as builders/plan.py is; that module loads this one by name (VLLM_PLANNER).
+(gpu_wheel.py). Pure, as every planner is; vLLM's engine (builders/engines/vllm/__init__.py) calls it.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import shlex
 from builders.config.models import Distro, GpuMode, Recipe
 from builders.distros import family_for
 from builders.engines.vllm.gpu_wheel import make_gpu_wheel_plan
+from builders.engines.vllm.recipe import vllm_recipe
 from builders.errors import ConfigError
 from builders.plan import (
     BuildPlan,
@@ -60,7 +61,7 @@ def make_cpu_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> Build
     target = Target.resolve(distro, recipe, gpu_mode=options.gpu_mode)
     family = family_for(distro)
     torch = torch_spec(target, options)
-    cmake_from_pip = recipe.cmake_from_pip if options.cmake_from_pip is None else options.cmake_from_pip
+    cmake_from_pip = vllm_recipe(recipe).cmake_from_pip if options.cmake_from_pip is None else options.cmake_from_pip
 
     base_ref = distro.base.local_tag
     vllm_version = options.vllm_version
@@ -157,9 +158,9 @@ def make_cpu_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> Build
     build_args = image_build_args({"BASE_IMAGE": base_ref}, options)
 
     checks: tuple[str, ...] = ()
-    if target.runs_vllm:
+    if target.device != "none":  # the image carries vLLM, not the router alone
         checks = ("import-vllm", "vllm-version", "cpu-kernels", "bytecode", "tcmalloc-mapped")
-        checks += ("model-info-warm",) if recipe.warm_model_classes else ()
+        checks += ("model-info-warm",) if vllm_recipe(recipe).warm_model_classes else ()
         checks += ("serve-models",) if recipe.serve_test else ()
     elif recipe.target == "router":
         # The image builds the router's C relay; a router that fell back to Python would cost more CPU unnoticed.
@@ -187,7 +188,9 @@ def make_cpu_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> Build
         labels=labels,
         secrets=("ca_bundle",) if options.trust_ca_bundle else (),
         runtime_packages=tuple(
-            family.packages(["runtime", "c_compiler", "python_headers"] if recipe.runtime_jit_compiler else ["runtime"])
+            family.packages(
+                ["runtime", "c_compiler", "python_headers"] if vllm_recipe(recipe).runtime_jit_compiler else ["runtime"]
+            )
         ),
         build_packages=build_packages,
         vllm_version=vllm_version,
@@ -302,7 +305,7 @@ def make_cuda_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> Buil
         roles = ["c_compiler", "python", "python_headers", "build_tools", "git"]
         if "ccache" in distro.packages:
             roles.append("ccache")
-        if not recipe.cmake_from_pip:
+        if not vllm_recipe(recipe).cmake_from_pip:
             roles.append("cmake")
         build_packages = tuple(family.packages(roles))  # type: ignore[arg-type]
         if cuda.host_compiler:
@@ -368,7 +371,7 @@ def make_cuda_plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> Buil
         max_jobs=options.max_jobs,
         buildkit=options.buildkit,
         trust_ca_bundle=options.trust_ca_bundle,
-        cmake_from_pip=recipe.cmake_from_pip,
+        cmake_from_pip=vllm_recipe(recipe).cmake_from_pip,
         torch=torch,
         compile_env=compile_env,
         build_args=build_args,

@@ -1,35 +1,64 @@
-"""vLLM as a serving engine: `vllm serve` on a Hugging Face model directory with dummy weights."""
+"""How a pool serves vLLM: `vllm serve` on a Hugging Face model directory with dummy weights. The serving half of
+vLLM's engine (builders/engines/vllm/__init__.py)."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar, Literal
 
+from pydantic import Field
+
+from builders.config.models import Recipe
+from builders.config.profile import PoolSettings, StackProfile
 from builders.cpusets import format_cpuset, parse_cpuset
 from builders.engines.args import SERVE_ENTRIES, ArgProblem, PoolArgv, check_pools, local_cache_key, probe_serve
-from builders.engines.serving import HelpRunner, ModelFormat, PoolCommand, ServerProbe, ServingEngine
+from builders.engines.serving import HelpRunner, ModelFormat, PoolCommand, ServeOptions, ServerProbe, ServingEngine
+from builders.engines.vllm.recipe import VllmRecipe
 from builders.engines.vllm.startup import startup_parts
-
-if TYPE_CHECKING:
-    from builders.smoke.profile import PoolSettings, StackProfile
 
 # vLLM scheduler settings a profile names at pool level; `flag` spelling is `--` + the field with dashes.
 _SCHEDULER_FIELDS = ("max_num_batched_tokens", "max_num_seqs", "long_prefill_token_threshold", "stream_interval")
 
 
-class VLLM(ServingEngine):
-    kind: ClassVar[str] = "vllm"
+class VllmPool(PoolSettings):
+    """A pool of `vllm serve` replicas: the settings every pool has, and vLLM's scheduler knobs."""
+
+    engine: Literal["vllm"] = Field(default="vllm", description="`vllm serve` (the default engine).")
+    max_num_batched_tokens: int | None = Field(
+        default=None, ge=1, description="Token budget per scheduler step (small keeps decode steps short for TTFT/ITL)."
+    )
+    max_num_seqs: int | None = Field(default=None, ge=1, description="Most sequences one replica runs at once.")
+    long_prefill_token_threshold: int | None = Field(
+        default=None, ge=0, description="Prompt length above which a prefill is chunked to share steps with decodes."
+    )
+    stream_interval: int | None = Field(
+        default=None, ge=1, description="Tokens per streamed chunk (1 = every token, lowest inter-token latency)."
+    )
+    enable_prefix_caching: bool | None = Field(default=None, description="Reuse KV blocks of shared prompt prefixes.")
+
+    @property
+    def max_sequences(self) -> int | None:
+        return self.max_num_seqs
+
+
+class VllmServer(ServingEngine):
+    name: ClassVar[str] = "vllm"
     title: ClassVar[str] = "vLLM"
+    recipe_model: ClassVar[type[Recipe]] = VllmRecipe
     model_format: ClassVar[ModelFormat] = "hf-dir"
-    knobs: ClassVar[frozenset[str]] = frozenset({*_SCHEDULER_FIELDS, "enable_prefix_caching"})
+    pool_model: ClassVar[type[PoolSettings] | None] = VllmPool
     busy_metric: ClassVar[str] = "vllm:num_requests_running"
     reuses_connections: ClassVar[bool] = True
     deployable: ClassVar[bool] = True
-    image_option: ClassVar[str] = "IMAGE"
-    local_option: ClassVar[str] = "--local-vllm"
-    local_hint: ClassVar[str] = "pass the `vllm` script of a virtualenv with vLLM installed, e.g. VENV/bin/vllm"
+    serve_options: ClassVar[ServeOptions] = ServeOptions(
+        image="IMAGE",
+        image_help="image with vLLM",
+        local="--local-vllm",
+        local_help="run replicas as host processes of this `vllm` executable instead of containers of IMAGE",
+        local_hint="pass the `vllm` script of a virtualenv with vLLM installed, e.g. VENV/bin/vllm",
+    )
 
     def startup_parts(self, log: str, *, healthy_after_s: float | None) -> dict[str, float | None]:
         return startup_parts(log, healthy_after_s=healthy_after_s)
@@ -45,6 +74,7 @@ class VLLM(ServingEngine):
         host: str,
         cpuset: str | None = None,
     ) -> PoolCommand:
+        assert isinstance(pool, VllmPool), "a vLLM pool is loaded by VllmPool"
         model = profile.model
         args: list[str] = []
         keys: list[str] = []

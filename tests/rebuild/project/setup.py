@@ -1,7 +1,9 @@
 """A small C++/Python project shaped like vLLM for the dev loop's engine test: setup.py drives CMake, which
-compiles two C++ files through ccache into one extension module, demo._native."""
+compiles two C++ files through the compiler launcher (sccache where it is installed, else ccache) into one
+extension module, demo._native."""
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -26,7 +28,8 @@ class CMakeBuild(build_ext):
                 "-B",
                 str(build),
                 "-DCMAKE_BUILD_TYPE=Release",
-                "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache",  # as vLLM's setup.py does where ccache is found
+                # As vLLM's setup.py chooses: sccache where it is on PATH, else ccache.
+                f"-DCMAKE_CXX_COMPILER_LAUNCHER={'sccache' if shutil.which('sccache') else 'ccache'}",
                 # The Python building the wheel, not the first one CMake finds on PATH.
                 f"-DPython3_EXECUTABLE={sys.executable}",
                 f"-DDEMO_OUTPUT_DIR={out}",
