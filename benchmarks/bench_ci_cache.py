@@ -159,6 +159,9 @@ def _mounts_under(root: Path) -> list[str]:
 def fresh_runner(kind: str, root: Path) -> Iterator[Engine]:
     """An engine with empty storage, for one step; its environment variable points Forge and the engine's CLI at it
     while the step runs, and everything under root is removed after it."""
+    # A run killed outright (SIGKILL, a machine taken away) cannot clean up after itself: its dockerd's mounts stay
+    # under root and would make this runner's storage neither empty nor removable, so they go first.
+    _remove_root(root)
     root.mkdir(parents=True, exist_ok=True)
     saved = {k: os.environ.get(k) for k in ("DOCKER_HOST", "CONTAINERS_STORAGE_CONF")}
     proc: subprocess.Popen[bytes] | None = None
@@ -210,9 +213,13 @@ def fresh_runner(kind: str, root: Path) -> Iterator[Engine]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        for point in _mounts_under(root):
-            subprocess.run(["umount", "-l", point], check=False)
-        shutil.rmtree(root, ignore_errors=True)
+        _remove_root(root)
+
+
+def _remove_root(root: Path) -> None:
+    for point in _mounts_under(root):
+        subprocess.run(["umount", "-l", point], check=False)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def publish_base(source: Engine, ref: str, registry: str) -> str:
@@ -452,6 +459,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.subject == "vllm":
                 # The runner's own Forge cache: nothing fetched by an earlier step is there.
                 step_env["FORGE_CACHE"] = str(work / f"forge-cache-{step}")
+                shutil.rmtree(work / f"forge-cache-{step}", ignore_errors=True)  # a killed run's, if any
             try:
                 with fresh_runner(args.engine, work / f"runner-{step}") as runner:
                     pull_base(runner, remote_base, base_ref)
