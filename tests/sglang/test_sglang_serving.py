@@ -12,13 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from builders.cli import build_parser
 from builders.engines import ENGINES
+from builders.engines.checks import CheckResult
 from builders.engines.sglang import SGLang
 from builders.engines.sglang.checks import parse_kernel_probe
 from builders.engines.sglang.serve import ENTRY, KEY_ENV, SGLangPool, kv_tokens, parse_help
 from builders.errors import ConfigError, UsageError
+from builders.report import CheckRecord
 from builders.router.classes import ALL_CLASSES
 from builders.smoke.plan import plan_stack
 from builders.smoke.profile import profile_from_mapping
@@ -145,6 +148,14 @@ def test_the_kernel_probe_is_judged_on_its_ops_and_the_amx_backends_op() -> None
     ok, detail, data = parse_kernel_probe(0, "warning: something\n" + line + "\n")
     assert ok and detail.startswith("2 ops registered under torch.ops.sgl_kernel (torch 2.9.0)")
     assert data == {"ops": ["convert_weight_packed", "rmsnorm_cpu"]}
+    # The names reach report.json through the build report's model, which refuses any key it does not name.
+    record = CheckRecord.model_validate(
+        CheckResult(name="kernel-ops", ok=ok, detail=detail, seconds=7.3, data=data).as_report()
+    )
+    assert record.data is not None and record.data.ops == ["convert_weight_packed", "rmsnorm_cpu"]
+    assert record.as_json()["data"] == {"ops": ["convert_weight_packed", "rmsnorm_cpu"]}
+    with pytest.raises(ValidationError, match="amx_tile"):
+        CheckRecord.model_validate({**record.as_json(), "data": {"ops": [], "amx_tile": True}})
     ok, detail, _ = parse_kernel_probe(0, line.replace('"convert_weight_packed", ', ""))
     assert not ok and "convert_weight_packed: MISSING" in detail
     ok, detail, data = parse_kernel_probe(1, "ImportError: libnuma.so.1: cannot open shared object file\n")
