@@ -408,18 +408,37 @@ def kube_play(session: nox.Session) -> None:
     session.run("pytest", "tests/deploy/test_deploy_kube_play.py", "-s", *session.posargs, external=True)
 
 
+@nox.session(python=False, name="smoke-sglang", default=False)
+def smoke_sglang(session: nox.Session) -> None:
+    """The ci-sglang profile behind the router on the Debian 13 sglang image (`nox -s build-debian-13-sglang --
+    --source sgl-kernel=PATH` first; a CPU with AVX-512 BF16 and AMX)."""
+    session.run(
+        "forge",
+        "smoke",
+        "--sglang-image",
+        "forge/debian-13-sglang:latest",
+        "--profile",
+        "ci-sglang",
+        *session.posargs,
+        external=True,
+    )
+
+
 @nox.session(python=False, name="sweep-engines", default=False)
 def sweep_engines(session: nox.Session) -> None:
     """The engine axis of the serving sweep: the shared and class-aware profiles on vLLM (the Debian 12 cpu-wheel
-    image) and on llama.cpp (the Debian 14 llama-cpp image), the same seeded traffic, one engine × profile table."""
+    image), llama.cpp (the Debian 14 llama-cpp image) and SGLang (the Debian 13 sglang image, which needs AVX-512 BF16
+    and AMX), the same seeded traffic, each engine calibrated on its own replica, one engine × profile table."""
     session.run(
         "forge",
         "sweep",
         "forge/debian-12-cpu-wheel:latest",
         "--llama-image",
         "forge/debian-14-llama-cpp:latest",
+        "--sglang-image",
+        "forge/debian-13-sglang:latest",
         "--engines",
-        "vllm,llama-cpp",
+        "vllm,llama-cpp,sglang",
         "--profiles",
         "shared,class-aware",
         "--report",

@@ -19,7 +19,7 @@ from typing_extensions import TypedDict
 from builders.config.models import Distro, Recipe
 from builders.container import Engine
 from builders.distros import family_for
-from builders.engines.checks import CheckResult
+from builders.engines.checks import CheckDataEntry, CheckResult
 from builders.engines.vllm.image_tests import _python
 from builders.errors import ConfigError
 from builders.gpu_archs import LibraryArchs, coverage_gaps, library_stem, parse_listing
@@ -234,7 +234,7 @@ def judge_archs(rc: int, out: str, arch_list: str, seconds: float) -> CheckResul
         return CheckResult(name="cuda-archs", ok=False, detail=str(exc), seconds=seconds)
     if libs is None:
         return CheckResult(name="cuda-archs", ok=False, detail=out[-800:] or f"exited {rc}", seconds=seconds)
-    data = {"cuda_archs": {lib.library: lib.to_json() for lib in libs if lib.has_device_code}}
+    data: CheckDataEntry = {"cuda_archs": {lib.library: lib.to_json() for lib in libs if lib.has_device_code}}
     gaps = coverage_gaps(libs, arch_list, where="cuda.arch_list")
     if gaps:
         detail = f"{len(gaps)} gap(s) against arch_list {arch_list}:\n" + "\n".join(g.message() for g in gaps)
