@@ -311,6 +311,12 @@ def bench_router(session: nox.Session) -> None:
     session.run("python", str(ROOT / "benchmarks" / "bench_router.py"), "--save", *session.posargs, external=True)
 
 
+@nox.session(python=False, name="bench-router-instructions", default=False)
+def bench_router_instructions(session: nox.Session) -> None:
+    """Instructions per streamed request of the router (callgrind), this checkout beside --forge-ref REF."""
+    session.run("python", str(ROOT / "benchmarks" / "router_instructions.py"), *session.posargs, external=True)
+
+
 @nox.session(python=False, name="bench-rebuild", default=False)
 def bench_rebuild(session: nox.Session) -> None:
     """The dev loop on a real vLLM tree: cold, no change, a Python line, a csrc/cpu/ line, a requirement edit
@@ -420,18 +426,37 @@ def kube_play(session: nox.Session) -> None:
     session.run("pytest", "tests/deploy/test_deploy_kube_play.py", "-s", *session.posargs, external=True)
 
 
+@nox.session(python=False, name="smoke-sglang", default=False)
+def smoke_sglang(session: nox.Session) -> None:
+    """The ci-sglang profile behind the router on the Debian 13 sglang image (`nox -s build-debian-13-sglang --
+    --source sgl-kernel=PATH` first; a CPU with AVX-512 BF16 and AMX)."""
+    session.run(
+        "forge",
+        "smoke",
+        "--sglang-image",
+        "forge/debian-13-sglang:latest",
+        "--profile",
+        "ci-sglang",
+        *session.posargs,
+        external=True,
+    )
+
+
 @nox.session(python=False, name="sweep-engines", default=False)
 def sweep_engines(session: nox.Session) -> None:
     """The engine axis of the serving sweep: the shared and class-aware profiles on vLLM (the Debian 12 cpu-wheel
-    image) and on llama.cpp (the Debian 14 llama-cpp image), the same seeded traffic, one engine × profile table."""
+    image), llama.cpp (the Debian 14 llama-cpp image) and SGLang (the Debian 13 sglang image, which needs AVX-512 BF16
+    and AMX), the same seeded traffic, each engine calibrated on its own replica, one engine × profile table."""
     session.run(
         "forge",
         "sweep",
         "forge/debian-12-cpu-wheel:latest",
         "--llama-image",
         "forge/debian-14-llama-cpp:latest",
+        "--sglang-image",
+        "forge/debian-13-sglang:latest",
         "--engines",
-        "vllm,llama-cpp",
+        "vllm,llama-cpp,sglang",
         "--profiles",
         "shared,class-aware",
         "--report",

@@ -312,6 +312,7 @@ def _preflight(ctx: Context) -> None:
         torch_version=options.torch_version,
         fetch=True,
         progress=log.info,
+        given_sources={name: path for name, path in options.source_overrides.items() if name != "vllm"},
     )
     ctx.report.preflight = pre
     for finding in pre.findings:
@@ -352,6 +353,13 @@ def _sources(ctx: Context) -> None:
             )
         pins = engine.source_pins(ctx.target, source.path)
         ctx.torch_pin, ctx.source_version = pins.torch, pins.version
+    # The checkouts the engine's build needs beside its pinned source (sgl-kernel's CPU kernels), from --source
+    # NAME=PATH: the engine says which, and names what to check out where one is missing.
+    for checkout in engine.checkouts(ctx.target, ctx.options.source_overrides):
+        ctx.sources[checkout.name] = checkout
+        report.fetched_sources.append(
+            FetchedSourceRecord(name=checkout.name, origin=checkout.origin, path=str(checkout.path), cmake_var=None)
+        )
     staged = ([(recipe.engine, ctx.source)] if ctx.source else []) + list(ctx.sources.items())
     ctx.log.info(f"sources {', '.join(f'{k} ({v.origin})' for k, v in staged) or 'none needed'}")
     ctx.wheelhouse = wheelhouse = _wheelhouse_at_hand(ctx)

@@ -115,9 +115,10 @@ class ArchList(Record):
 
 
 class CheckData(Record):
-    """What a check read and the report keeps."""
+    """What a check read and the report keeps: the key of its kind of check."""
 
     cuda_archs: dict[str, ArchList] | None = absent("cuda-archs: each CUDA library's archs, read by cuobjdump")
+    ops: list[str] | None = absent("kernel-ops: the custom ops a kernel library registered with torch, by name")
     torch: str | None = absent("cuda-libs-load: torch's version in the image")
     cuda_runtime: str | None = absent(
         "cuda-libs-load: the CUDA torch was built for (torch.version.cuda), what the driver gate judges hosts by"
@@ -132,7 +133,9 @@ class CheckRecord(Record):
     ok: bool = Field(description="false fails the build")
     detail: str = Field(description="what it found, or why it was skipped")
     seconds: float = Field(description="how long it took")
-    data: CheckData | None = absent("what it read, kept for later gates (cuda-archs)")
+    data: CheckData | None = absent(
+        "what it read, kept for later gates (cuda-archs, cuda-libs-load) and readers (kernel-ops)"
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -48,9 +48,10 @@ class Target:
 
     @property
     def smokes(self) -> bool:
-        """A CPU image that serves in its test stage: smoke and sweep sessions and CI's smoke step run on it (SGLang's
-        CPU image, rendered only, does not)."""
-        return self.cpu and self.recipe.serve_test
+        """A CPU image that serves in its test stage and is not a native engine's: smoke and sweep sessions and CI's
+        smoke step run the ci profile (vLLM pools) on it. A native engine's image serves too, but its pools need their
+        own profile (ci-llama, ci-sglang) and option (--llama-image, --sglang-image)."""
+        return self.cpu and self.recipe.serve_test and self.recipe.kind != "native"
 
     @property
     def compiles(self) -> bool:

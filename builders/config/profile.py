@@ -145,6 +145,17 @@ class PoolSettings(_Strict):
         """The most requests one replica runs at once, where the pool's engine settings fix it (None: not set)."""
         return None
 
+    @property
+    def own_model(self) -> str | None:
+        """The model name this pool serves where its engine's settings give it one of its own (None:
+        model.served_model_name): a second model behind the same router, reached by requests naming it."""
+        return None
+
+    @property
+    def embeds(self) -> bool:
+        """Whether the pool serves its model as an embedding model (its requests are embeddings, not chat turns)."""
+        return False
+
     def cpuset_of(self, index: int) -> str | None:
         """The CPU set replica `index` is confined to, or None when the pool sets none."""
         if not self.cpus:
@@ -298,7 +309,16 @@ class StackProfile(_Strict):
                 raise ValueError(
                     f"classes.{request_class.value}: unknown pool {target!r}{_suggest(target, self.pools)}"
                 )
-        unused = sorted(set(self.pools) - set(self.classes.values()))
+        for name, settings in self.pools.items():
+            if settings.embeds and self.serves(name) == self.model.served_model_name:
+                raise ValueError(f"pools.{name}: an embed pool serves a model of its own; set its served_model_name")
+        for request_class, target in self.classes.items():
+            if self.serves(target) != self.model.served_model_name:
+                raise ValueError(
+                    f"classes.{request_class.value}: pool {target!r} serves {self.serves(target)!r}, not "
+                    f"{self.model.served_model_name!r}; classes go to the pools of model.served_model_name"
+                )
+        unused = sorted(set(self.pools) - set(self.classes.values()) - set(self.model_pools()))
         if unused:
             raise ValueError(f"pools {unused} receive no class; map a class to them or drop them")
         kill = self.checks.kill_replica
@@ -324,6 +344,14 @@ class StackProfile(_Strict):
         if last > 65535:
             raise ValueError(f"ports.base {self.ports.base} leaves no room for {self.replica_count} replicas")
         return self
+
+    def serves(self, pool: str) -> str:
+        """The model name pool `pool` serves."""
+        return self.pools[pool].own_model or self.model.served_model_name
+
+    def model_pools(self) -> dict[str, str]:
+        """Pools that serve another model than model.served_model_name, with that model: they take no class."""
+        return {name: self.serves(name) for name in self.pools if self.serves(name) != self.model.served_model_name}
 
     @property
     def replica_count(self) -> int:

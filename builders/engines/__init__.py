@@ -13,7 +13,7 @@ from builders.config.models import Distro, GpuMode, Recipe
 from builders.engines.llama_cpp import LlamaCpp
 from builders.engines.registry import Registry
 from builders.engines.serving import ModelFormat, PoolCommand, ServerProbe, ServingEngine
-from builders.engines.sglang.image import SGLang
+from builders.engines.sglang import SGLang
 from builders.engines.vllm import Vllm
 from builders.errors import UsageError
 from builders.plan import BuildPlan, CudaPlan, PlanOptions

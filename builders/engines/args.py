@@ -95,8 +95,11 @@ class ServeArgSpec:
         return cls(options=options, source=str(data.get("source", "cache")), server=str(data.get("server", "vLLM")))
 
 
-def parse_serve_help(text: str, *, source: str) -> ServeArgSpec:
-    """Parse `vllm serve --help=all` output into the set of accepted flags, with choices where listed.
+def parse_serve_help(
+    text: str, *, source: str, server: str = "vLLM", command: str = "vllm serve --help=all"
+) -> ServeArgSpec:
+    """Parse `vllm serve --help=all` output (or another argparse server's `command`) into the set of accepted
+    flags, with choices where listed.
 
     Lines that are not option entries (warnings a vLLM import prints, wrapped help text) are skipped, so
     the combined stdout and stderr of a container can be passed as is.
@@ -115,11 +118,11 @@ def parse_serve_help(text: str, *, source: str) -> ServeArgSpec:
         options.pop(flag, None)
     if len(options) < 20:
         raise SmokeFailed(
-            f"{source}: found only {len(options)} options in the `vllm serve --help=all` output; "
-            "this is not the help of a vLLM server",
-            hint="check that the image has vLLM installed and that `vllm serve --help=all` runs in it",
+            f"{source}: found only {len(options)} options in the `{command}` output; "
+            f"this is not the help of a {server} server",
+            hint=f"check that the image has {server} installed and that `{command}` runs in it",
         )
-    return ServeArgSpec(options=options, source=source)
+    return ServeArgSpec(options=options, source=source, server=server)
 
 
 def _parse_invocation(invocation: str) -> ServeOption | None:

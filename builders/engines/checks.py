@@ -4,9 +4,12 @@ the checks of each engine (builders/engines/*/image_tests.py, checks.py) share t
 
 from __future__ import annotations
 
+import json
 import socket
 from dataclasses import dataclass
 from typing import Literal, NotRequired, TypedDict
+
+import requests
 
 from builders.container import Engine
 
@@ -16,10 +19,11 @@ ArchsByLibrary = dict[str, dict[str, list[str]]]
 CheckStatus = Literal["passed", "failed", "skipped"]
 
 
-class CheckData(TypedDict, total=False):
+class CheckDataEntry(TypedDict, total=False):
     """What a check read and the report keeps (builders/report.CheckData validates it there)."""
 
-    cuda_archs: ArchsByLibrary
+    cuda_archs: ArchsByLibrary  # cuda-archs: each CUDA library's archs
+    ops: list[str]  # kernel-ops: the custom ops a kernel library registered with torch, by name
     # cuda-libs-load: torch's version and the CUDA it was built for, what the driver gate judges hosts by.
     torch: str
     cuda_runtime: str
@@ -33,7 +37,7 @@ class CheckEntry(TypedDict):
     ok: bool
     detail: str
     seconds: float
-    data: NotRequired[CheckData]
+    data: NotRequired[CheckDataEntry]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,8 +47,9 @@ class CheckResult:
     detail: str
     seconds: float
     skipped: bool = False
-    # What the check read, kept in the report (cuda_archs: each library's archs).
-    data: CheckData | None = None
+    # What the check read, kept in the report (cuda_archs: each library's archs; ops: a kernel library's ops;
+    # torch and cuda_runtime: what cuda-libs-load read).
+    data: CheckDataEntry | None = None
 
     @property
     def status(self) -> CheckStatus:
@@ -79,3 +84,33 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def streamed_chat(base_url: str, model: str, *, max_tokens: int = 8, timeout: float = 60) -> tuple[int, str]:
+    """POST a streamed chat completion; return (content chunks, finish_reason) after `data: [DONE]`.
+
+    Raises ValueError naming what the stream lacked (no [DONE], a chunk that is not JSON)."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "hello world, please explain the system"}],
+        "max_tokens": max_tokens,
+        "stream": True,
+    }
+    chunks, finish, done = 0, "", False
+    with requests.post(f"{base_url}/v1/chat/completions", json=body, stream=True, timeout=timeout) as resp:
+        resp.raise_for_status()
+        for raw in resp.iter_lines(decode_unicode=True):
+            if not raw or not raw.startswith("data: "):
+                continue
+            data = raw.removeprefix("data: ").strip()
+            if data == "[DONE]":
+                done = True
+                break
+            event = json.loads(data)
+            for choice in event.get("choices", []):
+                if choice.get("delta", {}).get("content"):
+                    chunks += 1
+                finish = choice.get("finish_reason") or finish
+    if not done:
+        raise ValueError(f"the stream ended without data: [DONE] after {chunks} content chunks")
+    return chunks, finish

@@ -32,6 +32,7 @@ from builders.gates.findings import Finding
 from builders.plan import BuildPlan, PlanOptions
 from builders.rebuild.devtree import TreeManifest, TreeSplit
 from builders.rebuild.records import ReuseRecord
+from builders.sources import ResolvedSource
 from builders.target import Target
 
 ModelFormat = Literal["hf-dir", "gguf"]
@@ -141,6 +142,11 @@ class ServingEngine(abc.ABC):
     def stages_source(self, target: Target) -> bool:
         """Whether a build stages the recipe's pinned source (resolved from the cache or --source)."""
         return target.recipe.source is not None
+
+    def checkouts(self, target: Target, given: Mapping[str, Path]) -> list[ResolvedSource]:
+        """The checkouts a build needs beside the pinned source, taken from `given` (--source NAME=PATH): none
+        for most engines. Raises SourceUnavailable naming what to check out, at which commit, where one is missing."""
+        return []
 
     def source_pins(self, target: Target, source: Path) -> SourcePins:
         """What the pinned source says this build installs and is (read without running anything)."""

@@ -43,6 +43,8 @@ class PreflightContext:
     torch_version: str | None
     fetch: bool  # fetch the pinned source into the cache when it is not there
     progress: Progress
+    # --source NAME=PATH besides the engine's own: checkouts an engine's build needs (sgl-kernel), read by its gates.
+    given_sources: Mapping[str, Path] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
     findings: list[Finding] = field(default_factory=list)
     source: Path | None = None

@@ -16,7 +16,7 @@ from builders.gates.findings import render_table
 from builders.gates.host import parse_cpu_flags
 from builders.input_files import read_bounded
 from builders.log import Log
-from builders.options import add_gpu_args, gpu_args_apply, pep440_version, positive_int
+from builders.options import add_gpu_args, gpu_args_apply, parse_sources, pep440_version, positive_int
 from builders.platforms import for_platform, parse_platforms
 from builders.preflight.gpu_gate import add_gpu_gate_args, gate_input, preflight_findings, with_finding
 from builders.preflight.runner import run_preflight
@@ -47,6 +47,24 @@ def read_flags_file(path: Path) -> frozenset[str]:
     return flags
 
 
+def split_sources(values: list[str] | None) -> tuple[Path | None, dict[str, Path]]:
+    """--source values: a bare path is the engine's own source (at most one); NAME=PATH names another checkout,
+    parsed as `forge build` parses it. A path that exists is always a path, whatever characters it holds."""
+    named = [v for v in values or [] if "=" in v and not Path(v).exists()]
+    plain = [v for v in values or [] if v not in named]
+    if len(plain) > 1:
+        raise UsageError(
+            f"--source given {len(plain)} paths ({', '.join(plain)}): one is the engine's source",
+            hint="name the others as NAME=PATH (for example --source sgl-kernel=/src/sglang)",
+        )
+    local = parse_sources(named)
+    if "vllm" in local:
+        if plain:
+            raise UsageError("--source vllm=PATH and a bare --source PATH both name the engine's source")
+        plain = [str(local.pop("vllm"))]
+    return (Path(plain[0]) if plain else None), local
+
+
 def cmd_preflight(args: argparse.Namespace) -> int:
     project = Project.load(args.root)
     (plat,) = parse_platforms(args.platform)
@@ -64,7 +82,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
         engine = connect(args.engine)
     except EngineError:
         engine = None  # preflight then runs on declared facts and says so
-    source = Path(args.source) if args.source else None
+    source, given_sources = split_sources(args.source)
     report = run_preflight(
         project,
         distro,
@@ -82,6 +100,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
         torch_version=args.torch_version,
         fetch=not args.no_fetch,
         progress=Log().info,  # stderr: --json keeps stdout to the report alone
+        given_sources=given_sources,
     )
     declared = (recipe.cuda.arch_list, f"recipes/{recipe.name}.yaml: cuda.arch_list") if recipe.cuda else None
     # The image's CUDA: the recipe's where its runtime comes from PyPI's wheels, else the distro's CUDA base.
@@ -141,9 +160,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--platform", default=None, help="linux/amd64 (default) or linux/arm64: the image's platform")
     p.add_argument(
         "--source",
+        action="append",
         default=None,
         metavar="PATH_OR_SDIST",
-        help="vLLM source directory or sdist (default: the recipe's pinned sdist in the source cache)",
+        help="the engine's source directory or sdist (default: the recipe's pinned sdist in the source cache); "
+        "NAME=PATH, as `forge build` takes it, names another checkout the build needs (sgl-kernel=PATH)",
     )
     p.add_argument(
         "--max-jobs",

@@ -6,7 +6,7 @@ The build executor calls this as its preflight phase; `forge preflight` calls it
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from builders.config.models import Distro, GpuMode, Recipe, TorchIndex
@@ -38,6 +38,7 @@ def run_preflight(
     torch_version: str | None = None,
     fetch: bool = False,
     progress: Progress = lambda _line: None,
+    given_sources: Mapping[str, Path] | None = None,
 ) -> PreflightReport:
     """Every gate for building `recipe` on `distro` here. A failed gate never raises: the report says, and a gate
     that could not be evaluated makes it incomplete, never clear.
@@ -45,8 +46,9 @@ def run_preflight(
     engine: the container engine (None: declared facts only, and the report says so). source, max_jobs: --source
     and --max-jobs. run_host_flags: the CPU flags of the host the image will run on (default: this one's).
     gpu_mode, torch_index, torch_version: what the build was told, else the recipe's. fetch: download the pinned
-    source into the source cache when it is not there (progress says so). Raises SourceUnavailable only when an
-    explicitly given source cannot be read.
+    source into the source cache when it is not there (progress says so). given_sources: the other --source
+    NAME=PATH, checkouts an engine's gates read (sgl-kernel). Raises SourceUnavailable only when an explicitly
+    given source cannot be read.
     """
     host = host or read_host_facts()
     ctx = PreflightContext(
@@ -67,6 +69,7 @@ def run_preflight(
         torch_version=torch_version,
         fetch=fetch,
         progress=progress,
+        given_sources=given_sources or {},
     )
     ENGINES.of(recipe).preflight(ctx)
     return ctx.report()

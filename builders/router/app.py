@@ -1,8 +1,10 @@
 """The router service: an aiohttp server in front of vLLM pools.
 
-Streamed requests go through the router's own client (builders/router/upstream.py), whose relay
-writes each event to the client inside the replica connection's data_received; non-streamed
-requests, /v1/models and health checks use aiohttp's client.
+Every path of vLLM's OpenAI server that serves requests is relayed on the same path (Endpoint in
+builders/router/openai_request.py), with the same key, limits, metrics and timeouts; the request's model picks
+its pool first, its class second (builders/router/pool_choice.py). Streamed requests and uploads go through the
+router's own client (builders/router/upstream.py), whose relay writes each event to the client inside the replica
+connection's data_received; non-streamed requests, /v1/models, /version and health checks use aiohttp's client.
 
 Guarantees it keeps:
 - failover to another healthy replica of the same pool only before the first response byte;
@@ -27,7 +29,7 @@ import gc
 import hmac
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,8 +37,8 @@ import aiohttp
 from aiohttp import web
 
 from builders.errors import ListenFailed
-from builders.router.call import SHUTTING_DOWN, json_error
-from builders.router.classes import ALL_CLASSES
+from builders.router.call import HEADER_POOL, HEADER_REPLICA, SHUTTING_DOWN, json_error
+from builders.router.classes import EVERY_CLASS
 from builders.router.classify import Classifier
 from builders.router.config import RouterConfig
 from builders.router.discovery import Membership, Resolver, discoverers, system_resolver
@@ -44,15 +46,21 @@ from builders.router.dispatch import Dispatcher
 from builders.router.front import FastRequest, FastStream, Front
 from builders.router.health import HealthChecker
 from builders.router.native import native_relay, relay_name
-from builders.router.openai_request import BadRequest, Endpoint, parse_request
+from builders.router.openai_request import UPLOADS, BadRequest, Endpoint, parse_request, upload_request
+from builders.router.pool_choice import PoolChoice
 from builders.router.prometheus import CONTENT_TYPE
 from builders.router.relay import Pump
 from builders.router.replicas import Pool, Replica
 from builders.router.router_metrics import RouterMetrics
+from builders.router.served_models import ModelCatalog
 from builders.router.stats import HEALTH, STREAM, UNARY, StreamStats, connector_connections, pool_connections, publish
+from builders.router.uploads import Upload, UploadRefused, multipart_boundary
 from builders.router.upstream import UpstreamPool
 
 ROUTER_KEY: web.AppKey[Router] = web.AppKey("router")
+
+SERVED_PATHS = (*(e.value for e in Endpoint), "/v1/models", "/version", "/health", "/metrics")
+SERVED_TEXT = f"POST {', '.join(e.value for e in Endpoint)}; GET /v1/models, /version, /health, /metrics"
 
 
 def _connector(*, limit: int, limit_per_host: int, idle_s: float) -> aiohttp.TCPConnector:
@@ -79,13 +87,15 @@ class Router:
             )
             for name, urls in config.pools.items()
         }
-        self.metrics = RouterMetrics({c.value: config.pool_for(c) for c in ALL_CLASSES})
+        self.metrics = RouterMetrics({c.value: config.pool_for(c) for c in EVERY_CLASS})
         self.stats = StreamStats()
         self.pump = Pump(config, self.metrics, self.classifier, self.stats, native_relay())
-        self.dispatch = Dispatcher(config, self.pools, self.metrics, self.classifier, self.pump)
+        self.catalog = ModelCatalog(self.pools, config.models)
+        choice = PoolChoice(config, self.pools, self.catalog)
+        self.dispatch = Dispatcher(config, self.pools, self.metrics, self.classifier, self.pump, choice)
         self.calls = self.dispatch.calls
         """Every call in flight (the dispatcher's own set): a drain waits for it to empty."""
-        self.health = HealthChecker(config, self.pools, self.dispatch)
+        self.health = HealthChecker(config, self.pools, self.dispatch, self.catalog)
         self.membership = Membership(self.pools, discoverers(config, resolver=resolver), self.health.membership_changed)
         self._discovery_task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -100,17 +110,24 @@ class Router:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.config.max_request_bytes)
         app[ROUTER_KEY] = self
-        app.router.add_post(Endpoint.CHAT.value, self._chat)
-        app.router.add_post(Endpoint.COMPLETIONS.value, self._completions)
+        for endpoint in Endpoint:
+            app.router.add_post(endpoint.value, self._upload if endpoint in UPLOADS else self._handler(endpoint))
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/version", self._version)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
         # Clients of an OpenAI API parse error bodies as JSON: 405 and 404 answer in the same shape.
-        for path in (Endpoint.CHAT.value, Endpoint.COMPLETIONS.value, "/v1/models", "/health", "/metrics"):
+        for path in SERVED_PATHS:
             app.router.add_route("*", path, self._method_not_allowed)
         app.router.add_route("*", "/{path:.*}", self._not_found)
         app.cleanup_ctx.append(self._lifespan)
         return app
+
+    def _handler(self, endpoint: Endpoint) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            return await self._route(request, endpoint)
+
+        return handle
 
     async def _lifespan(self, _app: web.Application) -> AsyncIterator[None]:
         # Kept, not asked for: asyncio.get_running_loop() makes a getpid() system call each time (Python 3.11).
@@ -188,7 +205,7 @@ class Router:
         return json_error(405, f"{request.method} is not allowed on {request.path}", "method_not_allowed")
 
     async def _not_found(self, request: web.Request) -> web.Response:
-        return json_error(404, f"no such path: {request.path}", "not_found")
+        return json_error(404, f"no such path: {request.path}; the router serves {SERVED_TEXT}", "not_found")
 
     async def _health(self, _request: web.Request) -> web.Response:
         pools = {name: [r.as_json() for r in pool.replicas] for name, pool in self.pools.items()}
@@ -214,41 +231,54 @@ class Router:
         )
         return web.Response(body=self.metrics.render().encode(), headers={"Content-Type": CONTENT_TYPE})
 
+    async def _ask(self, pool: Pool, path: str) -> tuple[Replica, Any] | None:
+        """GET path from the pool's replicas, healthy ones first, until one answers 200 with JSON."""
+        timeout = aiohttp.ClientTimeout(total=self.config.health_timeout_s + self.config.connect_timeout_s)
+        for replica in sorted(pool.replicas, key=lambda r: not r.healthy):
+            try:
+                async with self.session.get(
+                    f"{replica.url}{path}", headers=self.dispatch.upstream_headers(), timeout=timeout
+                ) as resp:
+                    if resp.status != 200:
+                        continue
+                    return replica, await resp.json(content_type=None)
+            except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+                continue
+        return None
+
     async def _models(self, request: web.Request) -> web.Response:
         refused = self._refuse_unauthorized(request.headers)
         if refused is not None:
             return refused
-        timeout = aiohttp.ClientTimeout(total=self.config.health_timeout_s + self.config.connect_timeout_s)
         models: dict[str, Any] = {}
-        answered: list[str] = []
+        answered = 0
         for pool in self.pools.values():
-            ordered = sorted(pool.replicas, key=lambda r: not r.healthy)
-            for replica in ordered:
-                try:
-                    async with self.session.get(
-                        f"{replica.url}/v1/models", headers=self.dispatch.upstream_headers(), timeout=timeout
-                    ) as resp:
-                        if resp.status != 200:
-                            continue
-                        body = await resp.json(content_type=None)
-                except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
-                    continue
-                for model in body.get("data", []) if isinstance(body, dict) else []:
-                    if isinstance(model, dict) and isinstance(model.get("id"), str):
-                        models.setdefault(model["id"], model)
-                answered.append(pool.name)
-                break
+            found = await self._ask(pool, "/v1/models")
+            if found is None:
+                continue
+            answered += 1
+            body = found[1]
+            # Each model once, however many pools serve it: the first pool's card.
+            for model in body.get("data", []) if isinstance(body, dict) else []:
+                if isinstance(model, dict) and isinstance(model.get("id"), str):
+                    models.setdefault(model["id"], model)
         if not answered:
             return json_error(503, "no replica of any pool answered GET /v1/models", "no_replica_available")
         return web.json_response({"object": "list", "data": list(models.values())})
 
+    async def _version(self, request: web.Request) -> web.Response:
+        """The version of the engine behind the router, as a replica of the fallback pool states it."""
+        refused = self._refuse_unauthorized(request.headers)
+        if refused is not None:
+            return refused
+        pool = self.pools[self.config.fallback_pool()]
+        found = await self._ask(pool, "/version")
+        if found is None:
+            return json_error(503, f"no replica of pool {pool.name!r} answered GET /version", "no_replica_available")
+        replica, body = found
+        return web.json_response(body, headers={HEADER_POOL: pool.name, HEADER_REPLICA: replica.url})
+
     # --- routed requests -------------------------------------------------------------------------
-
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._route(request, Endpoint.CHAT)
-
-    async def _completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._route(request, Endpoint.COMPLETIONS)
 
     async def route_fast(self, request: FastRequest, endpoint: Endpoint, raw: bytes) -> web.Response | FastStream:
         """A routed request from the fast front end (builders/router/front.py): its body is whole, not compressed,
@@ -297,17 +327,63 @@ class Router:
         except web.HTTPRequestEntityTooLarge:
             return self.reject(413, f"request body is over {cfg.max_request_bytes} bytes", "body")
         except TimeoutError:
-            response = self.reject(408, f"request body did not arrive within {cfg.body_timeout_s}s", "body")
-            # Sent now and the connection closed: aiohttp would otherwise linger up to 10 s reading the rest
-            # of the body from a client already known to be too slow.
-            await response.prepare(request)
-            await response.write_eof()
-            request.protocol.force_close()
-            return response
+            return await self._answer_and_close(
+                request, self.reject(408, f"request body did not arrive within {cfg.body_timeout_s}s", "body")
+            )
         answer = await self.dispatch.dispatch(request, raw, parsed, decision, started)
         if isinstance(answer, FastStream):
             raise TypeError("an aiohttp request was answered on the fast path")
         return answer
+
+    async def _upload(self, request: web.Request) -> web.StreamResponse:
+        """A multipart upload (builders/router/uploads.py): routed by its `model` field, its body relayed as it
+        arrives."""
+        started = time.monotonic()
+        refused = self._refuse_unauthorized(request.headers)
+        if refused is not None:
+            return refused
+        cfg = self.config
+        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding != "identity":
+            return self.reject(
+                415, f"Content-Encoding {encoding!r} is not accepted; send the body uncompressed", "Content-Encoding"
+            )
+        content_type = request.headers.get("Content-Type", "")
+        boundary = multipart_boundary(content_type)
+        if boundary is None:
+            return self.reject(
+                400,
+                f"{request.path} takes a multipart/form-data body with a boundary (the file and its fields)",
+                "Content-Type",
+            )
+        upload = Upload(
+            request.content,
+            content_type=content_type,
+            boundary=boundary,
+            length=request.content_length,
+            limit=cfg.max_request_bytes,
+            deadline=started + cfg.body_timeout_s,
+        )
+        try:
+            parsed = upload_request(await upload.sniff())
+        except UploadRefused as exc:
+            answer: web.StreamResponse | FastStream = self.reject(exc.status, exc.message, "body")
+        else:
+            decision = self.classifier.classify(parsed, request.headers)
+            answer = await self.dispatch.dispatch(request, b"", parsed, decision, started, upload=upload)
+        if isinstance(answer, FastStream):
+            raise TypeError("an aiohttp request was answered on the fast path")
+        if upload.answer_closes(answer):
+            return await self._answer_and_close(request, answer)
+        return answer
+
+    async def _answer_and_close(self, request: web.Request, response: web.StreamResponse) -> web.StreamResponse:
+        # Sent now and the connection closed: aiohttp would otherwise linger up to 10 s reading the rest
+        # of the body from a client already known to be too slow.
+        await response.prepare(request)
+        await response.write_eof()
+        request.protocol.force_close()
+        return response
 
     def reject(self, status: int, message: str, param: str) -> web.Response:
         self.metrics.rejected.inc({"reason": "bad_request"})

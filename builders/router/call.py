@@ -16,6 +16,7 @@ from builders.router.front import FastRequest
 from builders.router.openai_request import ParsedRequest
 from builders.router.replicas import Pool, Replica
 from builders.router.router_metrics import ClassSeries, RouterMetrics
+from builders.router.uploads import Upload
 from builders.router.upstream import Exchange
 
 HEADER_POOL = "x-forge-pool"
@@ -111,6 +112,8 @@ class Call:
     """The streamed response's head is on the client's transport, so chunks may be framed and written there."""
     delivered: bool = False
     """The whole answer, [DONE] included, reached the client's socket: a close after this is normal."""
+    upload: Upload | None = None
+    """A multipart body still on its way from the client (builders/router/uploads.py); `raw` is empty then."""
 
     def interrupted(self) -> bool:
         # A call, not a field test: interrupt() sets stop_kind while the handler awaits, which a type
@@ -164,6 +167,18 @@ def no_replica(metrics: RouterMetrics, call: Call) -> web.Response:
         503,
         "no_replica_available",
         f"pool {call.pool.name!r} cannot serve class {call.decision.request_class.value!r}: {why}",
+    )
+
+
+def not_served(metrics: RouterMetrics, model: str | None, served: list[str]) -> web.Response:
+    """The 404 for a model no pool serves, in OpenAI's error shape, naming the models that are."""
+    metrics.rejected.inc({"reason": "model_not_found"})
+    return json_error(
+        404,
+        f"model {model!r} is not served here; served models: {', '.join(served) or 'none known yet'}",
+        "model_not_found",
+        param="model",
+        served_models=served,
     )
 
 

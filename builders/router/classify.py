@@ -1,13 +1,15 @@
 """Decides a request's class: an explicit header wins, otherwise fixed rules over the request body.
 
-Rule order (the first that matches decides):
+A request that is not generation (embeddings, score, rerank, tokenize, transcription) is of its endpoint's class
+(builders/router/classes.py ServiceClass), whatever its headers say. For chat, completions and responses the
+rule order (the first that matches decides):
 
 1. header ``x-request-class`` (an unknown value is a 400 naming the header);
 2. ``agent``: the request carries ``tools``, a ``tool`` message or an assistant ``tool_calls`` turn;
 3. ``long_prefill``: estimated prompt tokens (characters / 4, plus exact counts of token-id prompts)
    >= ``long_prefill_tokens``;
-4. ``batch``: not streamed and ``max_tokens`` (or ``max_completion_tokens``) >= ``batch_max_tokens``
-   (a request without max_tokens is not batch), a seen prefix or not;
+4. ``batch``: not streamed and ``max_tokens`` (or ``max_completion_tokens``, ``max_output_tokens``)
+   >= ``batch_max_tokens`` (a request without one is not batch), a seen prefix or not;
 5. ``rag``: the prompt's shared prefix (its first ``prefix_chars`` characters, roles included, only
    when the prompt is longer than that) was seen within ``prefix_ttl_s``;
 6. ``slow_stream``: header ``x-client-slow: 1``, or the client (``x-client-id``) stalled a stream recently;
@@ -22,7 +24,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from builders.router.classes import RequestClass
+from builders.router.classes import RequestClass, TrafficClass
 from builders.router.config import RouterConfig
 from builders.router.openai_request import BadRequest, ParsedRequest
 
@@ -68,7 +70,7 @@ def prefix_key(parsed: ParsedRequest, prefix_chars: int) -> str | None:
 
 @dataclass(frozen=True, kw_only=True)
 class Decision:
-    request_class: RequestClass
+    request_class: TrafficClass
     reason: str
     prefix: str | None
 
@@ -92,6 +94,10 @@ class Classifier:
             self.slow_clients.add(client_id)
 
     def classify(self, parsed: ParsedRequest, headers: Mapping[str, str]) -> Decision:
+        service = parsed.service
+        if service is not None:
+            # Not generation: no prompt to remember, no latency class to guess; the endpoint names the class.
+            return Decision(request_class=service, reason="endpoint", prefix=None)
         prefix = prefix_key(parsed, self._config.prefix_chars)
         try:
             return self._decide(parsed, headers, prefix)

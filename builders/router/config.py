@@ -20,7 +20,7 @@ from pydantic import (
 )
 
 from builders.errors import ConfigError
-from builders.router.classes import ALL_CLASSES, RequestClass
+from builders.router.classes import ALL_CLASSES, RequestClass, TrafficClass
 
 
 class SlowClientDetection(BaseModel):
@@ -116,9 +116,27 @@ class RouterConfig(BaseModel):
     )
     class_pools: dict[RequestClass, str] = Field(
         default_factory=dict,
-        description="Request class -> pool name; classes left out go to default_pool.",
+        description="Request class -> pool name; classes left out go to default_pool. Among the pools that serve "
+        "a request's `model`, the class's pool is chosen if it is one of them, else the first in `pools` order.",
     )
-    default_pool: str | None = Field(default=None, description="Pool for classes missing from class_pools.")
+    default_pool: str | None = Field(
+        default=None,
+        description="Pool for classes missing from class_pools, and for requests that are not generation "
+        "(embeddings, score, rerank, tokenize, transcription) and name no `model`; without it those go to the "
+        "interactive class's pool. GET /version is answered by it too.",
+    )
+    models: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="Pool name -> the model names its replicas serve, instead of asking them. A pool left out is "
+        "learnt from its replicas' GET /v1/models (asked when a replica joins the pool or comes back healthy). A "
+        "request's `model` selects the pools that serve it; a model no pool serves gets a 404 naming those served.",
+    )
+    models_refresh_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="A healthy replica's models are asked again after this many seconds (a LoRA adapter loaded at run "
+        "time is routed to from then on); they are asked at once when the replica joins or comes back.",
+    )
     api_key: str | None = Field(
         default=None,
         description="If set, /v1/* requires 'Authorization: Bearer <key>'; /health and /metrics do not. "
@@ -302,6 +320,13 @@ class RouterConfig(BaseModel):
                 raise ValueError(f"pool {name!r} has no replicas; list at least one base URL or give it discovery")
             if urls and name in self.discovery:
                 raise ValueError(f"pool {name!r} lists replicas and has discovery; use one or the other")
+        for name, served in self.models.items():
+            if name not in self.pools:
+                close = difflib.get_close_matches(name, list(self.pools), n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ValueError(f"models.{name}: unknown pool{hint}")
+            if not served or not all(isinstance(m, str) and m.strip() == m and m for m in served):
+                raise ValueError(f"models.{name}: list the model names (non-empty, no surrounding spaces) it serves")
         if self.default_pool is not None and self.default_pool not in self.pools:
             raise ValueError(f"default_pool {self.default_pool!r} is not a pool; pools: {sorted(self.pools)}")
         for request_class, pool in self.class_pools.items():
@@ -322,8 +347,18 @@ class RouterConfig(BaseModel):
             raise ValueError(f"classes {missing} have no pool: add them to class_pools or set default_pool")
         return self
 
-    def pool_for(self, request_class: RequestClass) -> str:
-        pool = self.class_pools.get(request_class, self.default_pool)
+    def pool_for(self, request_class: TrafficClass) -> str:
+        """The pool a request of this class goes to when its `model` does not decide (none given, or served by
+        several pools)."""
+        if isinstance(request_class, RequestClass):
+            pool = self.class_pools.get(request_class)
+            if pool is not None:
+                return pool
+        return self.fallback_pool()
+
+    def fallback_pool(self) -> str:
+        """The pool of what no class maps: default_pool, else the interactive class's."""
+        pool = self.default_pool or self.class_pools.get(RequestClass.INTERACTIVE)
         assert pool is not None  # guaranteed by _every_class_has_a_pool
         return pool
 

@@ -1,9 +1,10 @@
 """Dispatch: a classified request to a replica of its pool, with failover before the first byte.
 
-Choosing is the pool's (builders/router/replicas.py) and spilling to another pool the work-conserving rule's
+Choosing the pool is the policy's (builders/router/pool_choice.py: the request's model, then its class), choosing
+a replica the pool's (builders/router/replicas.py) and spilling to another pool the work-conserving rule's
 (builders/router/work_conserving.py); this module tries the choice, retries on another replica while nothing
 has reached the client, and answers: a whole response, or an opened stream handed to the relay
-(builders/router/relay.py).
+(builders/router/relay.py). A multipart upload's body goes to its replica as it arrives (builders/router/uploads.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 import aiohttp
 from aiohttp import web
 
+from builders.router.answers import first_byte_timeout, read_exchange, read_whole
 from builders.router.call import (
     REPLICA_DOWN,
     SHUTTING_DOWN,
@@ -22,17 +24,25 @@ from builders.router.call import (
     Waiting,
     abort_upstream,
     call_error,
+    json_error,
     no_replica,
+    not_served,
 )
 from builders.router.classify import Classifier, Decision
 from builders.router.config import RouterConfig
 from builders.router.front import FastRequest, FastStream
 from builders.router.openai_request import ParsedRequest
+from builders.router.pool_choice import PoolChoice
 from builders.router.relay import Pump
 from builders.router.replicas import Pool, Replica
 from builders.router.router_metrics import RouterMetrics
+from builders.router.uploads import Upload, UploadRefused
 from builders.router.upstream import ConnectFailed, Exchange, UpstreamFailed, UpstreamPool
 from builders.router.work_conserving import spill_target, with_priority
+
+
+def is_event_stream(content_type: str | None) -> bool:
+    return content_type is not None and content_type.split(";", 1)[0].strip().lower() == "text/event-stream"
 
 
 class Dispatcher:
@@ -50,12 +60,14 @@ class Dispatcher:
         metrics: RouterMetrics,
         classifier: Classifier,
         pump: Pump,
+        choice: PoolChoice,
     ) -> None:
         self.config = config
         self.pools = pools
         self.metrics = metrics
         self.classifier = classifier
         self.pump = pump
+        self.choice = choice
         self.calls: set[Call] = set()
         self.shutting_down = False
         self._session: aiohttp.ClientSession | None = None
@@ -83,21 +95,6 @@ class Dispatcher:
             raise RuntimeError("the router's upstream pool exists only while the app runs")
         return self._upstream
 
-    def _failed_mid_response(self, call: Call, replica: Replica, exc: BaseException) -> web.Response:
-        """The answer when a replica fails after it began answering: the interrupt's own reason where a health
-        check or a drain stopped the call (503), else the replica died (502). One place for both the streamed and
-        the whole-body paths, so they cannot drift apart."""
-        if call.stop_kind is not None:
-            return call_error(self.metrics, call, 503, call.stop_kind, call.stop_reason or "interrupted")
-        return call_error(
-            self.metrics,
-            call,
-            502,
-            "upstream_died",
-            f"replica {replica.url} failed while sending its response ({type(exc).__name__})",
-            replica=replica.url,
-        )
-
     def upstream_headers(self) -> dict[str, str]:
         # identity: compressing a token stream only adds latency on loopback.
         headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
@@ -112,29 +109,41 @@ class Dispatcher:
         parsed: ParsedRequest,
         decision: Decision,
         started: float,
+        upload: Upload | None = None,
     ) -> web.StreamResponse | FastStream:
+        chosen = self.choice.choose(parsed.model, decision.request_class)
+        if chosen is None:
+            return not_served(self.metrics, parsed.model, self.choice.catalog.served())
         pool = spill_target(
-            self.pools[self.config.pool_for(decision.request_class)],
+            chosen,
             self.pools,
             self.config.spill,
             prompt_tokens=parsed.token_estimate,
             max_prompt_tokens=self.config.spill_max_prompt_tokens,
         )
+        if pool is not chosen and not self.choice.may_serve(pool, parsed.model):
+            pool = chosen
+        series = self.metrics.by_class[decision.request_class.value]
         call = Call(
             request=request,
             raw=with_priority(raw, decision.request_class, self.config.class_priority),
             parsed=parsed,
             decision=decision,
             pool=pool,
-            series=self.metrics.by_class[decision.request_class.value],
+            series=series,
             started=started,
             client_id=self.classifier.client_id(request.headers),
+            upload=upload,
         )
-        call.series.requests.inc()
-        call.series.in_flight.inc()
+        # By pool name, not by class: an enum's .value is a Python call, and this runs on every request.
+        counted = series.requests.get(chosen.name)
+        if counted is None:
+            counted = self.metrics.requests_in(decision.request_class.value, chosen.name)
+        counted.inc()
+        series.in_flight.inc()
         self.calls.add(call)
         try:
-            return await (self._stream(call) if parsed.stream else self._unary(call))
+            return await (self._stream(call) if parsed.stream or upload is not None else self._unary(call))
         except asyncio.CancelledError:
             # The client went away (aiohttp cancels its handler); unwinding closes the upstream
             # connection, which makes the replica abort the request instead of finishing it for nobody.
@@ -187,6 +196,8 @@ class Dispatcher:
                 # Streams go straight to their own attempt: one coroutine less to pass on every resume.
                 if call.parsed.stream:
                     outcome = await self._attempt_stream(call, replica, call.started + self.config.first_byte_timeout_s)
+                elif call.upload is not None:
+                    outcome = await self._attempt_upload(call, replica, call.upload)
                 else:
                     outcome = await self._attempt(call, replica)
             except BaseException:
@@ -230,7 +241,7 @@ class Dispatcher:
             upstream.close()
             return f"answered {upstream.status}"
         call.upstream = upstream
-        return await self._read_whole(call, replica, upstream, deadline)
+        return await read_whole(self.config, self.metrics, call, replica, upstream, deadline)
 
     async def _attempt_stream(self, call: Call, replica: Replica, deadline: float) -> Opened | web.Response | str:
         """_attempt for a streamed request, on the router's own client (builders/router/upstream.py).
@@ -279,11 +290,83 @@ class Dispatcher:
             return f"answered {exchange.status}"
         call.upstream = exchange
         if exchange.status != 200:
-            return await self._read_exchange(call, replica, exchange, deadline)
+            return await read_exchange(self.config, self.metrics, call, replica, exchange, deadline)
         if not first:
             exchange.close()
             return "closed the stream before the first byte"
         return Opened(replica=replica, upstream=exchange, first_chunk=first)
+
+    async def _attempt_upload(self, call: Call, replica: Replica, upload: Upload) -> Opened | web.Response | str:
+        """_attempt_stream for a multipart upload: the body goes to the replica as it arrives (uploads.py), and the
+        answer is relayed as a stream when the replica sends one (text/event-stream), else read whole.
+
+        Only the body's beginning is kept: once bytes past it were read, the upload cannot go to another replica,
+        and a failure is the final answer (502) instead of a failover.
+        """
+        cfg = self.config
+        # The first-byte deadline runs from when the body is due whole: uploading is the client's time, not the
+        # replica's. The body's own deadline (body_timeout_s) ends a slow upload before it with a 408.
+        deadline = call.started + cfg.body_timeout_s + cfg.first_byte_timeout_s
+        exchange: Exchange | None = None
+        first = b""
+        try:
+            with Waiting(call, deadline - time.monotonic(), self.loop) as waiting:
+                headers = {**self.upstream_headers(), **upload.framing()}
+                exchange = await self.upstream.send(
+                    replica.url, call.parsed.endpoint.value, None, headers, cfg.connect_timeout_s
+                )
+                assert exchange.connection is not None, "a fresh exchange has its connection"
+                await upload.send(exchange.connection)
+                await exchange.head()
+                if exchange.status == 200 and is_event_stream(exchange.content_type):
+                    first = exchange.take() or await exchange.body_chunk()
+        except asyncio.CancelledError:
+            self.metrics.upstream_aborts.inc(call.labels)
+            if exchange is not None:
+                exchange.close()
+            raise
+        except ConnectFailed as exc:
+            replica.mark_down(f"connect failed: {exc}")
+            return f"connect failed ({exc})"
+        except UploadRefused as exc:
+            if exchange is not None:
+                abort_upstream(self.metrics, call, exchange)
+            self.metrics.rejected.inc({"reason": "bad_request"})
+            refused = json_error(exc.status, exc.message, "invalid_request_error", param="body")
+            refused.headers.update(call.headers())
+            return refused
+        except (UpstreamFailed, ConnectionError) as exc:
+            if exchange is not None:
+                exchange.close()
+            stopped = self._stopped(call) if call.interrupted() else f"failed while taking the upload ({exc})"
+            return self._once(call, replica, upload, stopped)
+        ended = self._wait_outcome(call, waiting, exchange)
+        if ended is not None:
+            return self._once(call, replica, upload, ended)
+        assert exchange is not None, "_wait_outcome answers for a wait that left no response"
+        if exchange.status >= 500:
+            exchange.close()
+            return self._once(call, replica, upload, f"answered {exchange.status}")
+        call.upstream = exchange
+        if not first:
+            if exchange.status == 200 and is_event_stream(exchange.content_type):
+                exchange.close()
+                return self._once(call, replica, upload, "closed the stream before the first byte")
+            return await read_exchange(self.config, self.metrics, call, replica, exchange, deadline)
+        return Opened(replica=replica, upstream=exchange, first_chunk=first)
+
+    def _once(self, call: Call, replica: Replica, upload: Upload, outcome: web.Response | str) -> web.Response | str:
+        """An upload attempt's failure: a reason to fail over while the body is whole here, else the final 502."""
+        if isinstance(outcome, str) and upload.consumed:
+            return call_error(
+                self.metrics,
+                call,
+                502,
+                "upstream_error",
+                f"replica {replica.url} {outcome}; an upload is relayed as it arrives, so it is not sent twice",
+                replica=replica.url,
+            )
+        return outcome
 
     def _wait_outcome(
         self, call: Call, waiting: Waiting, upstream: aiohttp.ClientResponse | Exchange | None
@@ -294,7 +377,7 @@ class Dispatcher:
             self.metrics.upstream_aborts.inc(call.labels)
             if upstream is not None:
                 upstream.close()
-            return self._first_byte_timeout(call)
+            return first_byte_timeout(self.config, self.metrics, call)
         if waiting.cut or upstream is None:
             # interrupt() counted the abort.
             if upstream is not None:
@@ -305,80 +388,6 @@ class Dispatcher:
             abort_upstream(self.metrics, call, upstream)
             return self._stopped(call)
         return None
-
-    async def _read_exchange(self, call: Call, replica: Replica, exchange: Exchange, deadline: float) -> web.Response:
-        """A streamed request's answer that is not a stream (an upstream 4xx): read it all, bounded, and pass it on."""
-        limit = self.config.max_response_bytes
-        try:
-            body = await asyncio.wait_for(
-                exchange.read_body(limit),
-                timeout=max(self.config.upstream_idle_timeout_s, deadline - time.monotonic()),
-            )
-        except asyncio.CancelledError:
-            abort_upstream(self.metrics, call, exchange)
-            raise
-        except (UpstreamFailed, TimeoutError) as exc:
-            exchange.close()
-            return self._failed_mid_response(call, replica, exc)
-        finally:
-            call.upstream = None
-        if body is None:
-            return call_error(
-                self.metrics, call, 502, "upstream_error", f"replica {replica.url} sent more than {limit} bytes"
-            )
-        exchange.release()
-        headers = call.headers(replica)
-        headers["Content-Type"] = exchange.content_type or "application/json"
-        return web.Response(status=exchange.status, body=body, headers=headers)
-
-    def _first_byte_timeout(self, call: Call) -> web.Response:
-        # No failover here: the replica may still be working on it, and a retry would double the load.
-        return call_error(
-            self.metrics,
-            call,
-            504,
-            "first_byte_timeout",
-            f"no first byte from pool {call.pool.name!r} within {self.config.first_byte_timeout_s}s",
-        )
-
-    async def _read_whole(
-        self, call: Call, replica: Replica, upstream: aiohttp.ClientResponse, deadline: float
-    ) -> web.Response:
-        """A non-streamed answer (or an upstream 4xx): read it all, bounded, then answer the client."""
-        limit = self.config.max_response_bytes
-        chunks: list[bytes] = []
-        size = 0
-        try:
-            while True:
-                chunk = await asyncio.wait_for(
-                    upstream.content.read(65536),
-                    timeout=max(self.config.upstream_idle_timeout_s, deadline - time.monotonic()),
-                )
-                if not chunk:
-                    break
-                call.last_upstream = time.monotonic()
-                size += len(chunk)
-                if size > limit:
-                    upstream.close()
-                    return call_error(
-                        self.metrics, call, 502, "upstream_error", f"replica {replica.url} sent more than {limit} bytes"
-                    )
-                chunks.append(chunk)
-        except asyncio.CancelledError:
-            abort_upstream(self.metrics, call, upstream)
-            raise
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            upstream.close()
-            return self._failed_mid_response(call, replica, exc)
-        finally:
-            upstream.release()
-            call.upstream = None
-        headers = call.headers(replica)
-        headers["Content-Type"] = upstream.headers.get("Content-Type", "application/json")
-        if upstream.status == 200:
-            call.pool.remember(call.decision.prefix, replica)
-            replica.served += 1
-        return web.Response(status=upstream.status, body=b"".join(chunks), headers=headers)
 
     async def _unary(self, call: Call) -> web.Response:
         outcome, held = await self._open(call)
@@ -403,6 +412,9 @@ class Dispatcher:
         outcome, held = await self._open(call)
         try:
             if not isinstance(outcome, Opened):
+                if outcome.status == 200:
+                    # An upload answered whole: its body is the first byte its client gets.
+                    call.series.ttft.observe(time.monotonic() - call.started)
                 return outcome
             replica, upstream = outcome.replica, outcome.upstream
             call.pool.remember(call.decision.prefix, replica)

@@ -3,8 +3,9 @@
 aiohttp's server builds a Request, resolves a route, formats its headers and runs its writer for every
 request; on a streamed completion that was the largest share of the router's own CPU that was left
 (bench-router). Here each connection is parsed with httptools, and a request the fast path can take
-whole goes straight to Router.route_fast: a complete POST to /v1/chat/completions or /v1/completions,
-HTTP/1.1 with keep-alive, no Expect, Upgrade or Content-Encoding, a body under offload_parse_bytes.
+whole goes straight to Router.route_fast: a complete POST to a path whose body is JSON (chat, completions,
+responses, embeddings, tokenize, score, rerank: builders/router/openai_request.py Endpoint), HTTP/1.1 with
+keep-alive, no Expect, Upgrade or Content-Encoding, a body under offload_parse_bytes.
 
 Anything else (another path or method, a body too large, bytes that are not HTTP, pipelined requests)
 hands the connection to aiohttp's own handler for the rest of its life, with every byte read of the
@@ -29,12 +30,13 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from builders.router.config import RouterConfig
-from builders.router.openai_request import Endpoint
+from builders.router.openai_request import UPLOADS, Endpoint
 from builders.router.router_metrics import RouterMetrics
 
 log = logging.getLogger("forge.router")
 
-FAST_PATHS = {endpoint.value.encode(): endpoint for endpoint in Endpoint}
+# Uploads go to aiohttp, whose reader streams their body (builders/router/uploads.py).
+FAST_PATHS = {endpoint.value.encode(): endpoint for endpoint in Endpoint if endpoint not in UPLOADS}
 MAX_HEAD_BYTES = 16 * 1024
 """A head still incomplete past this goes to aiohttp, which refuses over-long lines and fields."""
 MAX_LATER_BYTES = 64 * 1024

@@ -6,12 +6,44 @@ import json
 import re
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeGuard
+
+from builders.router.classes import ServiceClass
 
 
 class Endpoint(StrEnum):
+    """Every path the router relays to a replica, on the same path (vLLM's OpenAI server's routes)."""
+
     CHAT = "/v1/chat/completions"
     COMPLETIONS = "/v1/completions"
+    RESPONSES = "/v1/responses"
+    EMBEDDINGS = "/v1/embeddings"
+    TOKENIZE = "/tokenize"
+    DETOKENIZE = "/detokenize"
+    SCORE = "/score"
+    SCORE_V1 = "/v1/score"
+    RERANK = "/rerank"
+    RERANK_V1 = "/v1/rerank"
+    TRANSCRIPTIONS = "/v1/audio/transcriptions"
+
+
+# Module constants for the per-request identity tests: an enum member looked up on its class is a Python call in 3.11.
+_CHAT, _COMPLETIONS, _RESPONSES = Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.RESPONSES
+
+SERVICE_OF: dict[Endpoint, ServiceClass] = {
+    Endpoint.EMBEDDINGS: ServiceClass.EMBEDDINGS,
+    Endpoint.TOKENIZE: ServiceClass.TOKENIZE,
+    Endpoint.DETOKENIZE: ServiceClass.TOKENIZE,
+    Endpoint.SCORE: ServiceClass.SCORE,
+    Endpoint.SCORE_V1: ServiceClass.SCORE,
+    Endpoint.RERANK: ServiceClass.RERANK,
+    Endpoint.RERANK_V1: ServiceClass.RERANK,
+    Endpoint.TRANSCRIPTIONS: ServiceClass.TRANSCRIPTION,
+}
+"""The endpoints that generate nothing the class policy knows about, and the class each is counted as."""
+
+UPLOADS = frozenset({Endpoint.TRANSCRIPTIONS})
+"""Endpoints whose body is a multipart upload, relayed as it arrives (builders/router/uploads.py); the rest are JSON."""
 
 
 class BadRequest(Exception):
@@ -36,6 +68,8 @@ class ParsedRequest:
     """Exact token count when the prompt was given as token ids, else 0."""
     tools_chars: int
     model: str | None
+    service: ServiceClass | None = None
+    """The class of a request that is not generation (embeddings, score, ...); None for chat, completions, responses."""
 
     @property
     def token_estimate(self) -> int:
@@ -44,7 +78,7 @@ class ParsedRequest:
         return self.prompt_token_ids + (len(self.prompt_text) + self.tools_chars + 3) // 4
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -153,8 +187,7 @@ def _check_encodable(text: str, param: str) -> None:
         ) from None
 
 
-def parse_request(endpoint: Endpoint, raw: bytes, *, max_depth: int = 64, max_elements: int = 200_000) -> ParsedRequest:
-    """Validate the fields the router relies on; the engine validates the rest."""
+def _decode(raw: bytes, max_depth: int, max_elements: int) -> dict[str, object]:
     check_json_cost(raw, max_depth=max_depth, max_elements=max_elements)
     try:
         # JSON between systems is UTF-8 (RFC 8259 section 8.1); decoding it here skips json.loads's
@@ -168,7 +201,63 @@ def parse_request(endpoint: Endpoint, raw: bytes, *, max_depth: int = 64, max_el
         raise BadRequest("body", "request body nests arrays/objects too deep") from None
     if not isinstance(body, dict):
         raise BadRequest("body", f"request body must be a JSON object, found {type(body).__name__}")
+    return body
 
+
+def _model(body: dict[str, object]) -> str | None:
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest("model", "`model` must be a string")
+    return model
+
+
+def _responses_prompt(body: dict[str, object]) -> tuple[str, bool]:
+    """The Responses API's `instructions` and `input` as one text (rendered as chat's are), and whether it carries
+    tool turns. `input` may be absent (a request that continues a stored response)."""
+    parts = []
+    instructions = body.get("instructions")
+    if instructions is not None:
+        if not isinstance(instructions, str):
+            raise BadRequest("instructions", "`instructions` must be a string")
+        parts.append(f"system: {instructions}\n")
+    given = body.get("input")
+    tool_turns = False
+    if isinstance(given, str):
+        parts.append(f"user: {given}\n")
+    elif isinstance(given, list):
+        for i, item in enumerate(given):
+            where = f"input[{i}]"
+            if not isinstance(item, dict):
+                raise BadRequest(where, f"`{where}` must be an object (a message or another input item)")
+            kind = item.get("type")
+            if isinstance(kind, str) and kind.startswith("function_call"):
+                tool_turns = True
+                continue
+            role = item.get("role", "user")
+            if not isinstance(role, str):
+                raise BadRequest(f"{where}.role", f"`{where}.role` must be a string")
+            parts.append(f"{role}: {_content_text(item.get('content'), f'{where}.content')}\n")
+    elif given is not None:
+        raise BadRequest("input", "`input` must be a string or a list of input items")
+    return "".join(parts), tool_turns
+
+
+def _parse_service(endpoint: Endpoint, body: dict[str, object]) -> ParsedRequest:
+    # The replica validates the rest (input, query, documents, tokens): the router needs only where to send it.
+    return ParsedRequest(
+        endpoint=endpoint,
+        stream=False,
+        max_tokens=None,
+        uses_tools=False,
+        prompt_text="",
+        prompt_token_ids=0,
+        tools_chars=0,
+        model=_model(body),
+        service=SERVICE_OF[endpoint],
+    )
+
+
+def _parse_generation(endpoint: Endpoint, body: dict[str, object]) -> ParsedRequest:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequest("model", "`model` must be a string")
@@ -178,7 +267,7 @@ def parse_request(endpoint: Endpoint, raw: bytes, *, max_depth: int = 64, max_el
     if not isinstance(stream, bool):
         raise BadRequest("stream", "`stream` must be true or false")
     max_tokens: int | None = None
-    for name in ("max_completion_tokens", "max_tokens"):
+    for name in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
         value = body.get(name)
         if value is None:
             continue
@@ -195,12 +284,17 @@ def parse_request(endpoint: Endpoint, raw: bytes, *, max_depth: int = 64, max_el
 
     tool_turns = False
     token_ids = 0
-    if endpoint is Endpoint.CHAT:
+    if endpoint is _CHAT:
         text, tool_turns = _chat_prompt(body)
-    else:
+        param = "messages"
+    elif endpoint is _COMPLETIONS:
         text, token_ids = _completion_prompt(body)
+        param = "prompt"
+    else:
+        text, tool_turns = _responses_prompt(body)
+        param = "input"
     # The prefix is hashed as UTF-8 and the engine tokenizes UTF-8: a lone surrogate is a client error.
-    _check_encodable(text, "messages" if endpoint is Endpoint.CHAT else "prompt")
+    _check_encodable(text, param)
     return ParsedRequest(
         endpoint=endpoint,
         stream=stream,
@@ -210,4 +304,27 @@ def parse_request(endpoint: Endpoint, raw: bytes, *, max_depth: int = 64, max_el
         prompt_token_ids=token_ids,
         tools_chars=len(json.dumps(tools)) if tools else 0,
         model=model,
+    )
+
+
+def parse_request(endpoint: Endpoint, raw: bytes, *, max_depth: int = 64, max_elements: int = 200_000) -> ParsedRequest:
+    """Validate the fields the router relies on; the engine validates the rest. Not for uploads (upload_request)."""
+    body = _decode(raw, max_depth, max_elements)
+    if endpoint is _CHAT or endpoint is _COMPLETIONS or endpoint is _RESPONSES:
+        return _parse_generation(endpoint, body)
+    return _parse_service(endpoint, body)
+
+
+def upload_request(model: str | None) -> ParsedRequest:
+    """What routing knows of a multipart upload: its `model` form field, if one came before the file."""
+    return ParsedRequest(
+        endpoint=Endpoint.TRANSCRIPTIONS,
+        stream=False,
+        max_tokens=None,
+        uses_tools=False,
+        prompt_text="",
+        prompt_token_ids=0,
+        tools_chars=0,
+        model=model,
+        service=ServiceClass.TRANSCRIPTION,
     )

@@ -24,11 +24,15 @@ from builders.router.classify import Classifier
 from builders.router.config import RouterConfig
 from builders.router.front import FastRequest, FastStream
 from builders.router.native import NativeRelay
+from builders.router.openai_request import Endpoint
 from builders.router.prometheus import HistogramSeries
 from builders.router.replicas import Replica
 from builders.router.router_metrics import RouterMetrics
 from builders.router.stats import StreamStats
 from builders.router.upstream import Exchange
+
+_RESPONSES = Endpoint.RESPONSES
+"""A module constant: an enum member looked up on its class is a Python call in 3.11, and this runs per stream."""
 
 
 class StreamCut(Exception):
@@ -210,8 +214,16 @@ class Pump:
                         failure = (call.stop_kind, 503, call.stop_reason or "interrupted")
                     else:
                         failure = ("upstream_died", 502, f"replica {replica.url} failed mid-stream ({upstream.error})")
-            if failure is None and not (events.flush() == b"" and events.done):
-                failure = ("upstream_error", 502, f"replica {replica.url} ended the stream without data: [DONE]")
+            if failure is None:
+                rest = events.flush()
+                if call.parsed.endpoint is _RESPONSES:
+                    # vLLM's Responses API sends no [DONE]: the relay loop ended on the replica's complete message.
+                    if rest:
+                        failure = ("upstream_error", 502, f"replica {replica.url} ended the stream mid-event")
+                    else:
+                        call.delivered = True
+                elif rest or not events.done:
+                    failure = ("upstream_error", 502, f"replica {replica.url} ended the stream without data: [DONE]")
             if failure is not None and call.delivered:
                 # The replica failed after its [DONE]: the client's answer is whole, an error would only confuse.
                 failure = None

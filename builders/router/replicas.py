@@ -20,6 +20,10 @@ class Replica:
     failures: int = 0
     last_error: str | None = None
     last_check: float | None = None
+    models: tuple[str, ...] | None = None
+    """The model names its GET /v1/models listed (builders/router/served_models.py); None until it answered."""
+    models_asked: float = 0.0
+    """When its models were last asked (time.monotonic)."""
 
     def mark_down(self, reason: str) -> None:
         self.healthy = False
@@ -36,6 +40,7 @@ class Replica:
             "failures": self.failures,
             "last_error": self.last_error,
             "last_check_age_s": age,
+            "models": None if self.models is None else list(self.models),
         }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from builders.router.classes import ALL_CLASSES
+from builders.router.classes import EVERY_CLASS
 from builders.router.prometheus import BoundValue, HistogramSeries, Registry
 
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -13,12 +13,11 @@ ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2
 
 @dataclass(frozen=True, kw_only=True)
 class ClassSeries:
-    """The series one request class updates on every request and every streamed event, resolved once.
+    """The series one request class updates on every request and every streamed event, resolved once. The count of
+    requests is by class and pool, and a request's model may choose another pool than its class's: `requests` holds
+    it per pool name, bound on first use (RouterMetrics.requests_in)."""
 
-    A class's pool is fixed by the config, so its (class, pool) labels are known before any request.
-    """
-
-    requests: BoundValue
+    requests: dict[str, BoundValue]
     in_flight: BoundValue
     ttft: HistogramSeries
     itl: HistogramSeries
@@ -29,10 +28,14 @@ class RouterMetrics:
     """Every series the router exports on /metrics; names start with forge_router_."""
 
     def __init__(self, class_pools: dict[str, str]) -> None:
+        """class_pools: every class (generation and not) -> the pool it goes to when its model does not decide."""
         self.registry = Registry()
         r = self.registry
         self.requests = r.counter(
-            "forge_router_requests_total", "Requests routed, by class and pool.", ("class", "pool")
+            "forge_router_requests_total",
+            "Requests routed, by class (the six generation classes; embeddings, score, rerank, tokenize and "
+            "transcription for the rest) and the pool its model and class chose.",
+            ("class", "pool"),
         )
         self.errors = r.counter(
             "forge_router_errors_total",
@@ -41,7 +44,9 @@ class RouterMetrics:
             ("class", "pool", "kind"),
         )
         self.rejected = r.counter(
-            "forge_router_rejected_total", "Requests refused before routing (bad_request, unauthorized).", ("reason",)
+            "forge_router_rejected_total",
+            "Requests refused before routing (bad_request, unauthorized, model_not_found).",
+            ("reason",),
         )
         self.in_flight = r.gauge("forge_router_in_flight", "Requests being served now, by class.", ("class",))
         self.ttft = r.histogram(
@@ -113,17 +118,27 @@ class RouterMetrics:
         # Binding creates every class's series at zero, so dashboards see them before the first request.
         self.by_class = {
             c.value: ClassSeries(
-                requests=self.requests.bind({"class": c.value, "pool": class_pools[c.value]}),
+                requests={},
                 in_flight=self.in_flight.bind({"class": c.value}),
                 ttft=self.ttft.bind({"class": c.value}),
                 itl=self.itl.bind({"class": c.value}),
                 e2e=self.e2e.bind({"class": c.value}),
             )
-            for c in ALL_CLASSES
+            for c in EVERY_CLASS
         }
+        for c in EVERY_CLASS:
+            self.requests_in(c.value, class_pools[c.value])
         self.streams_active.ensure()
         self.stream_buffer_peak.ensure()
         self.upstream_connections_open.ensure()
+
+    def requests_in(self, request_class: str, pool: str) -> BoundValue:
+        """The request count of one class in one pool, bound on first use."""
+        by_pool = self.by_class[request_class].requests
+        bound = by_pool.get(pool)
+        if bound is None:
+            bound = by_pool[pool] = self.requests.bind({"class": request_class, "pool": pool})
+        return bound
 
     def render(self) -> str:
         return self.registry.render()

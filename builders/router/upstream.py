@@ -223,6 +223,9 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.exchange: Exchange | None = None
         self._paused = False
+        self._write_paused = False
+        self._drain_waiter: asyncio.Future[None] | None = None
+        """An upload waiting for the replica to take what was written (drain)."""
         self.idle_since = 0.0
         """When it was last put back in the pool (the loop's clock): the idle sweep closes it idle_timeout_s later."""
 
@@ -245,9 +248,33 @@ class Connection(asyncio.Protocol):
         self.transport = None
         self.pool.lost(self)
         exchange, self.exchange = self.exchange, None
+        why = f"{type(exc).__name__}: {exc}" if exc is not None else "the replica closed the connection"
+        waiter = self._drain_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(UpstreamFailed(why))
         if exchange is not None:
-            why = f"{type(exc).__name__}: {exc}" if exc is not None else "the replica closed the connection"
             exchange.fail(UpstreamFailed(why))
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        waiter = self._drain_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def drain(self) -> None:
+        """Wait until the transport's write buffer is under its low-water mark (an upload's body, written in pieces)."""
+        if self.transport is None:
+            raise UpstreamFailed("the replica closed the connection")
+        if not self._write_paused:
+            return
+        self._drain_waiter = self.pool.loop.create_future()
+        try:
+            await self._drain_waiter
+        finally:
+            self._drain_waiter = None
 
     def pause_reading(self) -> None:
         if self.transport is not None and not self._paused:
@@ -318,11 +345,18 @@ class UpstreamPool:
         """One timer for the whole pool, at the oldest idle connection's expiry (none while nothing is idle):
         put_back only stores a time, so a request costs no timer of its own."""
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
     async def send(
-        self, base_url: str, path: str, body: bytes, headers: dict[str, str], connect_timeout_s: float
+        self, base_url: str, path: str, body: bytes | None, headers: dict[str, str], connect_timeout_s: float
     ) -> Exchange:
         """Send one POST to a replica on a pooled connection (or a new one); the exchange to read the answer on.
-        Waiting for a free slot counts against connect_timeout_s, as connecting does."""
+        Waiting for a free slot counts against connect_timeout_s, as connecting does.
+
+        body None: only the head goes out, and the caller writes the body on `exchange.connection` (an upload
+        relayed as it arrives); its headers then carry the framing (Content-Length or Transfer-Encoding)."""
         key, netloc = _address(base_url)
         began = time.monotonic()
         if not self._slots.locked():
@@ -354,10 +388,12 @@ class UpstreamPool:
         exchange = self._exchange_type(connection, self._loop)
         connection.exchange = exchange
         connection.resume_reading()
-        head = [f"POST {path} HTTP/1.1", f"Host: {netloc}", f"Content-Length: {len(body)}"]
+        head = [f"POST {path} HTTP/1.1", f"Host: {netloc}"]
+        if body is not None:
+            head.append(f"Content-Length: {len(body)}")
         head.extend(f"{name}: {value}" for name, value in headers.items())
         assert connection.transport is not None
-        connection.transport.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
+        connection.transport.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + (body or b""))
         return exchange
 
     async def _connect(self, key: tuple[str, int], timeout_s: float) -> Connection:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from builders.router.classes import RequestClass
+from builders.router.classes import RequestClass, TrafficClass
 from builders.router.replicas import Pool
 
 
@@ -45,9 +45,11 @@ def spill_target(
     return pool
 
 
-def with_priority(raw: bytes, request_class: RequestClass, priorities: Mapping[RequestClass, int]) -> bytes:
+def with_priority(raw: bytes, request_class: TrafficClass, priorities: Mapping[RequestClass, int]) -> bytes:
     """The request body with the class's priority set (a priority the client sent is replaced: the router,
-    not the client, decides who goes first)."""
+    not the client, decides who goes first). Only generation classes have one."""
+    if not priorities or not isinstance(request_class, RequestClass):
+        return raw
     priority = priorities.get(request_class)
     if priority is None:
         return raw

@@ -127,7 +127,26 @@ class KillNotDone(Record):
     passed: Literal[False] = Field(description="always false")
 
 
+class ModelReached(Record):
+    """One request naming a model, sent through the router (builders/smoke/model_pools.py)."""
+
+    path: str = Field(description="the endpoint it was sent to: an embedding for an embed pool's model, else a chat")
+    pools: list[str] = Field(description="the pools that serve the model")
+    status: int | None = absent("the router's HTTP status; absent when no answer came")
+    pool: str | None = absent("the pool that answered (x-forge-pool); absent when no answer named one")
+    error: str | None = absent("why no answer came")
+
+
+class ModelsVerdict(Record):
+    """Each model the profile serves was reached through the router, on a pool that serves it."""
+
+    models: dict[str, ModelReached] = Field(description="per model name")
+    failures: list[str] = Field(description="each model not reached, or reached on the wrong pool")
+    passed: bool = Field(description="no failure")
+
+
 class Checks(Record):
+    models: ModelsVerdict | None = absent("a profile with pools of another model (model_pools): each model reached")
     slow_clients: SlowClientVerdict | None = absent("--check-slow-clients")
     kill_replica: KillVerdict | KillNotDone | None = absent("--check-kill-replica")
 

@@ -40,6 +40,7 @@ from builders.router.config import RouterConfig, config_from_mapping
 from builders.runs import Phase, ended_by_signal, run_phases
 from builders.serving_dtype import choose_dtype, this_host
 from builders.smoke.judge import compare_slow_clients, judge_kill
+from builders.smoke.model_pools import reach_every_model, warm_up_requests
 from builders.smoke.plan import ReplicaPlan, RuntimeGroup, StackPlan, plan_stack
 from builders.smoke.report import (
     ArgumentProblem,
@@ -228,22 +229,13 @@ def generating(replica: ReplicaPlan, api_key: str | None = None) -> bool:
 
 
 def warm_up(plan: StackPlan, api_key: str, *, timeout_s: float = 60.0) -> float:
-    """Send each replica a short chat turn and a long prompt before anything is measured: a replica's first
-    requests pay one-time costs (lazy kernel initialisation, allocator growth) that showed up as a
-    single ~800 ms TTFT in the first measured run. Returns the seconds it took."""
+    """Send each replica a short chat turn and a long prompt (an embed pool: an embedding) before anything is
+    measured: a replica's first requests pay one-time costs (lazy kernel initialisation, allocator growth) that
+    showed up as a single ~800 ms TTFT in the first measured run. Returns the seconds it took."""
     started = time.monotonic()
     headers = {"Authorization": f"Bearer {api_key}"}
-    model = plan.profile.model.served_model_name
     for replica in plan.replicas:
-        length = plan.profile.pools[replica.pool].max_model_len or plan.profile.model.max_model_len
-        bodies = [
-            (
-                "/v1/chat/completions",
-                {"model": model, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
-            ),
-            ("/v1/completions", {"model": model, "max_tokens": 8, "prompt": " the" * (length // 2)}),
-        ]
-        for path, body in bodies:
+        for path, body in warm_up_requests(plan.profile, replica.pool):
             try:
                 response = requests.post(f"{replica.url}{path}", json=body, headers=headers, timeout=timeout_s)
             except requests.RequestException as exc:
@@ -427,11 +419,11 @@ class SmokeRun:
             )
         deadline = plan.profile.timeouts.startup_s
         t0 = time.monotonic()
-        model = plan.profile.model.served_model_name
+        models = {r.url: plan.profile.serves(r.pool) for r in plan.replicas}
         ready = wait_healthy(
             {r.label: (r.url, stack.replicas[r.label]) for r in plan.replicas},
             deadline_s=deadline,
-            identify=lambda url: not_our_replica(url, api_key=upstream_key, model=model),
+            identify=lambda url: not_our_replica(url, api_key=upstream_key, model=models[url]),
         )
         stack.startup_s.update(ready)
         self.say(f"replicas healthy: {', '.join(f'{k} {v:.0f}s' for k, v in ready.items())}")
@@ -481,6 +473,9 @@ class SmokeRun:
         traffic.main = self._result_json(main, stack.plan)
         failures = [f"{c.value}: {'; '.join(s.gate_failures)}" for c, s in main.summaries.items() if not s.gate_passed]
         checks = self.report.checks = Checks()
+        if profile.model_pools():
+            checks.models = reach_every_model(profile, stack.plan.router_url, api_key, timeout_s=base.request_timeout_s)
+            failures += [f"models: {f}" for f in checks.models.failures]
         if self.options.check_slow_clients:
             # The baseline sends the same streams to the same pool and reads them at full speed: the servers
             # do the same work, so what differs is only how slowly the clients read.

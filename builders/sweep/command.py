@@ -38,8 +38,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--engines",
         default=None,
-        help="comma-separated serving engines (vllm,llama-cpp): run every profile on each, engine × profile in "
-        "one table; a profile's `engines.<engine>` section gives its knobs there (default: as each is written)",
+        help=f"comma-separated serving engines ({','.join(e.name for e in ENGINES.served)}): run every profile on "
+        "each, engine × profile in one table; a profile's `engines.<engine>` section gives its knobs there "
+        "(default: as each is written)",
     )
     parser.add_argument("--report", type=Path, default=Path("reports/sweep"), metavar="DIR", help="output folder")
     add_serving_options(

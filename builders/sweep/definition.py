@@ -60,6 +60,12 @@ class SweepSettings(BaseModel):
         gt=0,
         description="How long calibration may stretch the traffic window so that thinned classes keep min_arrivals.",
     )
+    calibrate_per_engine: bool = Field(
+        default=True,
+        description="With profiles on several serving engines (--engines), calibrate each engine on its own first "
+        "replica, so that each is offered load_fraction of its own capacity; false: every engine gets the load "
+        "sized for the first one measured.",
+    )
     resize_model: bool = Field(
         default=True,
         description="Let calibration shrink the model (layers, then hidden size) when thinning alone would not "

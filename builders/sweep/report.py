@@ -130,8 +130,9 @@ def summary_lines(report: SweepReport) -> list[str]:
     capacity = calibration.capacity
     if calibration.calibrated and capacity is not None:
         decode = ", ".join(f"{v} tok/s at batch {b}" for b, v in capacity.decode_tokens_per_s.items())
+        of = f" of {calibration.engine}" if calibration.engine else ""
         lines.append(
-            f"calibration on {capacity.replica} (cpus {capacity.cpus}): prefill "
+            f"calibration{of} on {capacity.replica} (cpus {capacity.cpus}): prefill "
             f"{capacity.prefill_tokens_per_s} tok/s, decode {decode}; configured load "
             f"{calibration.configured_utilisation}x of {calibration.replicas_worth or 0:g} replica(s), rates "
             f"x{calibration.applied_factor or 0:g} for {calibration.load_fraction or 0:g} of capacity"
@@ -141,6 +142,16 @@ def summary_lines(report: SweepReport) -> list[str]:
     elif calibration.calibrated is not None:
         applied = 1.0 if calibration.applied_factor is None else calibration.applied_factor
         lines.append(f"calibration off: configured rates x{applied:g}")
+    for engine, own in (calibration.engines or {}).items():
+        measured = own.capacity
+        if own.calibrated and measured is not None:
+            decode = ", ".join(f"{v} tok/s at batch {b}" for b, v in measured.decode_tokens_per_s.items())
+            lines.append(
+                f"calibration of {engine} on {measured.replica} (cpus {measured.cpus}): prefill "
+                f"{measured.prefill_tokens_per_s} tok/s, decode {decode}; its rates x{own.applied_factor or 0:g} "
+                f"for {own.load_fraction or 0:g} of its own capacity"
+                + (" (held up by the per-class floor)" if own.clamped else "")
+            )
     loads = _load_line(report)
     if loads:
         lines.append(loads)

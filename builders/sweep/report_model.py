@@ -201,6 +201,12 @@ class Calibration(Record):
     rate_scale: float | None = absent("--rate-scale")
     applied_factor: float | None = absent("factor × rate_scale: what every rate was multiplied by")
     window_s: float | None = absent("the traffic window")
+    engine: str | None = absent(
+        "with several serving engines (sweep.calibrate_per_engine), the engine this calibration measured"
+    )
+    engines: dict[str, Calibration] | None = absent(
+        "with several serving engines, each other engine's own calibration, on its own first replica"
+    )
 
 
 class SweepReport(Record):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -255,7 +255,7 @@ def repetitions_validity(repetitions: list[Repetition], *, floor: float) -> Vali
 @dataclass(kw_only=True)
 class SweepRun:
     """What the phases of one sweep share: the options, the report they fill in, the profiles as they run (the
-    model resized, once, after calibration), the load sizer, and the profile run under way."""
+    model resized, once, after calibration), the load sizers, and the profile run under way."""
 
     options: SweepOptions
     replicas: Callable[[str, str | None, Path, Path], ReplicaRuntime]
@@ -263,7 +263,10 @@ class SweepRun:
     console: Console
     report: SweepReport
     profiles: list[SweepProfile]
-    sizer: LoadSizer
+    sizers: dict[str, LoadSizer] = field(default_factory=dict)
+    """The load sizer of each serving engine (one, under "", unless each engine is calibrated on its own)."""
+    engine: str = ""
+    """The serving engine(s) of the profile run under way."""
     loads: dict[str, float | None] = field(default_factory=dict)
     current: SmokeRun | None = None
 
@@ -271,9 +274,39 @@ class SweepRun:
     def path(self) -> Path:
         return self.options.report_dir / "sweep.json"
 
+    @property
+    def per_engine(self) -> bool:
+        """Whether each serving engine is calibrated on its own: one load sized for the first engine measured
+        overloads a slower one, and its table then ranks failures."""
+        return self.options.settings.calibrate_per_engine and len({p.engine for p in self.profiles}) > 1
+
+    def sizer(self) -> LoadSizer:
+        """The sizer of the profile run under way. With several serving engines each is measured on its own first
+        replica and offered load_fraction of its own capacity; the model is the same for all, so only the first
+        measurement may shrink it, and the others are recorded under the calibration's `engines`."""
+        key = self.engine if self.per_engine else ""
+        if key not in self.sizers:
+            calibration = self.report.calibration
+            first = not self.sizers
+            if not first:
+                calibration.engines = {**(calibration.engines or {}), key: Calibration()}
+            record = calibration if first else (calibration.engines or {})[key]
+            if self.per_engine:
+                record.engine = key
+            settings = self.options.settings
+            if not first:
+                settings = settings.model_copy(update={"resize_model": False})
+            self.sizers[key] = LoadSizer(
+                options=replace(self.options, settings=settings),
+                profiles=self.profiles,
+                console=self.console,
+                record=record,
+            )
+        return self.sizers[key]
+
     def before_traffic(self, plan: StackPlan, api_key: str, traffic: TrafficPlan) -> TrafficPlan:
         # Read as the traffic starts, after startup and calibration: what the measured requests competed with.
-        sized = self.sizer(plan, api_key, traffic)
+        sized = self.sizer()(plan, api_key, traffic)
         self.loads["start"] = load_average()
         return sized
 
@@ -334,6 +367,7 @@ def _run_profile(ctx: SweepRun, repetition: int, position: int) -> None:
     while True:
         sweep_profile = with_seed(ctx.profiles[position], seed)
         profile = sweep_profile.profile
+        ctx.engine = sweep_profile.engine
         ctx.loads.clear()
         ctx.console.print(
             f"[bold]sweep: profile {profile.name}[/bold] ({profile.description})"
@@ -357,7 +391,8 @@ def _run_profile(ctx: SweepRun, repetition: int, position: int) -> None:
             # Every profile serves the smaller model, this one included: it starts again, and the sizer
             # measures its first replica anew before any traffic.
             ctx.profiles[:] = [resized(p, resize.size) for p in ctx.profiles]
-            ctx.sizer.sized = False
+            for sizer in ctx.sizers.values():
+                sizer.sized = False
             continue
         except SmokeFailed as exc:
             if "main" not in run.results:
@@ -472,7 +507,6 @@ def run_sweep(
         console=console,
         report=report,
         profiles=profiles,
-        sizer=LoadSizer(options=options, profiles=profiles, console=console, record=report.calibration),
     )
     run_phases(ctx, sweep_phases(options))
     return report

@@ -208,7 +208,7 @@ def test_any_input_gets_a_documented_exit_code_and_no_traceback_or_secret(
     monkeypatch.setenv("PIP_RETRIES", "0")
     monkeypatch.setenv("PIP_TIMEOUT", "1")
     project_before = _files(root / "distros") | _files(root / "recipes") | _files(root / "containers")
-    asked: set[str] = set()  # what each -o named, relative to the sandbox when not absolute
+    asked: set[str] = set()  # what each -o (--output) named, relative to the sandbox when not absolute
     seen: dict[int, int] = {}
     slowest: list[tuple[float, list[str]]] = [(0.0, [])]
 
@@ -230,7 +230,7 @@ def test_any_input_gets_a_documented_exit_code_and_no_traceback_or_secret(
     def one(case: tuple[list[str], bytes | None, bytes]) -> None:
         argv, distro_file, log = case
         distro_path.write_bytes(pristine if distro_file is None else distro_file)
-        asked.update((Path(v).parts or ("",))[0] for f, v in itertools.pairwise(argv) if f == "-o")
+        asked.update((Path(v).parts or ("",))[0] for f, v in itertools.pairwise(argv) if f in ("-o", "--output"))
         (sandbox / "log").write_bytes(log)
         start = time.monotonic()
         try:

@@ -37,7 +37,7 @@ def by_kind(objects: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any
 
 
 @pytest.mark.parametrize("network", ["cluster", "host"])
-@pytest.mark.parametrize("profile", ["split", "ci"])
+@pytest.mark.parametrize("profile", ["split", "ci", "two-models"])
 def test_every_object_is_valid_strict_for_both_kubernetes_versions(tmp_path: Path, profile: str, network: str) -> None:
     objects = rendered(tmp_path, profile, "--network", network)
     kinds = sorted({o["kind"] for o in objects})
@@ -116,6 +116,23 @@ def test_router_config_finds_every_pool_by_its_headless_service_and_keys_come_fr
         router["spec"]["template"]["metadata"]["labels"].items()
     )
     assert router["spec"]["replicas"] == 2
+
+
+def test_a_second_model_gets_a_deployment_of_its_own_and_the_router_finds_it_without_a_class(tmp_path: Path) -> None:
+    profile, _ = load_profile("two-models", root=ROOT)
+    objects = rendered(tmp_path, "two-models")
+    deployments = by_kind(objects, "Deployment")
+    assert set(deployments) == {"forge-two-models-chat", "forge-two-models-embed", "forge-two-models-router"}
+    embed = deployments["forge-two-models-embed"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    chat = deployments["forge-two-models-chat"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert embed[embed.index("--served-model-name") + 1] == "forge-tiny-embed"
+    assert embed[embed.index("--runner") :][:4] == ["--runner", "pooling", "--convert", "embed"]
+    assert chat[chat.index("--served-model-name") + 1] == "forge-tiny" and "--runner" not in chat
+    config_map = by_kind(objects, "ConfigMap")["forge-two-models-router"]
+    config = config_from_mapping(json.loads(config_map["data"]["router.json"]), source="router.json")
+    # The embedding pool takes no class: requests reach it by their model, which the router asks its replicas for.
+    assert set(config.class_pools.values()) == {"chat"} and set(config.discovery) == {"chat", "embed"}
+    assert not config.models and profile.model_pools() == {"embed": "forge-tiny-embed"}
 
 
 def test_the_secret_file_is_private_and_kustomization_lists_every_file(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""The llama-cpp and sglang targets without an engine: their plans, rendered Containerfiles and preflight gates.
+"""The llama-cpp and sglang targets without an engine: their plans, rendered Containerfiles and llama.cpp's preflight
+gates (SGLang's CPU gates: tests/sglang/).
 
 The gates are read from sdists made here with the files they cite, so a changed CMake line moves the citation."""
 
@@ -21,7 +22,6 @@ from builders.render import render
 
 ROOT = Path(__file__).resolve().parents[2]
 X86_64_V3 = frozenset({"sse4_2", "avx", "avx2", "fma", "f16c", "bmi2"})
-SAPPHIRE_RAPIDS = X86_64_V3 | {"avx512f", "avx512dq", "avx512bw", "avx512vl", "amx_tile"}
 
 
 def _sdist(path: Path, top: str, files: dict[str, str]) -> Path:
@@ -116,25 +116,6 @@ def test_llama_gates_block_an_old_cmake_a_missing_option_and_a_cpu_without_avx2(
     isa = sse_only["isa"]
     assert isa.verdict == "block" and "lacks avx2, bmi2, f16c, fma" in isa.found  # type: ignore[attr-defined]
     assert re.search(r"GGML_AVX2.*OFF", isa.remedy)  # type: ignore[attr-defined]
-
-
-def _sglang_sdist(tmp_path: Path) -> Path:
-    probe = "import torch\n\ntry:\n    # why\n    is_amx_tile_supported = torch._C._cpu._is_amx_tile_supported()\nexcept:\n    pass\n"
-    return _sdist(tmp_path / "sglang-0.5.10.post1.tar.gz", "sglang-0.5.10.post1", {"sglang/srt/utils/common.py": probe})
-
-
-def test_sglang_cpu_is_blocked_without_avx512_naming_where_that_comes_from(project: Project, tmp_path: Path) -> None:
-    found = _preflight(project, "debian-14", "sglang", _sglang_sdist(tmp_path), X86_64_V3)
-    assert found["blocked"] is True
-    avx512 = found["isa-avx512"]
-    assert avx512.verdict == "block" and "lacks avx512f" in avx512.found  # type: ignore[attr-defined]
-    assert "sgl-kernel/csrc/cpu/CMakeLists.txt" in avx512.source  # type: ignore[attr-defined]
-    assert found["isa-amx"].source.endswith("sglang/srt/utils/common.py:5")  # type: ignore[attr-defined]
-
-
-def test_sglang_cpu_isa_gates_pass_on_a_cpu_with_avx512_and_amx(project: Project, tmp_path: Path) -> None:
-    found = _preflight(project, "debian-14", "sglang", _sglang_sdist(tmp_path), SAPPHIRE_RAPIDS)
-    assert found["isa-avx512"].verdict == "pass" and found["isa-amx"].verdict == "pass"  # type: ignore[attr-defined]
 
 
 def test_sglang_renders_a_cpu_image_and_a_gpu_one_beside_vllms(project: Project) -> None:

@@ -17,7 +17,7 @@ from builders.build import BuildOptions, build
 from builders.container.image_builders import BuildKitCliBuilder, LegacySdkBuilder, describe
 from builders.context import Context
 from builders.diagnose.diagnosis import diagnose_text
-from builders.engines.checks import CheckData, CheckResult
+from builders.engines.checks import CheckDataEntry, CheckResult
 from builders.gates.findings import PreflightReport, passed, warning
 from builders.project import Project
 from builders.publish import PushRefused, load_report
@@ -39,7 +39,7 @@ def _fill(ctx: Context) -> None:
         mode="declared",
         seconds=0.25,
     )
-    archs: CheckData = {"cuda_archs": {"vllm/_C.abi3.so": {"sass": ["sm_80", "sm_90"], "ptx": ["compute_90"]}}}
+    archs: CheckDataEntry = {"cuda_archs": {"vllm/_C.abi3.so": {"sass": ["sm_80", "sm_90"], "ptx": ["compute_90"]}}}
     checks = [
         CheckResult(name="import-vllm", ok=True, detail="0.33.0 2.9.0+cpu", seconds=3.21),
         CheckResult(name="cuda-archs", ok=True, detail="covered", seconds=1.0, data=archs),
@@ -65,7 +65,7 @@ def test_the_report_a_build_writes_reads_back_through_its_model(
     report = BuildReport.read(path)
     assert report.as_json() == written
     assert report.result == "succeeded" and report.tests[1].data is not None
-    assert report.tests[1].data.cuda_archs is not None
+    assert report.tests[1].data.cuda_archs is not None and report.tests[1].data.ops is None
     assert report.tests[1].data.cuda_archs["vllm/_C.abi3.so"].sass == ["sm_80", "sm_90"]
     assert [t.status_text() for t in report.tests] == ["ok 0.33.0 2.9.0+cpu", "ok covered", "skipped: no GPU"]
     # What the build never reached keeps the shape it always had.

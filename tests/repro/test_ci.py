@@ -81,7 +81,7 @@ def test_each_image_job_waits_for_its_own_preflight_and_smokes_only_cpu_recipes(
         assert job["needs"] == f"preflight-{job_id(distro.name, recipe.target)}"
         runs = "\n".join(step.get("run", "") for step in job["steps"])
         assert "forge build" in runs
-        serves = recipe.device == "cpu" and recipe.serve_test
+        serves = recipe.device == "cpu" and recipe.serve_test and recipe.kind != "native"
         assert ("forge smoke" in runs) == serves, (distro.name, recipe.target)
         uploads = [s for s in job["steps"] if s.get("uses", "").startswith("actions/upload-artifact")]
         assert uploads and uploads[0]["with"]["path"] == f"reports/{distro.name}-{recipe.target}/"
@@ -187,7 +187,7 @@ def test_a_compiler_cache_url_with_a_password_is_refused_for_the_workflow(tmp_pa
 def test_matrix_is_the_pairs_in_order(project: Project) -> None:
     entries = json.loads(render_matrix(project))["include"]
     assert [(e["distro"], e["target"]) for e in entries] == _pairs(project)
-    serves = {r.target for r in project.recipes.values() if r.device == "cpu" and r.serve_test}
+    serves = {r.target for r in project.recipes.values() if r.device == "cpu" and r.serve_test and r.kind != "native"}
     assert all(e["smoke"] == (e["target"] in serves) for e in entries)
 
 

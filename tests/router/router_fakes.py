@@ -75,12 +75,16 @@ class FakeReplica:
     host: str = "127.0.0.1"
     port: int = 0
     """Where to listen: a DNS discovery test puts replicas at the same port on different loopback addresses."""
+    models: tuple[str, ...] = ()
+    """What GET /v1/models lists; default "m" (what chat_body asks for) and model-NAME, its own."""
     _runner: web.AppRunner | None = None
 
     async def start(self) -> FakeReplica:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._generate)
         app.router.add_post("/v1/completions", self._generate)
+        # Only with raw_stream: the bytes of a Responses API stream, whatever they are.
+        app.router.add_post("/v1/responses", self._generate)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         # Like vLLM, a replica learns of a vanished client by its handler being cancelled.
@@ -107,7 +111,8 @@ class FakeReplica:
         return web.Response(status=self.behavior.health_status, text="")
 
     async def _models(self, _request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": f"model-{self.name}", "object": "model"}]})
+        models = self.models or ("m", f"model-{self.name}")
+        return web.json_response({"object": "list", "data": [{"id": m, "object": "model"} for m in models]})
 
     def _chunk(self, chat: bool, i: int) -> bytes:
         text = f"t{i} " + "x" * self.behavior.pad_bytes

@@ -126,7 +126,8 @@ def test_models_union_and_health_json() -> None:
                 async with s.get(f"{router.url}/v1/models") as resp:
                     assert resp.status == 200
                     ids = sorted(m["id"] for m in (await resp.json())["data"])
-                assert ids == ["model-a", "model-b"]
+                # "m" is served by both pools and listed once.
+                assert ids == ["m", "model-a", "model-b"]
                 async with s.get(f"{router.url}/health") as resp:
                     health = await resp.json()
             assert health["status"] == "ok"

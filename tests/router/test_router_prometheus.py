@@ -63,14 +63,20 @@ def test_bind_checks_the_label_names() -> None:
 
 
 def test_every_class_series_exists_at_zero_before_any_request() -> None:
-    pools = {c: "p" for c in ("interactive", "rag", "long_prefill", "agent", "batch", "slow_stream")}
+    generation = ("interactive", "rag", "long_prefill", "agent", "batch", "slow_stream")
+    services = ("embeddings", "score", "rerank", "tokenize", "transcription")
+    pools = {c: "p" for c in generation} | {c: "q" for c in services}
     metrics = RouterMetrics(pools)
     text = metrics.render()
-    for name in pools:
-        assert f'forge_router_requests_total{{class="{name}",pool="p"}} 0' in text
+    for name, pool in pools.items():
+        assert f'forge_router_requests_total{{class="{name}",pool="{pool}"}} 0' in text
         assert f'forge_router_ttft_seconds_count{{class="{name}"}} 0' in text
         assert f'forge_router_itl_seconds_count{{class="{name}"}} 0' in text
-    metrics.by_class["rag"].requests.inc()
+    metrics.requests_in("rag", "p").inc()
+    # A request whose model chose another pool than its class's is counted under that pool.
+    metrics.requests_in("rag", "other").inc()
     metrics.by_class["rag"].itl.observe_repeated(0.0, 3)
     assert metrics.requests.value({"class": "rag", "pool": "p"}) == 1
+    assert metrics.requests.value({"class": "rag", "pool": "other"}) == 1
+    assert metrics.requests_in("rag", "other") is metrics.requests_in("rag", "other")
     assert metrics.itl.count({"class": "rag"}) == 3

@@ -34,7 +34,7 @@ def test_each_engine_model_names_its_own_engine() -> None:
         if engine.pool_model is not None:
             assert issubclass(engine.pool_model, PoolSettings)
             assert typing.get_args(engine.pool_model.model_fields["engine"].annotation) == (engine.name,)
-    assert {e.name for e in ENGINES.served} == {"vllm", "llama-cpp"}  # SGLang is rendered and preflighted only
+    assert {e.name for e in ENGINES.served} == {"vllm", "llama-cpp", "sglang"}
 
 
 def test_each_recipe_is_loaded_by_the_model_of_the_engine_it_names(project: Project) -> None:

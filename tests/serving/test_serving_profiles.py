@@ -39,6 +39,8 @@ def test_a_pool_runs_vllm_unless_it_says_otherwise() -> None:
         ({"engine": "llama-cpp", "max_num_seqs": 4}, "max_num_seqs", "vLLM"),
         ({"engine": "llama-cpp", "enable_prefix_caching": True}, "enable_prefix_caching", "vLLM"),
         ({"llama_cpp": {"slots": 2}}, "llama_cpp", "llama.cpp"),
+        ({"sglang": {"max_running_requests": 4}}, "sglang", "SGLang"),
+        ({"engine": "sglang", "max_num_seqs": 4}, "max_num_seqs", "vLLM"),
     ],
 )
 def test_a_pool_refuses_the_other_engines_knobs_naming_the_field(pool: dict[str, Any], field: str, owner: str) -> None:
@@ -50,8 +52,9 @@ def test_a_pool_refuses_the_other_engines_knobs_naming_the_field(pool: dict[str,
 
 def test_an_unknown_engine_and_an_unknown_llama_knob_are_named() -> None:
     with pytest.raises(ConfigError) as err:
-        load(profile({"a": {"engine": "sglang"}}))
+        load(profile({"a": {"engine": "tgi"}}))
     assert "pools.a.engine" in err.value.message and "llama-cpp" in err.value.message
+    assert "sglang" in err.value.message
     with pytest.raises(ConfigError) as err:
         load(profile({"a": {"engine": "llama-cpp", "llama_cpp": {"sltos": 2}}}))
     assert "pools.a.llama_cpp.sltos: unknown key (did you mean 'slots'?)" in err.value.message

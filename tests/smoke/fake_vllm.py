@@ -2,7 +2,8 @@
 
 `vllm serve --help=all` prints the real vLLM 0.32.0 help (fixtures/), so the profile's arguments are checked as
 they would be; `vllm serve MODEL --port N ...` answers the OpenAI endpoints the smoke run uses (/health, /metrics,
-chat and completions, streamed or not) with one token every TOKEN_DELAY_S, so its traffic takes seconds.
+chat and completions, streamed or not) with one token every TOKEN_DELAY_S, so its traffic takes seconds. Started with
+`--runner pooling` it serves /v1/embeddings instead of chat and completions, as vLLM's pooling runner does.
 """
 
 from __future__ import annotations
@@ -42,6 +43,26 @@ class Replica:
         if self.api_key and request.headers.get("Authorization") != f"Bearer {self.api_key}":
             return web.json_response({"error": "Unauthorized"}, status=401)
         return web.json_response({"object": "list", "data": [{"id": self.served_model_name, "object": "model"}]})
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        if self.api_key and request.headers.get("Authorization") != f"Bearer {self.api_key}":
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        body: dict[str, Any] = await request.json()
+        if body.get("model") != self.served_model_name:
+            error = {
+                "message": f"The model `{body.get('model')}` does not exist.",
+                "type": "NotFoundError",
+                "code": 404,
+            }
+            return web.json_response({"error": error}, status=404)
+        vector = [0.5, -0.5, 0.25, 0.0]
+        return web.json_response(
+            {
+                "object": "list",
+                "model": self.served_model_name,
+                "data": [{"index": 0, "object": "embedding", "embedding": vector}],
+            }
+        )
 
     async def health(self, _request: web.Request) -> web.Response:
         return web.Response(text="")
@@ -84,8 +105,12 @@ def serve(argv: list[str]) -> None:
     app.router.add_get("/health", replica.health)
     app.router.add_get("/metrics", replica.metrics)
     app.router.add_get("/v1/models", replica.models)
-    app.router.add_post("/v1/chat/completions", replica.generate)
-    app.router.add_post("/v1/completions", replica.generate)
+    pooling = "--runner" in argv and argv[argv.index("--runner") + 1] == "pooling"
+    if pooling:
+        app.router.add_post("/v1/embeddings", replica.embeddings)
+    else:
+        app.router.add_post("/v1/chat/completions", replica.generate)
+        app.router.add_post("/v1/completions", replica.generate)
     web.run_app(app, host=host, port=port, print=None, access_log=None)
 
 

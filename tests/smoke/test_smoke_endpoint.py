@@ -65,10 +65,12 @@ class Stack:
     async def _start(self) -> None:
         behavior = Behavior(tokens=6, delay_s=0.005)
         self.replicas = {
-            "fast": [await FakeReplica(behavior, name="tiny").start() for _ in range(2)],
+            "fast": [await FakeReplica(behavior, name="tiny", models=("model-tiny",)).start() for _ in range(2)],
             "bulk": [
                 await FakeReplica(
-                    Behavior(tokens=6, fail_status=None if self.healthy_bulk else 500), name="tiny"
+                    Behavior(tokens=6, fail_status=None if self.healthy_bulk else 500),
+                    name="tiny",
+                    models=("model-tiny",),
                 ).start()
             ],
         }

@@ -55,10 +55,10 @@ def load_error(tmp_path: Path, data: dict[str, Any]) -> str:
 
 
 def test_the_shipped_profiles_exist() -> None:
-    assert {"ci", "split", "shared"} <= set(available_profiles(ROOT))
+    assert {"ci", "split", "shared", "two-models"} <= set(available_profiles(ROOT))
 
 
-@pytest.mark.parametrize("name", ["ci", "split", "shared"])
+@pytest.mark.parametrize("name", ["ci", "split", "shared", "two-models"])
 def test_a_shipped_profile_is_valid_down_to_its_vllm_arguments(name: str) -> None:
     profile, path = load_profile(name, root=ROOT)
     valid = validate_profile(profile, str(path), run_id="t")
@@ -176,6 +176,31 @@ def test_a_pool_no_class_uses_is_refused(tmp_path: Path) -> None:
     data = minimal()
     data["pools"]["spare"] = {}
     assert "pools ['spare'] receive no class" in load_error(tmp_path, data)
+
+
+def test_a_second_model_takes_a_pool_of_its_own_and_no_class(tmp_path: Path) -> None:
+    data = minimal()
+    data["pools"]["embed"] = {"task": "embed", "served_model_name": "tiny-embed"}
+    profile, path = load_profile(str(write(tmp_path, data)), root=tmp_path)
+    assert profile.model_pools() == {"embed": "tiny-embed"}
+    args = {p.pool: p.argv for p in validate_profile(profile, str(path), run_id="t").plan.pool_argvs()}
+    assert args["embed"][args["embed"].index("--served-model-name") + 1] == "tiny-embed"
+    assert "--runner" not in args["fast"]
+    data["classes"]["batch"] = "embed"
+    assert (
+        "classes.batch: pool 'embed' serves 'tiny-embed', not 'forge-tiny'; classes go to the pools of "
+        "model.served_model_name" in load_error(tmp_path, data)
+    )
+    data = minimal()
+    data["pools"]["embed"] = {"task": "embed"}
+    assert "pools.embed: an embed pool serves a model of its own; set its served_model_name" in load_error(
+        tmp_path, data
+    )
+    data["pools"]["embed"] = {"served_model_name": "two words"}
+    assert "pools.embed.served_model_name" in load_error(tmp_path, data)
+    # A llama.cpp pool has neither knob: each is named with the engine it belongs to.
+    data["pools"]["embed"] = {"engine": "llama-cpp", "task": "embed", "served_model_name": "e"}
+    assert "pools.embed.served_model_name: a vLLM setting" in load_error(tmp_path, data)
 
 
 def test_a_traffic_typo_is_reported_under_the_traffic_key(tmp_path: Path) -> None:

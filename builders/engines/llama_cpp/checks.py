@@ -3,7 +3,6 @@ serves a Forge-written GGUF: /v1/models lists it and a streamed chat completion 
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from pathlib import Path
@@ -11,7 +10,7 @@ from pathlib import Path
 import requests
 
 from builders.container import Engine, RunSpec
-from builders.engines.checks import CheckResult, free_port, server_log_excerpt
+from builders.engines.checks import CheckResult, free_port, server_log_excerpt, streamed_chat
 from builders.plan import BuildPlan
 
 SERVED_NAME = "tiny"
@@ -56,36 +55,6 @@ def check_runtime(engine: Engine, image: str) -> CheckResult:
     ok = rc == 0 and uid == "1000" and not found
     detail = f"uid {uid}; compilers: {', '.join(found) or 'none'}"
     return CheckResult(name="no-compilers", ok=ok, detail=detail, seconds=time.monotonic() - start)
-
-
-def streamed_chat(base_url: str, model: str, *, max_tokens: int = 8, timeout: float = 60) -> tuple[int, str]:
-    """POST a streamed chat completion; return (content chunks, finish_reason) after `data: [DONE]`.
-
-    Raises ValueError naming what the stream lacked (no [DONE], a chunk that is not JSON)."""
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": "hello world, please explain the system"}],
-        "max_tokens": max_tokens,
-        "stream": True,
-    }
-    chunks, finish, done = 0, "", False
-    with requests.post(f"{base_url}/v1/chat/completions", json=body, stream=True, timeout=timeout) as resp:
-        resp.raise_for_status()
-        for raw in resp.iter_lines(decode_unicode=True):
-            if not raw or not raw.startswith("data: "):
-                continue
-            data = raw.removeprefix("data: ").strip()
-            if data == "[DONE]":
-                done = True
-                break
-            event = json.loads(data)
-            for choice in event.get("choices", []):
-                if choice.get("delta", {}).get("content"):
-                    chunks += 1
-                finish = choice.get("finish_reason") or finish
-    if not done:
-        raise ValueError(f"the stream ended without data: [DONE] after {chunks} content chunks")
-    return chunks, finish
 
 
 def check_serve(engine: Engine, image: str, plan: BuildPlan) -> CheckResult:

@@ -19,7 +19,7 @@ from typing_extensions import TypedDict
 from builders.config.models import Distro, Recipe
 from builders.container import Engine
 from builders.distros import family_for
-from builders.engines.checks import CheckData, CheckResult
+from builders.engines.checks import CheckDataEntry, CheckResult
 from builders.engines.vllm.image_tests import _python
 from builders.errors import ConfigError
 from builders.gpu_archs import LibraryArchs, coverage_gaps, library_stem, parse_listing
@@ -192,7 +192,7 @@ def judge_libs(rc: int, out: str, seconds: float, cuda: str | None = None) -> Ch
     facts = _probe(out, "CUDALIBS", CudaLibs) if rc == 0 else None
     if facts is None:
         return CheckResult(name="cuda-libs-load", ok=False, detail=out[-800:] or f"exited {rc}", seconds=seconds)
-    data: CheckData = {"torch": facts["torch"], "cuda_runtime": str(facts["cuda"])}
+    data: CheckDataEntry = {"torch": facts["torch"], "cuda_runtime": str(facts["cuda"])}
     if cuda is not None and facts["cuda"] != cuda:
         return CheckResult(
             name="cuda-libs-load",
@@ -253,7 +253,7 @@ def judge_archs(rc: int, out: str, arch_list: str, seconds: float) -> CheckResul
         return CheckResult(name="cuda-archs", ok=False, detail=str(exc), seconds=seconds)
     if libs is None:
         return CheckResult(name="cuda-archs", ok=False, detail=out[-800:] or f"exited {rc}", seconds=seconds)
-    data: CheckData = {"cuda_archs": {lib.library: lib.to_json() for lib in libs if lib.has_device_code}}
+    data: CheckDataEntry = {"cuda_archs": {lib.library: lib.to_json() for lib in libs if lib.has_device_code}}
     gaps = coverage_gaps(libs, arch_list, where="cuda.arch_list")
     if gaps:
         detail = f"{len(gaps)} gap(s) against arch_list {arch_list}:\n" + "\n".join(g.message() for g in gaps)

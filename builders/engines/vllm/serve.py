@@ -37,10 +37,31 @@ class VllmPool(PoolSettings):
         default=None, ge=1, description="Tokens per streamed chunk (1 = every token, lowest inter-token latency)."
     )
     enable_prefix_caching: bool | None = Field(default=None, description="Reuse KV blocks of shared prompt prefixes.")
+    served_model_name: str | None = Field(
+        default=None,
+        min_length=1,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]{0,127}$",
+        description="The model name this pool serves when it is not model.served_model_name: a second model behind "
+        "the same router, in a pool of its own that takes no class (requests reach it by their `model`).",
+    )
+    task: Literal["generate", "embed"] = Field(
+        default="generate",
+        description="What the pool serves: generate (chat, completions, responses), or embed: the same tiny model "
+        "as an embedding model (vLLM's --runner pooling --convert embed) for /v1/embeddings, /tokenize and /score; "
+        "an embed pool serves a model of its own (served_model_name).",
+    )
 
     @property
     def max_sequences(self) -> int | None:
         return self.max_num_seqs
+
+    @property
+    def own_model(self) -> str | None:
+        return self.served_model_name
+
+    @property
+    def embeds(self) -> bool:
+        return self.task == "embed"
 
 
 class VllmServer(ServingEngine):
@@ -85,7 +106,13 @@ class VllmServer(ServingEngine):
 
         add("(run)", "--host", host, "--port", str(port))
         add("(run)", "--load-format", "dummy")
-        add("model.served_model_name", "--served-model-name", model.served_model_name)
+        if pool.served_model_name:
+            add(f"pools.{name}.served_model_name", "--served-model-name", pool.served_model_name)
+        else:
+            add("model.served_model_name", "--served-model-name", model.served_model_name)
+        if pool.task == "embed":
+            # The generated Llama is a decoder: vLLM's pooling runner serves it as an embedding model.
+            add(f"pools.{name}.task", "--runner", "pooling", "--convert", "embed")
         add("model.dtype", "--dtype", dtype)
         add("model.seed", "--seed", str(model.seed))
         add("model.kv_cache_memory", "--kv-cache-memory-bytes", model.kv_cache_memory)
