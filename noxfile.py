@@ -385,6 +385,24 @@ def kvlab_gpu(session: nox.Session) -> None:
     session.run("python", "-m", "builders.kvlab.gpu_check", "--out", str(out), *session.posargs, external=True)
 
 
+@nox.session(python=False, name="gpu-probe", default=False)
+def gpu_probe(session: nox.Session) -> None:
+    """On a GPU host: a tiny kernel per arch of the image's list, SASS-only and PTX-only, run by the driver and
+    compared with the GPU gate (reports/gpu-probe); exit 9 without a GPU. Posargs: forge gpu probe's options."""
+    session.run("forge", "gpu", "probe", "--out", str(ROOT / "reports" / "gpu-probe"), *session.posargs, external=True)
+
+
+@nox.session(python=False, name="gpu-smoke", default=False)
+def gpu_smoke(session: nox.Session) -> None:
+    """On a GPU host: forge gpu probe, then llama-server built with CUDA for the local arch from the vendored tree and
+    the six-class smoke through Forge's router on two GPU replicas (one 10-minute command; reports/gpu-smoke); exit 9
+    without a GPU. Prepares the bundle first where it is missing (needs PyPI). Posargs: run's options (--dry-run,
+    --budget S, --no-probe)."""
+    if not (ROOT / ".gpu-smoke" / "manifest.json").is_file():
+        session.run("python", "-m", "builders.gpu_smoke", "prepare", external=True)
+    session.run("python", "-m", "builders.gpu_smoke", "run", *session.posargs, external=True)
+
+
 @nox.session(python=False, name="kvlab-mutation", default=False)
 def kvlab_mutation(session: nox.Session) -> None:
     """mutmut over the KV lab's pool, kernels, layouts and store, a module at a time under a time limit: killed

@@ -10,7 +10,7 @@ from importlib import metadata
 from types import ModuleType
 from typing import Any, NoReturn
 
-from builders import interrupt
+from builders import gpu_probe, interrupt
 from builders.commands import core, schema
 from builders.config.types import unseen_character
 from builders.container.select import CHOICES as ENGINE_CHOICES
@@ -39,6 +39,7 @@ COMMAND_MODULES: tuple[ModuleType, ...] = (
     schema,
     sweep_command,
     kvlab_command,
+    gpu_probe,
 )
 
 Handler = Callable[[argparse.Namespace], int]

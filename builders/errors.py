@@ -114,3 +114,27 @@ class GpuUnsupported(ForgeError):
     # 16 is kvlab's, 17-18 publish's, 19 the registry's.
     exit_code = 20
     kind = "GPU not supported by the image"
+
+
+class GpuDriverTooOld(GpuUnsupported):
+    """A run host's NVIDIA driver is older than the image's CUDA runtime accepts (builders/cuda_driver.py): the
+    runtime would stop at start-up with "The NVIDIA driver on your system is too old"."""
+
+    kind = "GPU driver too old for the image"
+
+
+class GpuNotEvaluated(ForgeError):
+    """A GPU check found no GPU to run on (no driver library, no device): it says so instead of passing."""
+
+    # The code of a gate not evaluated, as preflight's PreflightIncomplete.
+    exit_code = 9
+    kind = "cannot evaluate without a GPU"
+
+
+class GpuProbeMismatch(ForgeError):
+    """`forge gpu probe`: the driver ran a kernel variant the gate says cannot run on the GPU, or refused one it says
+    can: Forge's reading of the binaries is wrong for that GPU, and the message names the variant."""
+
+    # 23: 21 and 22 are the compiler caches' (builders/cache/errors.py).
+    exit_code = 23
+    kind = "the GPU gate disagrees with the driver"

@@ -89,6 +89,10 @@ class Arch:
     def sm(self) -> str:
         return f"sm_{self.major}{self.minor}{self.suffix}"
 
+    def compute(self) -> str:
+        """The name of PTX for this arch: compute_100, as nvcc's -gencode arch= and the driver name it."""
+        return f"compute_{self.major}{self.minor}{self.suffix}"
+
     def __str__(self) -> str:
         return self.sm()
 
@@ -134,11 +138,12 @@ class LibraryArchs:
             return f"{sass[0]} SASS"
         ptx = sorted((a for a in self.ptx if a.ptx_jits_on(gpu)), reverse=True)
         if ptx:
-            return f"compute_{ptx[0].major}{ptx[0].minor}{ptx[0].suffix} PTX (JIT)"
+            return f"{ptx[0].compute()} PTX (JIT)"
         return None
 
     def to_json(self) -> dict[str, list[str]]:
-        return {"sass": [a.sm() for a in sorted(self.sass)], "ptx": [a.sm() for a in sorted(self.ptx)]}
+        # PTX as compute_XY: what it is called everywhere else (cuobjdump lists it under the sm_ name of its file).
+        return {"sass": [a.sm() for a in sorted(self.sass)], "ptx": [a.compute() for a in sorted(self.ptx)]}
 
     @classmethod
     def from_json(cls, library: str, data: object, *, where: str) -> LibraryArchs:
@@ -247,7 +252,7 @@ def coverage_gaps(libraries: Iterable[LibraryArchs], arch_list: str, *, where: s
                         library=lib.library,
                         capability=cap,
                         sass=tuple(a.sm() for a in sorted(lib.sass)),
-                        ptx=tuple(a.sm() for a in sorted(lib.ptx)),
+                        ptx=tuple(a.compute() for a in sorted(lib.ptx)),
                     )
                 )
     return gaps
@@ -301,6 +306,34 @@ def unpacked_wheel(wheel: Path) -> Path:
             tool.chmod(0o755)
         tmp.rename(dest)
     return dest
+
+
+# nvcc as PyPI's wheels, for `forge gpu probe` where the host has none: the compiler driver with ptxas and
+# fatbinary, cicc (nvvm) and the headers a .cu includes. CUDA 13.0 Update 1's, pinned: its PTX (ISA 9.0) JITs on
+# every CUDA 13 driver (580 on), where a newer nvcc's PTX would be refused by those drivers. About 101 MB.
+NVCC_WHEELS = (
+    ("nvidia-cuda-nvcc==13.0.88", "56fe502eb77625a12f25172caa3cdddb4e4c8ba2c8c17dba44b164761b380f03"),
+    ("nvidia-nvvm==13.0.88", "c5f41ffeb6466944a026dfa5317d7d85355c119bbec279205d22f1869d1054e0"),
+    ("nvidia-cuda-crt==13.0.88", "2c8043c7c9e02492716426e9919fc78d2c5b3b2a7a768a88e952676b08aa55a4"),
+    ("nvidia-cuda-runtime==13.0.88", "422a38f7c739ecbdd3a4b6ec7ed0a1d74db43d8e9bc26685f3d845638922b178"),
+)
+
+
+def nvcc_from_pypi(cache: Path) -> Path:
+    """nvcc of NVCC_WHEELS, the wheels unpacked into one tree (once): nvcc finds cicc and the headers beside it."""
+    wheels = [fetch_wheel(requirement, sha256, cache) for requirement, sha256 in NVCC_WHEELS]
+    dest = cache / ("nvcc-" + NVCC_WHEELS[0][0].partition("==")[2])
+    if not dest.is_dir():
+        tmp = dest.with_name(dest.name + ".partial")
+        for wheel in wheels:
+            with zipfile.ZipFile(wheel) as z:
+                z.extractall(tmp)
+        for tool in (*tmp.rglob("bin/*"), *tmp.rglob("nvvm/bin/*")):
+            if tool.is_file():
+                tool.chmod(0o755)
+        tmp.rename(dest)
+    (tool,) = dest.rglob("bin/nvcc")
+    return tool
 
 
 def cuobjdump_from_pypi(cache: Path) -> Path:

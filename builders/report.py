@@ -119,6 +119,10 @@ class CheckData(Record):
 
     cuda_archs: dict[str, ArchList] | None = absent("cuda-archs: each CUDA library's archs, read by cuobjdump")
     ops: list[str] | None = absent("kernel-ops: the custom ops a kernel library registered with torch, by name")
+    torch: str | None = absent("cuda-libs-load: torch's version in the image")
+    cuda_runtime: str | None = absent(
+        "cuda-libs-load: the CUDA torch was built for (torch.version.cuda), what the driver gate judges hosts by"
+    )
 
 
 class CheckRecord(Record):
@@ -129,7 +133,9 @@ class CheckRecord(Record):
     ok: bool = Field(description="false fails the build")
     detail: str = Field(description="what it found, or why it was skipped")
     seconds: float = Field(description="how long it took")
-    data: CheckData | None = absent("what it read, kept for later gates (cuda-archs) and readers (kernel-ops)")
+    data: CheckData | None = absent(
+        "what it read, kept for later gates (cuda-archs, cuda-libs-load) and readers (kernel-ops)"
+    )
 
     @model_validator(mode="before")
     @classmethod

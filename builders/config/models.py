@@ -283,6 +283,11 @@ class CudaBuild(Strict):
     wheels: tuple[WheelFile, ...] = Field(description="the official wheel's files by architecture, pinned by sha256")
     arch_list: ArchList = Field(description="TORCH_CUDA_ARCH_LIST for a source build (7.5 8.0 ... 12.0)")
     nvcc_threads: Count = Field(default=2, ge=1, description="NVCC_THREADS: threads each nvcc job uses")
+    runtime: VersionNumber | None = Field(
+        default=None,
+        description="CUDA release (major.minor) of the runtime the image carries where no CUDA base names it: "
+        "the CUDA of PyPI's torch and nvidia-* wheels; labelled dev.forge.cuda.version, checked by the test stage",
+    )
 
 
 class Resources(Strict):

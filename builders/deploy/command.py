@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +12,9 @@ import yaml
 
 from builders import log
 from builders.config.types import INT32_MAX
-from builders.deploy.manifests import DeployOptions, Object, kustomization, render
+from builders.deploy.manifests import DeployOptions, GpuPlacement, Object, check_image, kustomization, render
 from builders.errors import UsageError
+from builders.gpu_image import ImageFacts, LabelsRead, image_facts, image_facts_from_labels, read_image_labels
 from builders.output import output_dir, write_output
 from builders.preflight.gpu_gate import add_gpu_gate_args, gate_from_args
 from builders.project import find_root
@@ -56,6 +58,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     rend.add_argument(
         "--dns-interval", type=float, default=5.0, metavar="S", help="seconds between DNS resolutions (default 5)"
     )
+    rend.add_argument(
+        "--gpus",
+        type=int,
+        default=None,
+        metavar="N",
+        help="GPUs each pool replica requests, and the image is a GPU image (default: the pool's tensor-parallel "
+        "size, for an image whose labels or --image-archs say it is a GPU image)",
+    )
     add_gpu_gate_args(rend)
     rend.set_defaults(func=run_render)
 
@@ -93,9 +103,23 @@ def run_render(args: argparse.Namespace) -> int:
         raise UsageError(f"--dns-interval {args.dns_interval}: give a positive number of seconds")
     if args.base_port is not None and (args.network != "host" or not 1024 <= args.base_port <= 65000):
         raise UsageError("--base-port goes with --network host and takes a port between 1024 and 65000")
-    # A Deployment that schedules onto GPUs the image has no kernels for would crash-loop: refuse to write it.
-    for verdict in gate_from_args(args) or ():
-        console.print(f"GPU gate: {verdict.gpu.name} ({verdict.gpu.capability}) runs on the image's kernels")
+    if args.gpus is not None and not 1 <= args.gpus <= 64:
+        raise UsageError(f"--gpus {args.gpus}: give 1 to 64 GPUs per replica")
+    # The image's own labels, where the local engine holds it: a GPU image's pools then request GPUs. The
+    # reference is checked first: the engine is asked only about one a registry could hold.
+    check_image("--image", args.image)
+    image = None if args.image_archs else read_image_labels(args.image, _labels_of(args))
+    # A Deployment that schedules onto GPUs the image has no kernels for, or onto a driver too old for its CUDA,
+    # would crash-loop: refuse to write it.
+    for verdict in gate_from_args(args, image=image) or ():
+        for line in verdict.lines():
+            console.print(line, markup=False)
+    gpu = gpu_placement(args, image)
+    if gpu is None and image is not None and image.error:
+        console.print(
+            f"[yellow]note:[/yellow] the labels of {args.image} were not read ({image.error}): its pools are "
+            "rendered for CPUs; for a GPU image pass --image-archs REPORT or --gpus N",
+        )
     options = DeployOptions(
         image=args.image,
         router_image=args.router_image,
@@ -103,6 +127,7 @@ def run_render(args: argparse.Namespace) -> int:
         router_replicas=replicas,
         dns_interval_s=args.dns_interval,
         base_port=args.base_port,
+        gpu=gpu,
     )
     rendered = render(profile, str(path), options)
     out = output_dir(args.output)
@@ -122,6 +147,38 @@ def run_render(args: argparse.Namespace) -> int:
         console.print(f"[yellow]note:[/yellow] {note}")
     console.print(f"wrote {out}: kustomization.yaml, " + "; ".join(written))
     return 0
+
+
+def _labels_of(args: argparse.Namespace) -> Callable[[str], Mapping[str, str]]:
+    def labels_of(ref: str) -> Mapping[str, str]:
+        from builders.container import connect
+
+        return connect(getattr(args, "engine", None)).image_info(ref).labels
+
+    return labels_of
+
+
+def gpu_placement(args: argparse.Namespace, image: LabelsRead | None) -> GpuPlacement | None:
+    """A GPU image's placement, from --image-archs, else its labels; --gpus alone marks it a GPU image of unknown
+    archs (GPUs requested, no compute affinity)."""
+    facts: ImageFacts | None
+    if args.image_archs:
+        facts = image_facts(args.image_archs)
+    elif image is not None and image.labels is not None:
+        facts = image_facts_from_labels(image.labels, ref=image.ref)
+    else:
+        facts = None
+    if facts is None and args.gpus is None:
+        return None
+    cuda = facts.cuda.version if facts and facts.cuda else None
+    if args.image_cuda:
+        from builders.cuda_driver import CudaVersion
+
+        try:
+            cuda = CudaVersion.parse(args.image_cuda)
+        except ValueError as exc:
+            raise UsageError(f"--image-cuda: {exc}") from exc
+    return GpuPlacement(libraries=tuple(facts.libraries) if facts else (), cuda=cuda, gpus_per_replica=args.gpus)
 
 
 def load_dir(directory: Path) -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@ stack differ only in where they run.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import re
@@ -21,10 +22,12 @@ from typing import Any, Literal
 from builders.config.profile import StackProfile
 from builders.config.types import IMAGE_REFERENCE
 from builders.cpusets import parse_cpuset
+from builders.cuda_driver import MINOR_COMPAT_MINIMUM, SHIPPED_WITH, CudaVersion, DriverVersion
 from builders.engines import serving_engine
 from builders.engines.args import SERVE_ENTRIES
 from builders.engines.tiny_model import ModelShape, write_tiny_model
 from builders.errors import ConfigError, UsageError
+from builders.gpu_archs import Capability, LibraryArchs, core
 from builders.router.config import RouterConfig, config_from_mapping
 from builders.serving_dtype import AUTO
 from builders.smoke.plan import CONTAINER_MODEL_DIR, plan_stack, pool_args
@@ -55,8 +58,37 @@ RESPONSE_RING_MIB = 24 * MQ_CHUNKS
 SHM_HEADROOM_MIB = 64
 """Torch's own shared tensors and the rings' metadata."""
 SHM_STEP_MIB = 64
+# NCCL keeps its proxy buffers in /dev/shm and, where two GPUs cannot reach each other directly, stages their
+# traffic there (its SHM transport; NCCL_SHM_DISABLE turns it off); a default 64 MiB /dev/shm makes it crash in
+# ncclShmOpen, and PyTorch's CI gives NCCL jobs 2 GiB (pytorch/tutorials 0ba3e39). 1 GiB per GPU of a replica.
+NCCL_SHM_MIB_PER_GPU = 1024
+# GPU Feature Discovery's node labels (NVIDIA/k8s-device-plugin docs/gpu-feature-discovery/README.md): GPU pools
+# are kept to nodes whose labels say they can run the image. The driver's version is written under the newer name
+# and the deprecated one; a pool accepts either, so a node labelled by an older GFD still qualifies.
+GFD_COMPUTE_MAJOR = "nvidia.com/gpu.compute.major"
+GFD_COMPUTE_MINOR = "nvidia.com/gpu.compute.minor"
+GFD_DRIVER = (
+    (
+        "nvidia.com/cuda.driver-version.major",
+        "nvidia.com/cuda.driver-version.minor",
+        "nvidia.com/cuda.driver-version.revision",
+    ),
+    ("nvidia.com/cuda.driver.major", "nvidia.com/cuda.driver.minor", "nvidia.com/cuda.driver.rev"),
+)
+GPU_RESOURCE = "nvidia.com/gpu"
+"""What NVIDIA's device plugin advertises and taints GPU nodes with (the GPU Operator's and cloud node pools')."""
 
 _NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuPlacement:
+    """What a GPU image's pools need from a cluster: its archs and CUDA, read from its labels or report."""
+
+    libraries: tuple[LibraryArchs, ...]
+    cuda: CudaVersion | None
+    gpus_per_replica: int | None = None
+    """--gpus: GPUs each replica requests (default: the pool's tensor-parallel size)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,6 +100,8 @@ class DeployOptions:
     dns_interval_s: float = 5.0
     base_port: int | None = None
     """With network host: the router's port, replicas on the ports after it (default: the profile's ports.base)."""
+    gpu: GpuPlacement | None = None
+    """A GPU image: its pools request GPUs and keep to nodes that can run it; None renders CPU pools."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,8 +126,8 @@ def check_image(flag: str, ref: str) -> list[str]:
     return [f"{flag} {ref} is a tag: every node pulls whatever it names then; pass NAME@sha256:DIGEST to pin it"]
 
 
-def memory_bytes(profile: StackProfile, pool: str) -> int:
-    """A replica's memory request and limit, rounded up to 256 MiB."""
+def memory_bytes(profile: StackProfile, pool: str, *, gpus: int = 0) -> int:
+    """A replica's memory request and limit, rounded up to 256 MiB (its /dev/shm is memory, counted in)."""
     model = profile.model
     vocab = 1024  # the tiny model's tokenizer (builders/engines/tiny_model.py VOCAB_SIZE)
     hidden = model.hidden_size
@@ -101,17 +135,17 @@ def memory_bytes(profile: StackProfile, pool: str) -> int:
     # Embeddings and LM head, then per layer the four attention projections and the three MLP matrices.
     params = 2 * vocab * hidden + model.num_hidden_layers * (4 * hidden * hidden + 3 * hidden * intermediate)
     weights = params * DTYPE_BYTES[_rendered_dtype(profile)]
-    total = VLLM_BASE_MEMORY + weights + _bytes(model.kv_cache_memory) + shm_mib(profile, pool) * 1024**2
+    total = VLLM_BASE_MEMORY + weights + _bytes(model.kv_cache_memory) + shm_mib(profile, pool, gpus=gpus) * 1024**2
     return math.ceil(total / MEMORY_STEP) * MEMORY_STEP
 
 
-def shm_mib(profile: StackProfile, pool: str) -> int:
+def shm_mib(profile: StackProfile, pool: str, *, gpus: int = 0) -> int:
     """The memory-backed /dev/shm a replica of `pool` needs, in MiB: vLLM's broadcast ring, one response ring
-    per worker (the pool's tensor-parallel size), and headroom, rounded up to 64 MiB."""
+    per worker (the pool's tensor-parallel size), NCCL's share per GPU, and headroom, rounded up to 64 MiB."""
     settings = profile.pools[pool]
     chunk_mib = int(settings.env.get("VLLM_MQ_MAX_CHUNK_BYTES_MB", MQ_CHUNK_MIB_DEFAULT))
     workers = _tensor_parallel(settings.extra_args)
-    total = chunk_mib * MQ_CHUNKS + workers * RESPONSE_RING_MIB + SHM_HEADROOM_MIB
+    total = chunk_mib * MQ_CHUNKS + workers * RESPONSE_RING_MIB + SHM_HEADROOM_MIB + gpus * NCCL_SHM_MIB_PER_GPU
     return math.ceil(total / SHM_STEP_MIB) * SHM_STEP_MIB
 
 
@@ -178,6 +212,8 @@ def render(profile: StackProfile, source: str, options: DeployOptions) -> Render
                 hint="deploy a profile whose pools all run engine: vllm",
             )
     plan = plan_stack(profile, run_id="deploy", base_port=options.base_port)
+    if options.gpu is not None:
+        notes.extend(_gpu_notes(options.gpu))
     files: dict[str, list[Object]] = {"model.yaml": [_model_configmap(profile, prefix)]}
     keys = f"{prefix}-keys"
     for name, settings in profile.pools.items():
@@ -225,6 +261,20 @@ def render(profile: StackProfile, source: str, options: DeployOptions) -> Render
             "them by port (no DNS discovery); for a single machine (podman kube play), not a cluster"
         )
     return Rendered(files=files, notes=notes)
+
+
+def _gpu_notes(placement: GpuPlacement) -> list[str]:
+    notes = [
+        "GPU image: each pool's replicas request nvidia.com/gpu and are kept to nodes GPU Feature Discovery labels "
+        "with a compute capability the image has kernels for"
+        + (f" and a driver for its CUDA {placement.cuda}" if placement.cuda else "")
+        + "; the cluster needs NVIDIA's device plugin and GFD (docs/kubernetes.md)"
+    ]
+    if placement.cuda is None:
+        notes.append("the image's CUDA is not known: no driver affinity (pass --image-cuda MAJOR.MINOR)")
+    elif driver_minimum(placement.cuda) is None:
+        notes.append(f"CUDA {placement.cuda} is not in builders/cuda_driver.py's table: no driver affinity")
+    return notes
 
 
 def kustomization(rendered: Rendered, profile: StackProfile) -> Object:
@@ -343,7 +393,8 @@ def _pool_objects(
     labels = _labels(prefix, "pool", name)
     selector = _pool_selector(prefix, name)
     cpu = str(cpus_of(profile, name))
-    memory = f"{memory_bytes(profile, name) // 1024**2}Mi"
+    gpus = gpus_of(options.gpu, settings.extra_args) if options.gpu else 0
+    memory = f"{memory_bytes(profile, name, gpus=gpus) // 1024**2}Mi"
     resources = {"cpu": cpu, "memory": memory}
     host = options.network == "host"
     # In a cluster, requests = limits in whole CPUs is Guaranteed QoS, and the static CPU manager gives such a pod
@@ -385,11 +436,13 @@ def _pool_objects(
             {"name": "model", "configMap": {"name": f"{prefix}-model"}},
             # Kubernetes has no shm-size: a memory-backed emptyDir at /dev/shm is how a pod gets more than the
             # runtime's 64 MiB (production-stack mounts one the same way).
-            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{shm_mib(profile, name)}Mi"}},
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{shm_mib(profile, name, gpus=gpus)}Mi"}},
         ],
     }
     if host:
         _on_host_network(pod)
+    if options.gpu:
+        _on_gpus(pod, container, options.gpu, gpus)
     deployment: Object = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -542,6 +595,100 @@ def _router_objects(
         "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector}},
     }
     return [configmap, deployment, service, budget]
+
+
+# --- GPU pools -----------------------------------------------------------------------------------------------
+
+
+def gpus_of(placement: GpuPlacement, extra_args: tuple[str, ...]) -> int:
+    """GPUs one replica requests: --gpus, else the pool's tensor-parallel size (one GPU per worker)."""
+    return placement.gpus_per_replica or _tensor_parallel(extra_args)
+
+
+def _on_gpus(pod: Object, container: Object, placement: GpuPlacement, gpus: int) -> None:
+    """A GPU pool's pod: its GPUs requested (extended resources are whole and never overcommitted, so requests equal
+    limits), the device plugin's taint tolerated, and node affinity on GFD's labels keeping it to nodes whose GPU the
+    image has kernels for and whose driver runs its CUDA. Its /dev/shm and memory were sized with NCCL's share."""
+    for key in ("requests", "limits"):
+        container["resources"][key][GPU_RESOURCE] = str(gpus)
+    pod["tolerations"] = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+    terms = gpu_node_terms(placement)
+    if terms:
+        pod["affinity"] = {
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}
+        }
+
+
+def driver_minimum(cuda: CudaVersion) -> DriverVersion | None:
+    """The least driver a runtime of `cuda` starts on (builders/cuda_driver.py): its major's minor-version
+    compatibility minimum from CUDA 11 on, before that the driver its release shipped with."""
+    return MINOR_COMPAT_MINIMUM.get(cuda.major) or SHIPPED_WITH.get(cuda)
+
+
+# Compute capabilities the terms are drawn over: every minor of every major up to this one. A PTX kernel JITs on
+# all later majors too; a major this far up that the image still covers stands for every one after it (Gt).
+_LAST_MAJOR = 15
+
+
+def compute_terms(libraries: tuple[LibraryArchs, ...]) -> list[list[Object]]:
+    """Node-selector requirements (one list per term, terms ORed) that hold on exactly the compute capabilities
+    every core library has kernels for, as the gate judges them (LibraryArchs.runs_on)."""
+    libs = core(libraries)
+
+    def runs(major: int, minor: int) -> bool:
+        return all(lib.runs_on(Capability(major, minor)) is not None for lib in libs)
+
+    covered = {m: [n for n in range(10) if runs(m, n)] for m in range(1, _LAST_MAJOR + 1)}
+    tail = _LAST_MAJOR + 1
+    while tail > 1 and len(covered[tail - 1]) == 10:
+        tail -= 1
+    terms: list[list[Object]] = []
+    whole = [m for m in range(1, min(tail, _LAST_MAJOR + 1)) if len(covered[m]) == 10]
+    if whole:
+        terms.append([{"key": GFD_COMPUTE_MAJOR, "operator": "In", "values": [str(m) for m in whole]}])
+    for major in range(1, min(tail, _LAST_MAJOR + 1)):
+        if 0 < len(covered[major]) < 10:
+            terms.append(
+                [
+                    {"key": GFD_COMPUTE_MAJOR, "operator": "In", "values": [str(major)]},
+                    {"key": GFD_COMPUTE_MINOR, "operator": "In", "values": [str(n) for n in covered[major]]},
+                ]
+            )
+    if tail <= _LAST_MAJOR:
+        terms.append([{"key": GFD_COMPUTE_MAJOR, "operator": "Gt", "values": [str(tail - 1)]}])
+    return terms
+
+
+def driver_terms(minimum: DriverVersion) -> list[list[Object]]:
+    """Requirements (terms ORed) that hold on a driver at or above `minimum`, under each spelling of GFD's labels."""
+    terms: list[list[Object]] = []
+    for major, minor, rev in GFD_DRIVER:
+
+        def gt(key: str, value: int) -> Object:
+            return {"key": key, "operator": "Gt", "values": [str(value)]}
+
+        def eq(key: str, value: int) -> Object:
+            return {"key": key, "operator": "In", "values": [str(value)]}
+
+        if not minimum.minor and not minimum.rev:
+            terms.append([gt(major, minimum.major - 1)])
+            continue
+        terms.append([gt(major, minimum.major)])
+        if not minimum.rev:
+            terms.append([eq(major, minimum.major), gt(minor, minimum.minor - 1)])
+            continue
+        terms.append([eq(major, minimum.major), gt(minor, minimum.minor)])
+        terms.append([eq(major, minimum.major), eq(minor, minimum.minor), gt(rev, minimum.rev - 1)])
+    return terms
+
+
+def gpu_node_terms(placement: GpuPlacement) -> list[Object]:
+    """Every (compute term AND driver term) pair: Kubernetes ORs terms and ANDs a term's requirements."""
+    compute = compute_terms(placement.libraries) if placement.libraries else [[]]
+    minimum = driver_minimum(placement.cuda) if placement.cuda else None
+    drivers = driver_terms(minimum) if minimum else [[]]
+    # Copies: an object shared between terms would be written as a YAML anchor and alias.
+    return [{"matchExpressions": copy.deepcopy(c + d)} for c in compute for d in drivers if c + d]
 
 
 def _on_host_network(pod: Object) -> None:

@@ -24,6 +24,9 @@ class CheckDataEntry(TypedDict, total=False):
 
     cuda_archs: ArchsByLibrary  # cuda-archs: each CUDA library's archs
     ops: list[str]  # kernel-ops: the custom ops a kernel library registered with torch, by name
+    # cuda-libs-load: torch's version and the CUDA it was built for, what the driver gate judges hosts by.
+    torch: str
+    cuda_runtime: str
 
 
 class CheckEntry(TypedDict):
@@ -44,7 +47,8 @@ class CheckResult:
     detail: str
     seconds: float
     skipped: bool = False
-    # What the check read, kept in the report (cuda_archs: each library's archs; ops: a kernel library's ops).
+    # What the check read, kept in the report (cuda_archs: each library's archs; ops: a kernel library's ops;
+    # torch and cuda_runtime: what cuda-libs-load read).
     data: CheckDataEntry | None = None
 
     @property

@@ -18,7 +18,7 @@ from builders.input_files import read_bounded
 from builders.log import Log
 from builders.options import add_gpu_args, gpu_args_apply, parse_sources, pep440_version, positive_int
 from builders.platforms import for_platform, parse_platforms
-from builders.preflight.gpu_gate import add_gpu_gate_args, gate_input, preflight_finding, with_finding
+from builders.preflight.gpu_gate import add_gpu_gate_args, gate_input, preflight_findings, with_finding
 from builders.preflight.runner import run_preflight
 from builders.project import Project
 from builders.target import Target
@@ -103,9 +103,16 @@ def cmd_preflight(args: argparse.Namespace) -> int:
         given_sources=given_sources,
     )
     declared = (recipe.cuda.arch_list, f"recipes/{recipe.name}.yaml: cuda.arch_list") if recipe.cuda else None
-    gate = gate_input(args, default_archs=declared if recipe.device == "cuda" else None)
+    # The image's CUDA: the recipe's where its runtime comes from PyPI's wheels, else the distro's CUDA base.
+    if recipe.cuda and recipe.cuda.runtime:
+        cuda: tuple[str, str] | None = (recipe.cuda.runtime, f"recipes/{recipe.name}.yaml: cuda.runtime")
+    elif distro.cuda:
+        cuda = (distro.cuda.version, f"distros/{distro.name}.yaml: cuda.version")
+    else:
+        cuda = None
+    gate = gate_input(args, default_archs=declared if recipe.device == "cuda" else None, default_cuda=cuda)
     if gate is not None:
-        report = with_finding(report, preflight_finding(gate))
+        report = with_finding(report, *preflight_findings(gate))
     if args.json:
         print(json.dumps(report.to_json(), indent=2, ensure_ascii=False))
     else:

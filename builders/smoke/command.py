@@ -12,7 +12,8 @@ from builders import log
 from builders.engines import ENGINES
 from builders.engines.args import raise_for_problems
 from builders.errors import UsageError
-from builders.preflight.gpu_gate import add_gpu_gate_args, gate_from_args
+from builders.gpu_image import read_image_labels
+from builders.preflight.gpu_gate import Verdict, add_gpu_gate_args, gate_from_args
 from builders.project import find_root
 from builders.smoke.endpoint import EndpointOptions, check_api_key, check_url, smoke_endpoint
 from builders.smoke.profile import load_profile
@@ -87,15 +88,27 @@ def run(args: argparse.Namespace) -> int:
         return run_endpoint(args, root, console)
     if (args.api_key is not None and "FORGE_API_KEY" not in os.environ) or args.model is not None:
         raise UsageError("--api-key and --model go with --endpoint; a stack Forge starts makes its own keys")
-    # Before any container starts: a GPU the image has no kernels for fails here, not minutes into vLLM's start.
-    for verdict in gate_from_args(args) or ():
-        console.print(f"forge: GPU gate: {verdict.gpu.name} ({verdict.gpu.capability}) runs on the image's kernels")
+    # Before any container starts: a GPU the image has no kernels for, or a driver too old for its CUDA, fails
+    # here, not minutes into vLLM's start. Without --image-archs the image's own labels say, once it is local.
+    from_labels = args.image is not None and not args.image_archs
+    if not from_labels:
+        _print_gate(console, gate_from_args(args))
     runtimes = Runtimes.from_args(args)
     if args.base_port is not None and not 1024 <= args.base_port <= 65000:
         raise UsageError(f"--base-port {args.base_port}: use a port between 1024 and 65000")
     profile, path = load_profile(args.profile, root=root)
     for line in runtimes.pull_pinned():
         console.print(f"forge: {line}", markup=False)
+    if from_labels:
+        image = read_image_labels(args.image, lambda ref: runtimes.engine.image_info(ref).labels)
+        if image.error:
+            # Said as not evaluated: a gate that read nothing has passed nothing.
+            console.print(
+                f"forge: GPU gate not evaluated: the labels of {args.image} were not read ({image.error}); "
+                "--image-archs REPORT judges this host's GPUs without them",
+                markup=False,
+            )
+        _print_gate(console, gate_from_args(args, image=image))
 
     if args.validate_only:
         # The traffic plans and router config are checked first: they need no vLLM.
@@ -131,6 +144,12 @@ def run(args: argparse.Namespace) -> int:
     console.print(summary_table(report))
     console.print(f"[green]smoke passed[/green]: profile {profile.name}, report {report.report_file or '(none)'}")
     return 0
+
+
+def _print_gate(console: Console, verdicts: list[Verdict] | None) -> None:
+    for verdict in verdicts or ():
+        for line in verdict.lines():
+            console.print(f"forge: {line}", markup=False)
 
 
 def run_endpoint(args: argparse.Namespace, root: Path, console: Console) -> int:

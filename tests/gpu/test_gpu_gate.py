@@ -12,12 +12,12 @@ from gpu_data import ARCH_LIST, vllm_libraries
 
 from builders.errors import GpuUnsupported, UsageError
 from builders.gpu_archs import Capability
+from builders.gpu_image import image_libraries
 from builders.preflight.gpu_gate import (
     add_gpu_gate_args,
     enforce,
     gate_from_args,
     gpu_from_product,
-    image_libraries,
     judge,
     parse_nvidia_smi,
 )
@@ -89,8 +89,9 @@ def test_gpus_outside_are_refused_with_gpu_capability_and_archs(fixture: str, na
     err = info.value
     assert err.exit_code == 20
     assert f"{name} (compute capability {cap}, from {fixture})" in err.message
-    assert "_C_stable_libtorch: SASS sm_75 sm_80 sm_86 sm_89 sm_90 sm_90a sm_100 sm_120; PTX sm_80 sm_89 sm_90" in (
-        err.message
+    assert (
+        "_C_stable_libtorch: SASS sm_75 sm_80 sm_86 sm_89 sm_90 sm_90a sm_100 sm_120; PTX compute_80 compute_89 compute_90"
+        in (err.message)
     )
 
 

@@ -51,7 +51,7 @@ def test_smoke_refuses_before_any_container(capsys: pytest.CaptureFixture[str], 
     assert code == 20
     err = capsys.readouterr().err
     assert "Tesla P100-PCIE-16GB (compute capability 6.0" in err
-    assert "SASS sm_75 sm_80 sm_86 sm_89 sm_90 sm_90a sm_100 sm_120; PTX sm_80 sm_89 sm_90" in err
+    assert "SASS sm_75 sm_80 sm_86 sm_89 sm_90 sm_90a sm_100 sm_120; PTX compute_80 compute_89 compute_90" in err
 
 
 def test_deploy_render_writes_nothing_for_a_refused_gpu(

@@ -14,7 +14,7 @@ import pytest
 from gpu_data import vllm_libraries
 
 from builders.cli import main
-from builders.preflight.gpu_gate import SmiFailure, read_local
+from builders.preflight.gpu_gate import SMI_QUERY, SmiFailure, read_local
 
 SMI = Path(__file__).parent / "data" / "nvidia-smi"
 OLD_DRIVER = "needs driver 510 or later for compute_cap, or pass --gpu-product"
@@ -30,7 +30,7 @@ def fake_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, query: str, sta
     script.write_text(
         "#!/bin/sh\n"
         f'if [ "$#" = 0 ]; then {plain}; fi\n'
-        f'if [ "$1" = "--query-gpu=name,compute_cap" ]; then cat "{SMI / query}"; exit {status}; fi\n'
+        f'if [ "$1" = "{SMI_QUERY[0]}" ]; then cat "{SMI / query}"; exit {status}; fi\n'
         'echo "unexpected arguments: $*" >&2; exit 2\n'
     )
     script.chmod(0o755)
@@ -64,7 +64,7 @@ def test_a_live_driver_before_510_leaves_the_gate_not_evaluated_with_the_510_ans
     code, gate = preflight_gate(capsys, report)
     assert code in (3, 9) and not gate["evaluated"] and not gate["blocking"]  # 3 only where another gate blocks
     assert gate["found"] == (
-        "not evaluated: `nvidia-smi --query-gpu=name,compute_cap --format=csv` exited 2: nvidia-smi does not know "
+        "not evaluated: `nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv` exited 2: nvidia-smi does not know "
         f"the compute_cap field: it {OLD_DRIVER}"
     )
     assert gate["message"] == 'nvidia-smi said: Field "compute_cap" is not a valid field to query.'
@@ -116,7 +116,7 @@ def test_any_other_failure_keeps_its_status_and_words(
     code, gate = preflight_gate(capsys, report)
     assert code in (3, 9)
     assert gate["found"] == (
-        "not evaluated: `nvidia-smi --query-gpu=name,compute_cap --format=csv` exited 9: nvidia-smi failed, so "
+        "not evaluated: `nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv` exited 9: nvidia-smi failed, so "
         "this host's GPUs are unknown"
     )
     assert "couldn't communicate with the NVIDIA driver" in str(gate["message"])

@@ -13,8 +13,9 @@ from gpu_data import ARCH_LIST, VLLM
 from builders.engines import make_plan
 from builders.engines.vllm.gpu_wheel import judge_archs, judge_libs
 from builders.errors import UsageError
+from builders.gpu_image import image_libraries
 from builders.plan import BuildPlan, PlanOptions
-from builders.preflight.gpu_gate import gpu_from_product, image_libraries, judge
+from builders.preflight.gpu_gate import gpu_from_product, judge
 from builders.project import Project
 from builders.render import render
 from builders.target import Target
@@ -33,6 +34,8 @@ def test_plan_is_a_cuda_image_on_debians_own_base(project: Project) -> None:
     assert {"cuda-libs-load", "cuda-archs", "serve-models-gpu"} <= set(p.test_checks)
     assert "torch-cuda" not in p.test_checks  # that check compares with a CUDA base's version; there is none
     assert p.labels["dev.forge.cuda.arch_list"] == "7.5 8.0 8.6 8.9 9.0 10.0 12.0"
+    # The driver gate's input: the CUDA of PyPI's torch 2.14.0 wheels, which the test stage checks.
+    assert p.labels["dev.forge.cuda.version"] == "13.0"
     assert [c.kind for c in p.context] == ["script", "wheelhouse"]
     target = Target.resolve(project.distro("debian-13"), project.recipe_for("gpu-wheel"))
     assert target.cuda and target.from_wheelhouse and not target.compiles
@@ -75,6 +78,14 @@ def test_missing_driver_is_a_finding_never_a_pass() -> None:
     assert "vllm/cumem_allocator.abi3.so" in r.detail and "NVIDIA Container Toolkit" in r.detail
 
 
+def test_torch_for_another_cuda_than_the_label_fails_and_the_report_keeps_both() -> None:
+    out = libs_out({"vllm/_C_stable_libtorch.abi3.so": None})
+    r = judge_libs(0, out, 1.0, "12.8")
+    assert r.status == "failed" and "built for CUDA 13.0" in r.detail and "says 12.8" in r.detail
+    r = judge_libs(0, out, 1.0, "13.0")
+    assert r.status == "passed" and r.data == {"torch": "2.14.0+cu130", "cuda_runtime": "13.0"}
+
+
 def test_any_other_load_failure_fails() -> None:
     err = "vllm/_C.abi3.so: undefined symbol: _ZN3c104cuda9SetDeviceEi"
     r = judge_libs(0, libs_out({"vllm/_C.abi3.so": err, "vllm/x.so": "libcuda.so.1: cannot open"}), 1.0)
@@ -101,7 +112,8 @@ def test_archs_cover_the_recipe_list_and_land_in_the_report(tmp_path: Path) -> N
     r = judge_archs(0, archs_out(), ARCH_LIST, 30.0)
     assert r.status == "passed", r.detail
     assert (
-        "_C_stable_libtorch: SASS sm_75 sm_80 sm_86 sm_89 sm_90 sm_90a sm_100 sm_120; PTX sm_80 sm_89 sm_90" in r.detail
+        "_C_stable_libtorch: SASS sm_75 sm_80 sm_86 sm_89 sm_90 sm_90a sm_100 sm_120; PTX compute_80 compute_89 compute_90"
+        in r.detail
     )
     report = tmp_path / "report.json"
     report.write_text(json.dumps({"tests": [r.as_report()]}))
@@ -144,3 +156,18 @@ def test_the_built_images_torch_has_no_kernels_for_11_0() -> None:
     assert len(r.detail.splitlines()) == 2  # vLLM's own _C and _moe_C reach 11.0 through PTX
     recipe_list = "7.5 8.0 8.6 8.9 9.0 10.0 12.0"
     assert judge_archs(0, out, recipe_list, 60.0).status == "passed"
+
+
+def test_preflight_without_a_fetched_wheelhouse_says_to_fetch_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from builders.cli import main
+
+    monkeypatch.setenv("FORGE_CACHE", str(tmp_path / "cache"))
+    main(["preflight", "debian-13", "gpu-wheel", "--no-probe", "--no-fetch", "--json"])
+    data = json.loads(capsys.readouterr().out)
+    (torch,) = [f for f in data["findings"] if f["gate"] == "torch-wheel"]
+    assert not torch["evaluated"]
+    assert torch["found"] == f"wheelhouse not fetched: {tmp_path}/cache/wheelhouses/debian-13-gpu-wheel does not exist"
+    assert torch["remedy"] == "run `forge fetch debian-13 gpu-wheel wheelhouse`, or pass --wheelhouse DIR"
+    assert "(no folder)" not in json.dumps(data) and "unreachable" not in torch["found"]

@@ -102,6 +102,35 @@ def test_the_bars_and_the_rank_follow_the_measured_rows() -> None:
     assert [r["place"] for r in rows] == [1, 2, 3, None]
 
 
+def test_the_cuda_report_names_the_gpu_and_its_driver_beside_the_cpu() -> None:
+    # Issue 54: the KV lab's CUDA report once named the CPU and not the GPU it timed.
+    device: gpu_bench.DeviceInfo = {
+        "torch": "2.9.1+cu130",
+        "torch_cuda": "13.0",
+        "triton": "3.5.1",
+        "numpy": "2.3.5",
+        "python": "3.12.3",
+        "cpu": "x86_64",
+        "cpu_cores": 16,
+        "gpu": "NVIDIA H200",
+        "driver": "580.159.04",
+        "peak_tbps": 4.8,
+        "peak_source": "datasheet",
+    }
+    report: gpu_bench.BenchReport = {
+        "device": device,
+        "spec": {},
+        "page": 16,
+        "scenarios": {},
+        "skipped": [],
+        "ranking": [],
+        "verdicts": {},
+    }
+    first = gpu_bench.render(report).splitlines()[0]
+    assert first.startswith("Device: NVIDIA H200; driver 580.159.04; torch 2.9.1+cu130 (CUDA 13.0)"), first
+    assert "dry run" not in gpu_bench.render(report)
+
+
 # What the GPU hosts lack, made unimportable as there (a None in sys.modules makes the import fail).
 GPU_HOST = "import sys\nfor m in ('pydantic', 'httptools', 'docker', 'gguf', 'nox'):\n    sys.modules[m] = None\n"
 

@@ -39,7 +39,7 @@ def _fill(ctx: Context) -> None:
         mode="declared",
         seconds=0.25,
     )
-    archs: CheckDataEntry = {"cuda_archs": {"vllm/_C.abi3.so": {"sass": ["sm_80", "sm_90"], "ptx": ["sm_90"]}}}
+    archs: CheckDataEntry = {"cuda_archs": {"vllm/_C.abi3.so": {"sass": ["sm_80", "sm_90"], "ptx": ["compute_90"]}}}
     checks = [
         CheckResult(name="import-vllm", ok=True, detail="0.33.0 2.9.0+cpu", seconds=3.21),
         CheckResult(name="cuda-archs", ok=True, detail="covered", seconds=1.0, data=archs),

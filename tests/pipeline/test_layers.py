@@ -25,6 +25,8 @@ LAYERS: list[tuple[str, set[str]]] = [
             "cpusets",
             "emulation",
             "gpu_archs",
+            "cuda_driver",
+            "gpu_image",
             "locks",
             "redact",
             "input_files",
@@ -42,7 +44,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ),
     ("serving engines", {"engines"}),
     ("build", {"project", "preflight", "build", "context", "report", "repro", "publish", "verify"}),
-    ("runtime", {"traffic", "kvlab", "smoke", "sweep", "deploy"}),
+    ("runtime", {"traffic", "kvlab", "smoke", "sweep", "deploy", "gpu_probe", "gpu_smoke"}),
     ("CLI edge", {"cli", "commands"}),
 ]
 

@@ -43,8 +43,8 @@ def make_gpu_wheel_plan(distro: Distro, recipe: Recipe, options: PlanOptions) ->
     torch = torch_spec(target, options)
     cuda = CudaPlan(
         mode="wheel",
-        # torch's nvidia-* wheels decide the CUDA; the test stage records which (torch.version.cuda).
-        version="from PyPI's nvidia-* wheels",
+        # torch's nvidia-* wheels decide the CUDA: the recipe names which, and the test stage checks it.
+        version=recipe.cuda.runtime or "from PyPI's nvidia-* wheels",
         devel_ref=None,
         runtime_ref=distro.base.local_tag,
         home="",
@@ -68,6 +68,9 @@ def make_gpu_wheel_plan(distro: Distro, recipe: Recipe, options: PlanOptions) ->
     labels["dev.forge.platform"] = platform_of(distro).name
     labels["dev.forge.gpu.mode"] = "pypi-wheels"
     labels["dev.forge.cuda.arch_list"] = arch_list
+    if recipe.cuda.runtime:
+        # What the driver gate of smoke and deploy render reads: the driver a host needs follows this CUDA.
+        labels["dev.forge.cuda.version"] = recipe.cuda.runtime
     labels["dev.forge.vllm.wheel.sha256"] = wheel.sha256
     # Triton compiles its CUDA launcher with a C compiler and Python.h at first use; no C++ compiler is needed.
     runtime = [*family.packages(["runtime", "python", "python_headers"]), "gcc"]
@@ -182,12 +185,23 @@ def _probe(out: str, prefix: str, shape: type[P]) -> P | None:
         return None
 
 
-def judge_libs(rc: int, out: str, seconds: float) -> CheckResult:
-    """Failed for a library that does not load for any reason but the driver; not passed (skipped, with what
-    supplies it) where the driver's libcuda.so.1 is all that is missing."""
+def judge_libs(rc: int, out: str, seconds: float, cuda: str | None = None) -> CheckResult:
+    """Failed for a library that does not load for any reason but the driver, or a torch built for another CUDA
+    than the plan's `cuda` (the release the image's label names); not passed (skipped, with what supplies it) where
+    the driver's libcuda.so.1 is all that is missing. Its data carry torch's version and CUDA for the report."""
     facts = _probe(out, "CUDALIBS", CudaLibs) if rc == 0 else None
     if facts is None:
         return CheckResult(name="cuda-libs-load", ok=False, detail=out[-800:] or f"exited {rc}", seconds=seconds)
+    data: CheckDataEntry = {"torch": facts["torch"], "cuda_runtime": str(facts["cuda"])}
+    if cuda is not None and facts["cuda"] != cuda:
+        return CheckResult(
+            name="cuda-libs-load",
+            ok=False,
+            detail=f"torch {facts['torch']} is built for CUDA {facts['cuda']}, and the recipe's cuda.runtime (the "
+            f"image's dev.forge.cuda.version label) says {cuda}: the driver gate would judge hosts by the wrong CUDA",
+            seconds=seconds,
+            data=data,
+        )
     libs = facts["libs"]
     broken = {lib: err for lib, err in libs.items() if err and DRIVER_LIB not in err}
     need_driver = sorted(lib for lib, err in libs.items() if err and DRIVER_LIB in err)
@@ -195,7 +209,11 @@ def judge_libs(rc: int, out: str, seconds: float) -> CheckResult:
     if broken:
         lines = [f"{lib}: {err}" for lib, err in sorted(broken.items())]
         return CheckResult(
-            name="cuda-libs-load", ok=False, detail=f"{head} load; failed:\n" + "\n".join(lines), seconds=seconds
+            name="cuda-libs-load",
+            ok=False,
+            detail=f"{head} load; failed:\n" + "\n".join(lines),
+            seconds=seconds,
+            data=data,
         )
     if need_driver:
         return CheckResult(
@@ -205,8 +223,9 @@ def judge_libs(rc: int, out: str, seconds: float) -> CheckResult:
             detail=f"skipped: not passed, {len(need_driver)} need {DRIVER_LIB} ({', '.join(need_driver)}): "
             f"{DRIVER_SUPPLIER}; {head} load without it",
             seconds=seconds,
+            data=data,
         )
-    return CheckResult(name="cuda-libs-load", ok=True, detail=f"{head} load", seconds=seconds)
+    return CheckResult(name="cuda-libs-load", ok=True, detail=f"{head} load", seconds=seconds, data=data)
 
 
 def read_archs(out: str) -> list[LibraryArchs]:
@@ -261,7 +280,8 @@ def run_gpu_wheel_checks(engine: Engine, image: str, plan: BuildPlan) -> list[Ch
     if "cuda-libs-load" in plan.test_checks:
         start = time.monotonic()
         rc, out = _python(engine, image, LIBS_PROBE, plan)
-        results.append(judge_libs(rc, out, time.monotonic() - start))
+        cuda = plan.recipe.cuda.runtime if plan.recipe.cuda else None
+        results.append(judge_libs(rc, out, time.monotonic() - start, cuda))
     if "cuda-archs" in plan.test_checks:
         start = time.monotonic()
         rc, out = _python(engine, image, ARCHS_PROBE, plan, timeout=900)

@@ -32,7 +32,7 @@ from builders.gates.context import PreflightContext
 from builders.gates.findings import Finding, passed, unchecked, warning
 from builders.plan import CudaPlan, PlanOptions, cuda_torch, torch_spec
 from builders.platforms import isa_for
-from builders.sources import resolve_fetched
+from builders.sources import resolve_fetched, wheelhouse_dir
 from builders.target import Target
 
 # The gates read from the vLLM source: without it none of them is evaluated.
@@ -173,6 +173,17 @@ def _torch_findings(
             folders += [Path(f) for f in recipe.wheelhouse.find_links]
         if spec.index_url and not spec.index_url.startswith(("http://", "https://")):
             folders.append(Path(spec.index_url))
+        if not any(f.is_dir() for f in folders):
+            where = ", ".join(str(f) for f in folders) or "no folder given"
+            return [
+                unchecked(
+                    "torch-wheel",
+                    f"wheelhouse not fetched: {where} does not exist",
+                    spec.requirement,
+                    pin_source,
+                    f"run `forge fetch {distro.name} {recipe.target} wheelhouse`, or pass --wheelhouse DIR",
+                )
+            ]
         listing = local_listing(folders)
     elif spec.index_url:
         listing = fetch_listing(project_url(spec.index_url))
@@ -476,8 +487,13 @@ def _torch(v: VllmPreflight) -> None:
     ctx, toolchain = v.ctx, v.toolchain
     assert toolchain is not None
     if v.target.installs_torch:
+        # The build's folder when none is given: the one `forge fetch DISTRO TARGET wheelhouse` fills.
+        recipe = v.target.recipe
+        wheelhouse = ctx.wheelhouse
+        if not wheelhouse and recipe.wheelhouse is not None:
+            wheelhouse = [wheelhouse_dir(ctx.root, v.target.distro, recipe)]
         ctx.findings += _torch_findings(
-            v.facts, v.target, toolchain.python.value, ctx.wheelhouse, ctx.torch_index, ctx.torch_version
+            v.facts, v.target, toolchain.python.value, wheelhouse, ctx.torch_index, ctx.torch_version
         )
 
 
