@@ -24,7 +24,7 @@ from typing import ClassVar, Literal
 from builders.config.models import Distro, Recipe, TorchIndex
 from builders.config.profile import PoolSettings, StackProfile
 from builders.container import Engine
-from builders.engines.args import ArgProblem, PoolArgv, ServeArgSpec
+from builders.engines.args import ArgProblem, PoolArgv, ServeArgSpec, check_pools
 from builders.engines.checks import CheckResult
 from builders.gates.common import check_ram, count_jobs, fetch_source, measure_disk, report_disk
 from builders.gates.context import PreflightContext
@@ -258,8 +258,9 @@ class ServingEngine(abc.ABC):
         raise self._not_served()
 
     def check(self, pools: Iterable[PoolArgv], probe: ServerProbe) -> list[ArgProblem]:
-        """Every argument of `pools` this installation would reject."""
-        raise self._not_served()
+        """Every argument of `pools` this installation would reject: by default, the checks every engine's flags go
+        through (builders/engines/args.py) against what its help listed."""
+        return check_pools(pools, probe.spec)
 
     def local_cache_key(self, binary: Path) -> str:
         """Key under which the probe of a host installation is cached (changes when the binary does)."""

@@ -9,10 +9,8 @@ flags, their value hint follows the last one, and the help text starts at column
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -21,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from builders.config.models import Recipe
 from builders.config.profile import PoolSettings, StackProfile
 from builders.cpusets import parse_cpuset
-from builders.engines.args import ArgProblem, PoolArgv, ServeArgSpec, ServeOption, check_pools, serve_args_cache_dir
+from builders.engines.args import ServeArgSpec, ServeOption, local_cache_key, probe_help
 from builders.engines.serving import HelpRunner, ModelFormat, PoolCommand, ServeOptions, ServerProbe, ServingEngine
 from builders.errors import SmokeFailed
 
@@ -242,36 +240,19 @@ class LlamaCppServer(ServingEngine):
     def probe(
         self, run: HelpRunner, *, entries: Sequence[Sequence[str]], source: str, cache_key: str | None
     ) -> ServerProbe:
-        cache_file = serve_args_cache_dir() / f"llama-{cache_key}.json" if cache_key else None
-        if cache_file is not None and cache_file.is_file():
-            try:
-                data = json.loads(cache_file.read_text(encoding="utf-8"))
-                return ServerProbe(spec=ServeArgSpec.from_json(data["spec"]), entry=tuple(data["entry"]))
-            except (ValueError, KeyError, TypeError):
-                cache_file.unlink(missing_ok=True)
-        failures = []
-        for entry in entries:
-            code, output = run([*entry, "--help"])
-            if code == 0:
-                spec = parse_server_help(output, source=f"`{' '.join(entry)} --help` in {source}")
-                if cache_file is not None:
-                    cache_file.parent.mkdir(parents=True, exist_ok=True)
-                    cache_file.write_text(json.dumps({"spec": spec.to_json(), "entry": list(entry)}), encoding="utf-8")
-                return ServerProbe(spec=spec, entry=tuple(entry))
-            last = output.strip().splitlines()[-1] if output.strip() else "(no output)"
-            failures.append(f"{' '.join(entry)} exited {code}: {last}")
-        raise SmokeFailed(
-            f"no llama-server runs in {source}:\n  " + "\n  ".join(failures),
+        found = probe_help(
+            run,
+            entries=entries,
+            cache_name=f"llama-{cache_key}" if cache_key else None,
+            parse=lambda output, entry: parse_server_help(output, source=f"`{' '.join(entry)} --help` in {source}"),
+            shown=" ".join,
+            none_runs=f"no llama-server runs in {source}",
             hint="use an image built by `forge build DISTRO llama-cpp` (llama-server on PATH), or pass the binary",
         )
-
-    def check(self, pools: Iterable[PoolArgv], probe: ServerProbe) -> list[ArgProblem]:
-        return check_pools(pools, probe.spec)
+        return ServerProbe(spec=found.spec, entry=found.entry)
 
     def local_cache_key(self, binary: Path) -> str:
-        stat = binary.stat()
-        digest = hashlib.sha256(f"{binary.resolve()}|{stat.st_mtime_ns}|{stat.st_size}".encode())
-        return "local-" + digest.hexdigest()[:24]
+        return local_cache_key(binary, package=None)
 
     def model_argument(self, model_dir: str) -> str:
         return f"{model_dir}/{MODEL_FILE}"

@@ -19,10 +19,8 @@ environment inside the interpreter, where /proc/PID/cmdline does not see it, and
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -32,13 +30,11 @@ from builders.config.models import Recipe
 from builders.config.profile import PoolSettings, StackProfile
 from builders.cpusets import format_cpuset, parse_cpuset
 from builders.engines.args import (
-    ArgProblem,
-    PoolArgv,
     ServeArgSpec,
-    check_pools,
+    local_cache_key,
     parse_human_int,
     parse_serve_help,
-    serve_args_cache_dir,
+    probe_help,
 )
 from builders.engines.serving import HelpRunner, ModelFormat, PoolCommand, ServeOptions, ServerProbe, ServingEngine
 from builders.errors import SmokeFailed
@@ -263,54 +259,28 @@ class SGLangServer(ServingEngine):
     def probe(
         self, run: HelpRunner, *, entries: Sequence[Sequence[str]], source: str, cache_key: str | None
     ) -> ServerProbe:
-        cache_file = serve_args_cache_dir() / f"sglang-{cache_key}.json" if cache_key else None
-        if cache_file is not None and cache_file.is_file():
-            try:
-                data = json.loads(cache_file.read_text(encoding="utf-8"))
-                return ServerProbe(spec=ServeArgSpec.from_json(data["spec"]), entry=tuple(data["entry"]))
-            except (ValueError, KeyError, TypeError):
-                cache_file.unlink(missing_ok=True)
-        failures = []
-        for entry in entries:
-            code, output = run([*entry, "--help"])
-            if code == 0:
-                spec = parse_help(output, source=f"`{HELP_COMMAND}` in {source}")
-                if cache_file is not None:
-                    cache_file.parent.mkdir(parents=True, exist_ok=True)
-                    cache_file.write_text(json.dumps({"spec": spec.to_json(), "entry": list(entry)}), encoding="utf-8")
-                return ServerProbe(spec=spec, entry=tuple(entry))
-            last = output.strip().splitlines()[-1] if output.strip() else "(no output)"
-            failures.append(f"{entry[0]} -m {SERVER_MODULE} exited {code}: {last}")
-        raise SmokeFailed(
-            f"no SGLang server runs in {source}:\n  " + "\n  ".join(failures),
+        found = probe_help(
+            run,
+            entries=entries,
+            cache_name=f"sglang-{cache_key}" if cache_key else None,
+            parse=lambda output, entry: parse_help(output, source=f"`{HELP_COMMAND}` in {source}"),
+            shown=lambda entry: f"{entry[0]} -m {SERVER_MODULE}",
+            none_runs=f"no SGLang server runs in {source}",
             hint="use an image built by `forge build DISTRO sglang --source sgl-kernel=PATH`, or pass its python",
         )
-
-    def check(self, pools: Iterable[PoolArgv], probe: ServerProbe) -> list[ArgProblem]:
-        return check_pools(pools, probe.spec)
+        return ServerProbe(spec=found.spec, entry=found.entry)
 
     def local_cache_key(self, binary: Path) -> str:
-        stat = binary.stat()
-        site = sorted(str(p) for p in binary.resolve().parent.parent.glob("lib/python*/site-packages/sglang*"))
-        digest = hashlib.sha256(f"{binary.resolve()}|{stat.st_mtime_ns}|{stat.st_size}|{site}".encode())
-        return "local-" + digest.hexdigest()[:24]
+        return local_cache_key(binary, package="sglang")
 
     def model_argument(self, model_dir: str) -> str:
         return model_dir
 
     def write_model(self, model_dir: Path, profile: StackProfile, *, dtype: str) -> None:
-        from builders.engines.tiny_model import ModelShape, write_tiny_model
+        # Imported here: the tokenizer library loads only when a pool needs its model.
+        from builders.engines.tiny_model import write_profile_model
 
-        write_tiny_model(
-            model_dir,
-            max_position_embeddings=profile.model.max_position_embeddings,
-            shape=ModelShape(
-                hidden_size=profile.model.hidden_size,
-                num_hidden_layers=profile.model.num_hidden_layers,
-                intermediate_size=profile.model.intermediate_size,
-                torch_dtype=dtype,
-            ),
-        )
+        write_profile_model(model_dir, profile, dtype=dtype)
 
     def busy(self, metrics_text: str) -> bool:
         # The exact gauge: sglang:num_running_reqs_offline_batch shares its prefix.

@@ -4,7 +4,7 @@ vLLM's engine (builders/engines/vllm/__init__.py)."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -13,7 +13,7 @@ from pydantic import Field
 from builders.config.models import Recipe
 from builders.config.profile import PoolSettings, StackProfile
 from builders.cpusets import format_cpuset, parse_cpuset
-from builders.engines.args import SERVE_ENTRIES, ArgProblem, PoolArgv, check_pools, local_cache_key, probe_serve
+from builders.engines.args import SERVE_ENTRIES, local_cache_key, probe_serve
 from builders.engines.serving import HelpRunner, ModelFormat, PoolCommand, ServeOptions, ServerProbe, ServingEngine
 from builders.engines.vllm.recipe import VllmRecipe
 from builders.engines.vllm.startup import startup_parts
@@ -190,25 +190,14 @@ class VllmServer(ServingEngine):
             spec=found.spec, entry=found.entry, model_is_positional=found.model_is_positional, notes=found.notes
         )
 
-    def check(self, pools: Iterable[PoolArgv], probe: ServerProbe) -> list[ArgProblem]:
-        return check_pools(pools, probe.spec)
-
     def local_cache_key(self, binary: Path) -> str:
-        return local_cache_key(binary)
+        return local_cache_key(binary, package="vllm")
 
     def model_argument(self, model_dir: str) -> str:
         return model_dir
 
     def write_model(self, model_dir: Path, profile: StackProfile, *, dtype: str) -> None:
-        from builders.engines.tiny_model import ModelShape, write_tiny_model
+        # Imported here: the tokenizer library loads only when a pool needs its model.
+        from builders.engines.tiny_model import write_profile_model
 
-        write_tiny_model(
-            model_dir,
-            max_position_embeddings=profile.model.max_position_embeddings,
-            shape=ModelShape(
-                hidden_size=profile.model.hidden_size,
-                num_hidden_layers=profile.model.num_hidden_layers,
-                intermediate_size=profile.model.intermediate_size,
-                torch_dtype=dtype,
-            ),
-        )
+        write_profile_model(model_dir, profile, dtype=dtype)
