@@ -20,7 +20,7 @@ from builders.config.models import Recipe
 from builders.config.profile import PoolSettings, StackProfile
 from builders.cpusets import parse_cpuset
 from builders.engines.args import ServeArgSpec, ServeOption, local_cache_key, probe_help
-from builders.engines.serving import HelpRunner, ModelFormat, PoolCommand, ServeOptions, ServerProbe, ServingEngine
+from builders.engines.serving import HelpRunner, ModelFormat, PoolArgs, ServeOptions, ServerProbe, ServingEngine
 from builders.errors import SmokeFailed
 
 MODEL_FILE = "model.gguf"
@@ -177,52 +177,32 @@ class LlamaCppServer(ServingEngine):
         knobs = self.settings(pool)
         return knobs.context or knobs.slots * (pool.max_model_len or profile.model.max_model_len)
 
-    def command(
-        self,
-        profile: StackProfile,
-        name: str,
-        pool: PoolSettings,
-        *,
-        port: int,
-        dtype: str,
-        host: str,
-        cpuset: str | None = None,
-    ) -> PoolCommand:
-
+    def pool_args(
+        self, args: PoolArgs, profile: StackProfile, name: str, pool: PoolSettings, *, dtype: str, cpuset: str | None
+    ) -> None:
         knobs = self.settings(pool)
         prefix = f"pools.{name}.llama_cpp"
-        args: list[str] = []
-        keys: list[str] = []
-
-        def add(key: str, *tokens: str) -> None:
-            args.extend(tokens)
-            keys.extend([key] * len(tokens))
-
-        add("(run)", "--host", host, "--port", str(port))
         # Prometheus gauges for the kill check and the sweep; the web UI is not needed behind a router.
-        add("(run)", "--metrics", "--no-webui")
-        add("model.served_model_name", "--alias", profile.model.served_model_name)
-        add("model.seed", "--seed", str(profile.model.seed))
-        add(f"{prefix}.slots", "--parallel", str(knobs.slots))
+        args.add("(run)", "--metrics", "--no-webui")
+        args.add("model.served_model_name", "--alias", profile.model.served_model_name)
+        args.add("model.seed", "--seed", str(profile.model.seed))
+        args.add(f"{prefix}.slots", "--parallel", str(knobs.slots))
         context_key = f"{prefix}.context" if knobs.context else f"pools.{name}.max_model_len"
-        add(context_key, "--ctx-size", str(self.context(profile, pool)))
+        args.add(context_key, "--ctx-size", str(self.context(profile, pool)))
         if knobs.batch is not None:
-            add(f"{prefix}.batch", "--batch-size", str(knobs.batch))
+            args.add(f"{prefix}.batch", "--batch-size", str(knobs.batch))
         if knobs.ubatch is not None:
-            add(f"{prefix}.ubatch", "--ubatch-size", str(knobs.ubatch))
+            args.add(f"{prefix}.ubatch", "--ubatch-size", str(knobs.ubatch))
         cpus = sorted(parse_cpuset(cpuset)) if cpuset is not None else None
         threads = knobs.threads or (len(cpus) if cpus else 1)
-        add(f"{prefix}.threads" if knobs.threads else f"pools.{name}.cpus", "--threads", str(threads))
+        args.add(f"{prefix}.threads" if knobs.threads else f"pools.{name}.cpus", "--threads", str(threads))
         if knobs.threads_batch is not None:
-            add(f"{prefix}.threads_batch", "--threads-batch", str(knobs.threads_batch))
+            args.add(f"{prefix}.threads_batch", "--threads-batch", str(knobs.threads_batch))
         cpu_range = knobs.cpu_range
         if cpu_range is None and cpus and cpus == list(range(cpus[0], cpus[-1] + 1)):
             cpu_range = f"{cpus[0]}-{cpus[-1]}"
         if cpu_range is not None:
-            add(f"{prefix}.cpu_range" if knobs.cpu_range else f"pools.{name}.cpus", "--cpu-range", cpu_range)
-        for i, token in enumerate(pool.extra_args):
-            add(f"pools.{name}.extra_args[{i}]", token)
-        return PoolCommand(args=tuple(args), keys=tuple(keys))
+            args.add(f"{prefix}.cpu_range" if knobs.cpu_range else f"pools.{name}.cpus", "--cpu-range", cpu_range)
 
     def replica_env(
         self, profile: StackProfile, pool: PoolSettings, *, cpuset: str | None, ordinal: int, cpus: int

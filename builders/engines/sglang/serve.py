@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from builders.config.models import Recipe
 from builders.config.profile import PoolSettings, StackProfile
-from builders.cpusets import format_cpuset, parse_cpuset
+from builders.engines import serving
 from builders.engines.args import (
     ServeArgSpec,
     local_cache_key,
@@ -36,7 +36,7 @@ from builders.engines.args import (
     parse_serve_help,
     probe_help,
 )
-from builders.engines.serving import HelpRunner, ModelFormat, PoolCommand, ServeOptions, ServerProbe, ServingEngine
+from builders.engines.serving import HelpRunner, ModelFormat, PoolArgs, ServeOptions, ServerProbe, ServingEngine
 from builders.errors import SmokeFailed
 
 KEY_ENV = "FORGE_SGLANG_API_KEY"
@@ -178,40 +178,25 @@ class SGLangServer(ServingEngine):
         assert isinstance(pool, SGLangPool), "an SGLang pool is loaded by SGLangPool"
         return pool.knobs
 
-    def command(
-        self,
-        profile: StackProfile,
-        name: str,
-        pool: PoolSettings,
-        *,
-        port: int,
-        dtype: str,
-        host: str,
-        cpuset: str | None = None,
-    ) -> PoolCommand:
+    def pool_args(
+        self, args: PoolArgs, profile: StackProfile, name: str, pool: PoolSettings, *, dtype: str, cpuset: str | None
+    ) -> None:
         model = profile.model
         knobs = self.settings(pool)
         prefix = f"pools.{name}.sglang"
-        args: list[str] = []
-        keys: list[str] = []
-
-        def add(key: str, *tokens: str) -> None:
-            args.extend(tokens)
-            keys.extend([key] * len(tokens))
-
-        add("(run)", "--host", host, "--port", str(port), "--device", "cpu")
+        args.add("(run)", "--device", "cpu")
         # Prometheus gauges for the kill check and the sweep; Forge warms the replicas up itself.
-        add("(run)", "--load-format", "dummy", "--enable-metrics", "--skip-server-warmup")
-        add("model.served_model_name", "--served-model-name", model.served_model_name)
-        add("model.dtype", "--dtype", dtype)
-        add("model.seed", "--random-seed", str(model.seed))
+        args.add("(run)", "--load-format", "dummy", "--enable-metrics", "--skip-server-warmup")
+        args.add("model.served_model_name", "--served-model-name", model.served_model_name)
+        args.add("model.dtype", "--dtype", dtype)
+        args.add("model.seed", "--random-seed", str(model.seed))
         length_key = f"pools.{name}.max_model_len" if pool.max_model_len else "model.max_model_len"
-        add(length_key, "--context-length", str(pool.max_model_len or model.max_model_len))
+        args.add(length_key, "--context-length", str(pool.max_model_len or model.max_model_len))
         total = knobs.max_total_tokens or kv_tokens(
             model.kv_cache_memory, layers=model.num_hidden_layers, hidden=model.hidden_size, dtype=dtype
         )
         total_key = f"{prefix}.max_total_tokens" if knobs.max_total_tokens else "model.kv_cache_memory"
-        add(total_key, "--max-total-tokens", str(total))
+        args.add(total_key, "--max-total-tokens", str(total))
         for field, flag in (
             ("chunked_prefill_size", "--chunked-prefill-size"),
             ("max_running_requests", "--max-running-requests"),
@@ -220,22 +205,17 @@ class SGLangServer(ServingEngine):
         ):
             value = getattr(knobs, field)
             if value is not None:
-                add(f"{prefix}.{field}", flag, str(value))
+                args.add(f"{prefix}.{field}", flag, str(value))
         if knobs.radix_cache is False:
-            add(f"{prefix}.radix_cache", "--disable-radix-cache")
+            args.add(f"{prefix}.radix_cache", "--disable-radix-cache")
         if knobs.mixed_chunk:
-            add(f"{prefix}.mixed_chunk", "--enable-mixed-chunk")
-        for i, token in enumerate(pool.extra_args):
-            add(f"pools.{name}.extra_args[{i}]", token)
-        return PoolCommand(args=tuple(args), keys=tuple(keys))
+            args.add(f"{prefix}.mixed_chunk", "--enable-mixed-chunk")
 
     def replica_env(
         self, profile: StackProfile, pool: PoolSettings, *, cpuset: str | None, ordinal: int, cpus: int
     ) -> dict[str, str]:
         env = {
-            # The model directory is all there is; a hub lookup would hang on this network.
-            "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1",
+            **serving.OFFLINE_ENV,
             "SGLANG_USE_CPU_ENGINE": "1",
             # SGLang's /health otherwise generates a token and sleeps a second before it looks for the answer
             # (entrypoints/http_server.py, health_generate): never inside the router's 1 s health timeout, so
@@ -244,10 +224,9 @@ class SGLangServer(ServingEngine):
         }
         # SGLang binds its OpenMP threads to every CPU of a NUMA node unless told which (model_runner.py,
         # init_threads_binding): in a container confined to one CPU that binding would name CPUs it may not use.
-        if cpuset is not None:
-            env["SGLANG_CPU_OMP_THREADS_BIND"] = format_cpuset(parse_cpuset(cpuset))
-        elif profile.cpu_bind == "round_robin":
-            env["SGLANG_CPU_OMP_THREADS_BIND"] = str(ordinal % max(cpus, 1))
+        bind = serving.omp_threads_bind(profile, cpuset=cpuset, ordinal=ordinal, cpus=cpus)
+        if bind is not None:
+            env["SGLANG_CPU_OMP_THREADS_BIND"] = bind
         return env
 
     def api_key_env(self, key: str) -> dict[str, str]:
