@@ -470,12 +470,50 @@ def probe_serve(
     )
 
 
-def local_cache_key(binary: Path) -> str:
-    """Cache key for a vLLM on this host: the binary and its installed package's version files."""
+def probe_help(
+    run: HelpRunner,
+    *,
+    entries: Sequence[Sequence[str]],
+    cache_name: str | None,
+    parse: Callable[[str, Sequence[str]], ServeArgSpec],
+    shown: Callable[[Sequence[str]], str],
+    none_runs: str,
+    hint: str,
+) -> ServeProbe:
+    """Ask a server whose plain `--help` lists its flags what it accepts: the first entry that exits 0 wins, and
+    `parse(output, entry)` reads its help. Cached as `cache_name` (by image id or local binary), since a probe
+    costs a container start; a cache file that does not read back is dropped and probed again. When no entry
+    runs, the error is `none_runs` with each entry's exit (`shown(entry)` names it) and last line."""
+    cache_file = serve_args_cache_dir() / f"{cache_name}.json" if cache_name else None
+    if cache_file is not None and cache_file.is_file():
+        try:
+            data = json.loads(cache_file.read_text(encoding="utf-8"))
+            return ServeProbe(spec=ServeArgSpec.from_json(data["spec"]), entry=tuple(data["entry"]))
+        except (ValueError, KeyError, TypeError):
+            cache_file.unlink(missing_ok=True)
+    failures = []
+    for entry in entries:
+        code, output = run([*entry, "--help"])
+        if code == 0:
+            spec = parse(output, entry)
+            if cache_file is not None:
+                cache_file.parent.mkdir(parents=True, exist_ok=True)
+                cache_file.write_text(json.dumps({"spec": spec.to_json(), "entry": list(entry)}), encoding="utf-8")
+            return ServeProbe(spec=spec, entry=tuple(entry))
+        last = output.strip().splitlines()[-1] if output.strip() else "(no output)"
+        failures.append(f"{shown(entry)} exited {code}: {last}")
+    raise SmokeFailed(f"{none_runs}:\n  " + "\n  ".join(failures), hint=hint)
+
+
+def local_cache_key(binary: Path, *, package: str | None) -> str:
+    """Cache key for a server on this host: the binary, and for a Python server (`package`) its installed
+    package's files, so that an upgrade in the same virtualenv probes again."""
     stat = binary.stat()
-    site = sorted(str(p) for p in binary.resolve().parent.parent.glob("lib/python*/site-packages/vllm*"))
-    digest = hashlib.sha256(f"{binary.resolve()}|{stat.st_mtime_ns}|{stat.st_size}|{site}".encode())
-    return "local-" + digest.hexdigest()[:24]
+    stamp = f"{binary.resolve()}|{stat.st_mtime_ns}|{stat.st_size}"
+    if package is not None:
+        site = sorted(str(p) for p in binary.resolve().parent.parent.glob(f"lib/python*/site-packages/{package}*"))
+        stamp += f"|{site}"
+    return "local-" + hashlib.sha256(stamp.encode()).hexdigest()[:24]
 
 
 def serve_args_cache_dir() -> Path:

@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from dataclasses import dataclass
 from typing import Literal, NotRequired, TypedDict
 
 import requests
 
-from builders.container import Engine
+from builders.container import Engine, RunSpec
 
 # cuda-archs: per library, the archs with machine code ("sass") and with PTX ("ptx"), as builders/gpu_archs.py
 # writes them.
 ArchsByLibrary = dict[str, dict[str, list[str]]]
 CheckStatus = Literal["passed", "failed", "skipped"]
+# What a build stage may need and a runtime image must not carry (check_no_compilers).
+COMPILERS = ("gcc", "g++", "cc", "c++", "cmake", "clang")
 
 
 class CheckDataEntry(TypedDict, total=False):
@@ -78,6 +81,21 @@ def server_log_excerpt(engine: Engine, cid: str) -> str:
     causes = [ln for ln in lines if "Error:" in ln or "error:" in ln][:8]
     head = ["errors in the log:", *causes, "...", "last lines:"] if causes else []
     return "\n".join(head + lines[-30:])
+
+
+def check_no_compilers(engine: Engine, image: str) -> CheckResult:
+    """Non-root, and no compiler or CMake on the PATH: the toolchain stage stayed behind."""
+    start = time.monotonic()
+    script = f"id -u; for t in {' '.join(COMPILERS)}; do command -v $t || true; done"
+    rc, out = engine.run_once(
+        RunSpec(image=image, command=["-c", script], entrypoint=["/bin/sh"], network_host=False), timeout=60
+    )
+    lines = out.strip().splitlines()
+    uid = lines[0].strip() if lines else "?"
+    found = [ln for ln in lines[1:] if ln.strip()]
+    ok = rc == 0 and uid == "1000" and not found
+    detail = f"uid {uid}; compilers: {', '.join(found) or 'none'}"
+    return CheckResult(name="no-compilers", ok=ok, detail=detail, seconds=time.monotonic() - start)
 
 
 def free_port() -> int:

@@ -24,7 +24,8 @@ from typing import ClassVar, Literal
 from builders.config.models import Distro, Recipe, TorchIndex
 from builders.config.profile import PoolSettings, StackProfile
 from builders.container import Engine
-from builders.engines.args import ArgProblem, PoolArgv, ServeArgSpec
+from builders.cpusets import format_cpuset, parse_cpuset
+from builders.engines.args import ArgProblem, PoolArgv, ServeArgSpec, check_pools
 from builders.engines.checks import CheckResult
 from builders.gates.common import check_ram, count_jobs, fetch_source, measure_disk, report_disk
 from builders.gates.context import PreflightContext
@@ -59,6 +60,36 @@ class PoolCommand:
     args: tuple[str, ...]
     keys: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=dict)
+
+
+class PoolArgs:
+    """A replica's arguments as an engine adds them, each token tagged with the profile key that put it there (an
+    argument check names that key)."""
+
+    def __init__(self) -> None:
+        self.args: list[str] = []
+        self.keys: list[str] = []
+
+    def add(self, key: str, *tokens: str) -> None:
+        self.args.extend(tokens)
+        self.keys.extend([key] * len(tokens))
+
+    def command(self) -> PoolCommand:
+        return PoolCommand(args=tuple(self.args), keys=tuple(self.keys))
+
+
+# The model directory is all there is; a hub lookup would hang on this network.
+OFFLINE_ENV: Mapping[str, str] = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def omp_threads_bind(profile: StackProfile, *, cpuset: str | None, ordinal: int, cpus: int) -> str | None:
+    """The CPUs a replica's OpenMP threads bind to, as vLLM's and SGLang's *_CPU_OMP_THREADS_BIND spell them: its
+    cpuset, or one CPU by ordinal under the profile's round_robin; None where the profile binds nothing."""
+    if cpuset is not None:
+        return format_cpuset(parse_cpuset(cpuset))
+    if profile.cpu_bind == "round_robin":
+        return str(ordinal % max(cpus, 1))
+    return None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -234,7 +265,22 @@ class ServingEngine(abc.ABC):
         cpuset: str | None = None,
     ) -> PoolCommand:
         """The arguments of pool `name`'s replica on `port` (confined to `cpuset`), each token tagged with its
-        profile key."""
+        profile key: where to listen, the engine's own (`pool_args`), then the pool's extra_args, the same for
+        every engine."""
+        if not self.serves:
+            raise self._not_served()
+        args = PoolArgs()
+        args.add("(run)", "--host", host, "--port", str(port))
+        self.pool_args(args, profile, name, pool, dtype=dtype, cpuset=cpuset)
+        for i, token in enumerate(pool.extra_args):
+            args.add(f"pools.{name}.extra_args[{i}]", token)
+        return args.command()
+
+    def pool_args(
+        self, args: PoolArgs, profile: StackProfile, name: str, pool: PoolSettings, *, dtype: str, cpuset: str | None
+    ) -> None:
+        """Add the engine's own arguments of pool `name`'s replica to `args` (`command` puts them between where it
+        listens and the pool's extra_args)."""
         raise self._not_served()
 
     def replica_env(
@@ -258,8 +304,9 @@ class ServingEngine(abc.ABC):
         raise self._not_served()
 
     def check(self, pools: Iterable[PoolArgv], probe: ServerProbe) -> list[ArgProblem]:
-        """Every argument of `pools` this installation would reject."""
-        raise self._not_served()
+        """Every argument of `pools` this installation would reject: by default, the checks every engine's flags go
+        through (builders/engines/args.py) against what its help listed."""
+        return check_pools(pools, probe.spec)
 
     def local_cache_key(self, binary: Path) -> str:
         """Key under which the probe of a host installation is cached (changes when the binary does)."""

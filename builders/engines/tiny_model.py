@@ -11,11 +11,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from builders.errors import SmokeFailed
+
+if TYPE_CHECKING:
+    from builders.config.profile import StackProfile
 
 HEAD_DIM = 64
 BOS = "<s>"
@@ -256,3 +259,18 @@ def write_tiny_model(dest: Path, *, max_position_embeddings: int = 4096, shape: 
     ):
         (dest / name).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
     return dest
+
+
+def write_profile_model(dest: Path, profile: StackProfile, *, dtype: str) -> Path:
+    """The tiny Llama a smoke profile's `model` describes, at the run's dtype: what every engine that loads a Hugging
+    Face model directory (vLLM, SGLang) serves."""
+    return write_tiny_model(
+        dest,
+        max_position_embeddings=profile.model.max_position_embeddings,
+        shape=ModelShape(
+            hidden_size=profile.model.hidden_size,
+            num_hidden_layers=profile.model.num_hidden_layers,
+            intermediate_size=profile.model.intermediate_size,
+            torch_dtype=dtype,
+        ),
+    )

@@ -10,13 +10,12 @@ from pathlib import Path
 import requests
 
 from builders.container import Engine, RunSpec
-from builders.engines.checks import CheckResult, free_port, server_log_excerpt, streamed_chat
+from builders.engines.checks import CheckResult, check_no_compilers, free_port, server_log_excerpt, streamed_chat
 from builders.plan import BuildPlan
 
 SERVED_NAME = "tiny"
 # A 2-layer, 64-wide model loads in well under a second; the rest of the budget is a loaded CI machine.
 SERVE_DEADLINE_S = 120
-COMPILERS = ("gcc", "g++", "cc", "c++", "cmake", "clang")
 
 
 def run(engine: Engine, image: str, plan: BuildPlan) -> list[CheckResult]:
@@ -24,7 +23,7 @@ def run(engine: Engine, image: str, plan: BuildPlan) -> list[CheckResult]:
     if not results[0].ok:
         return results
     if "no-compilers" in plan.test_checks:
-        results.append(check_runtime(engine, image))
+        results.append(check_no_compilers(engine, image))
     if "serve-gguf" in plan.test_checks:
         results.append(check_serve(engine, image, plan))
     return results
@@ -40,21 +39,6 @@ def check_version(engine: Engine, image: str) -> CheckResult:
         detail="; ".join(lines) if rc == 0 and lines else out[-800:],
         seconds=time.monotonic() - start,
     )
-
-
-def check_runtime(engine: Engine, image: str) -> CheckResult:
-    """Non-root, and no compiler or CMake on the PATH: the toolchain stage stayed behind."""
-    start = time.monotonic()
-    script = f"id -u; for t in {' '.join(COMPILERS)}; do command -v $t || true; done"
-    rc, out = engine.run_once(
-        RunSpec(image=image, command=["-c", script], entrypoint=["/bin/sh"], network_host=False), timeout=60
-    )
-    lines = out.strip().splitlines()
-    uid = lines[0].strip() if lines else "?"
-    found = [ln for ln in lines[1:] if ln.strip()]
-    ok = rc == 0 and uid == "1000" and not found
-    detail = f"uid {uid}; compilers: {', '.join(found) or 'none'}"
-    return CheckResult(name="no-compilers", ok=ok, detail=detail, seconds=time.monotonic() - start)
 
 
 def check_serve(engine: Engine, image: str, plan: BuildPlan) -> CheckResult:

@@ -9,10 +9,8 @@ flags, their value hint follows the last one, and the help text starts at column
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -21,8 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from builders.config.models import Recipe
 from builders.config.profile import PoolSettings, StackProfile
 from builders.cpusets import parse_cpuset
-from builders.engines.args import ArgProblem, PoolArgv, ServeArgSpec, ServeOption, check_pools, serve_args_cache_dir
-from builders.engines.serving import HelpRunner, ModelFormat, PoolCommand, ServeOptions, ServerProbe, ServingEngine
+from builders.engines.args import ServeArgSpec, ServeOption, local_cache_key, probe_help
+from builders.engines.serving import HelpRunner, ModelFormat, PoolArgs, ServeOptions, ServerProbe, ServingEngine
 from builders.errors import SmokeFailed
 
 MODEL_FILE = "model.gguf"
@@ -179,52 +177,32 @@ class LlamaCppServer(ServingEngine):
         knobs = self.settings(pool)
         return knobs.context or knobs.slots * (pool.max_model_len or profile.model.max_model_len)
 
-    def command(
-        self,
-        profile: StackProfile,
-        name: str,
-        pool: PoolSettings,
-        *,
-        port: int,
-        dtype: str,
-        host: str,
-        cpuset: str | None = None,
-    ) -> PoolCommand:
-
+    def pool_args(
+        self, args: PoolArgs, profile: StackProfile, name: str, pool: PoolSettings, *, dtype: str, cpuset: str | None
+    ) -> None:
         knobs = self.settings(pool)
         prefix = f"pools.{name}.llama_cpp"
-        args: list[str] = []
-        keys: list[str] = []
-
-        def add(key: str, *tokens: str) -> None:
-            args.extend(tokens)
-            keys.extend([key] * len(tokens))
-
-        add("(run)", "--host", host, "--port", str(port))
         # Prometheus gauges for the kill check and the sweep; the web UI is not needed behind a router.
-        add("(run)", "--metrics", "--no-webui")
-        add("model.served_model_name", "--alias", profile.model.served_model_name)
-        add("model.seed", "--seed", str(profile.model.seed))
-        add(f"{prefix}.slots", "--parallel", str(knobs.slots))
+        args.add("(run)", "--metrics", "--no-webui")
+        args.add("model.served_model_name", "--alias", profile.model.served_model_name)
+        args.add("model.seed", "--seed", str(profile.model.seed))
+        args.add(f"{prefix}.slots", "--parallel", str(knobs.slots))
         context_key = f"{prefix}.context" if knobs.context else f"pools.{name}.max_model_len"
-        add(context_key, "--ctx-size", str(self.context(profile, pool)))
+        args.add(context_key, "--ctx-size", str(self.context(profile, pool)))
         if knobs.batch is not None:
-            add(f"{prefix}.batch", "--batch-size", str(knobs.batch))
+            args.add(f"{prefix}.batch", "--batch-size", str(knobs.batch))
         if knobs.ubatch is not None:
-            add(f"{prefix}.ubatch", "--ubatch-size", str(knobs.ubatch))
+            args.add(f"{prefix}.ubatch", "--ubatch-size", str(knobs.ubatch))
         cpus = sorted(parse_cpuset(cpuset)) if cpuset is not None else None
         threads = knobs.threads or (len(cpus) if cpus else 1)
-        add(f"{prefix}.threads" if knobs.threads else f"pools.{name}.cpus", "--threads", str(threads))
+        args.add(f"{prefix}.threads" if knobs.threads else f"pools.{name}.cpus", "--threads", str(threads))
         if knobs.threads_batch is not None:
-            add(f"{prefix}.threads_batch", "--threads-batch", str(knobs.threads_batch))
+            args.add(f"{prefix}.threads_batch", "--threads-batch", str(knobs.threads_batch))
         cpu_range = knobs.cpu_range
         if cpu_range is None and cpus and cpus == list(range(cpus[0], cpus[-1] + 1)):
             cpu_range = f"{cpus[0]}-{cpus[-1]}"
         if cpu_range is not None:
-            add(f"{prefix}.cpu_range" if knobs.cpu_range else f"pools.{name}.cpus", "--cpu-range", cpu_range)
-        for i, token in enumerate(pool.extra_args):
-            add(f"pools.{name}.extra_args[{i}]", token)
-        return PoolCommand(args=tuple(args), keys=tuple(keys))
+            args.add(f"{prefix}.cpu_range" if knobs.cpu_range else f"pools.{name}.cpus", "--cpu-range", cpu_range)
 
     def replica_env(
         self, profile: StackProfile, pool: PoolSettings, *, cpuset: str | None, ordinal: int, cpus: int
@@ -242,36 +220,19 @@ class LlamaCppServer(ServingEngine):
     def probe(
         self, run: HelpRunner, *, entries: Sequence[Sequence[str]], source: str, cache_key: str | None
     ) -> ServerProbe:
-        cache_file = serve_args_cache_dir() / f"llama-{cache_key}.json" if cache_key else None
-        if cache_file is not None and cache_file.is_file():
-            try:
-                data = json.loads(cache_file.read_text(encoding="utf-8"))
-                return ServerProbe(spec=ServeArgSpec.from_json(data["spec"]), entry=tuple(data["entry"]))
-            except (ValueError, KeyError, TypeError):
-                cache_file.unlink(missing_ok=True)
-        failures = []
-        for entry in entries:
-            code, output = run([*entry, "--help"])
-            if code == 0:
-                spec = parse_server_help(output, source=f"`{' '.join(entry)} --help` in {source}")
-                if cache_file is not None:
-                    cache_file.parent.mkdir(parents=True, exist_ok=True)
-                    cache_file.write_text(json.dumps({"spec": spec.to_json(), "entry": list(entry)}), encoding="utf-8")
-                return ServerProbe(spec=spec, entry=tuple(entry))
-            last = output.strip().splitlines()[-1] if output.strip() else "(no output)"
-            failures.append(f"{' '.join(entry)} exited {code}: {last}")
-        raise SmokeFailed(
-            f"no llama-server runs in {source}:\n  " + "\n  ".join(failures),
+        found = probe_help(
+            run,
+            entries=entries,
+            cache_name=f"llama-{cache_key}" if cache_key else None,
+            parse=lambda output, entry: parse_server_help(output, source=f"`{' '.join(entry)} --help` in {source}"),
+            shown=" ".join,
+            none_runs=f"no llama-server runs in {source}",
             hint="use an image built by `forge build DISTRO llama-cpp` (llama-server on PATH), or pass the binary",
         )
-
-    def check(self, pools: Iterable[PoolArgv], probe: ServerProbe) -> list[ArgProblem]:
-        return check_pools(pools, probe.spec)
+        return ServerProbe(spec=found.spec, entry=found.entry)
 
     def local_cache_key(self, binary: Path) -> str:
-        stat = binary.stat()
-        digest = hashlib.sha256(f"{binary.resolve()}|{stat.st_mtime_ns}|{stat.st_size}".encode())
-        return "local-" + digest.hexdigest()[:24]
+        return local_cache_key(binary, package=None)
 
     def model_argument(self, model_dir: str) -> str:
         return f"{model_dir}/{MODEL_FILE}"

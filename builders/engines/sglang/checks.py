@@ -12,7 +12,14 @@ from pathlib import Path
 import requests
 
 from builders.container import Engine, RunSpec
-from builders.engines.checks import CheckDataEntry, CheckResult, free_port, server_log_excerpt, streamed_chat
+from builders.engines.checks import (
+    CheckDataEntry,
+    CheckResult,
+    check_no_compilers,
+    free_port,
+    server_log_excerpt,
+    streamed_chat,
+)
 from builders.plan import BuildPlan
 
 CPU_CHECKS = ("kernel-ops", "no-compilers", "serve-tiny")
@@ -23,7 +30,6 @@ AMX_BACKEND_OP = "convert_weight_packed"
 # Start-up imports torch and SGLang in two processes (the tokenizer manager and the scheduler) and packs the
 # weights for AMX; on a loaded 2-core machine that has taken minutes, not seconds.
 SERVE_DEADLINE_S = 600
-COMPILERS = ("gcc", "g++", "cc", "c++", "cmake", "clang")
 MARKER = "FORGE-KERNELS "
 
 # Run in the image: what torch knows of the sgl_kernel namespace once the package is imported, and whether
@@ -46,7 +52,7 @@ def run(engine: Engine, image: str, plan: BuildPlan) -> list[CheckResult]:
     if not results[0].ok:
         return results
     if "no-compilers" in plan.test_checks:
-        results.append(check_runtime(engine, image))
+        results.append(check_no_compilers(engine, image))
     if "serve-tiny" in plan.test_checks:
         results.append(check_serve(engine, image, plan))
     return results
@@ -79,25 +85,6 @@ def check_kernel_ops(engine: Engine, image: str) -> CheckResult:
     )
     ok, detail, data = parse_kernel_probe(rc, out)
     return CheckResult(name="kernel-ops", ok=ok, detail=detail, seconds=time.monotonic() - start, data=data)
-
-
-def check_runtime(engine: Engine, image: str) -> CheckResult:
-    """Non-root, and no compiler or CMake on the PATH: the toolchain stage stayed behind."""
-    start = time.monotonic()
-    script = f"id -u; for t in {' '.join(COMPILERS)}; do command -v $t || true; done"
-    rc, out = engine.run_once(
-        RunSpec(image=image, command=["-c", script], entrypoint=["/bin/sh"], network_host=False), timeout=60
-    )
-    lines = out.strip().splitlines()
-    uid = lines[0].strip() if lines else "?"
-    found = [ln for ln in lines[1:] if ln.strip()]
-    ok = rc == 0 and uid == "1000" and not found
-    return CheckResult(
-        name="no-compilers",
-        ok=ok,
-        detail=f"uid {uid}; compilers: {', '.join(found) or 'none'}",
-        seconds=time.monotonic() - start,
-    )
 
 
 def serve_command(port: int) -> list[str]:

@@ -6,26 +6,18 @@ naming the commit and `--source sgl-kernel=PATH`."""
 
 from __future__ import annotations
 
-from builders.config.models import Distro, Recipe
 from builders.distros import family_for
 from builders.engines.sglang import checks, kernel_source
+from builders.engines.sglang.plan_inputs import PlanInputs
 from builders.errors import UsageError
-from builders.plan import TORCH_INDEXES, BuildPlan, ContextItem, PlanOptions, TorchSpec
+from builders.plan import TORCH_INDEXES, BuildPlan, ContextItem, TorchSpec
 
 # Where the CPU build installs torch's CUDA stub CMake (containers/scripts/), for PyPI's torch, which is a CUDA build.
 CUDART_STUB = "-DCMAKE_PROJECT_INCLUDE=/opt/forge/scripts/torch_cudart_stub.cmake"
 
 
-def plan(
-    distro: Distro,
-    recipe: Recipe,
-    options: PlanOptions,
-    *,
-    torch_version: str,
-    labels: dict[str, str],
-    common: dict[str, object],
-    sdist: ContextItem,
-) -> BuildPlan:
+def plan(inputs: PlanInputs, *, sdist: ContextItem) -> BuildPlan:
+    distro, recipe, options = inputs.distro, inputs.recipe, inputs.options
     assert recipe.source is not None and recipe.source.pypi is not None
     pin = recipe.source.pypi
     family = family_for(distro)
@@ -37,7 +29,7 @@ def plan(
             hint="pass --torch-index pytorch-cpu or --torch-index pypi",
         )
     # PyPI's torch for Linux x86_64 is its CUDA build; PyTorch's CPU index names the same release +cpu.
-    version = torch_version.split("+", 1)[0] + ("+cpu" if index == "pytorch-cpu" else "")
+    version = inputs.torch_version.split("+", 1)[0] + ("+cpu" if index == "pytorch-cpu" else "")
     url = recipe.torch.index_url if index == recipe.torch.index and recipe.torch.index_url else None
     torch = TorchSpec(
         version=version,
@@ -45,7 +37,7 @@ def plan(
         index_url=url or TORCH_INDEXES.get(index),
         cuda_build_on_cpu=index == "pypi",
     )
-    labels = labels | {
+    labels = inputs.labels | {
         "org.opencontainers.image.base.name": distro.base.pinned_ref,
         # sgl-kernel's CMake compiles with -march=native: the build host's CPU decides, by SGLang's design.
         "dev.forge.isa": "sgl-kernel CPU: -march=native (its CMake's choice); needs AVX-512 BF16 and AMX",
@@ -67,7 +59,7 @@ def plan(
         # exists, which a host without the CUDA toolkit cannot otherwise provide.
         compile_env["CMAKE_ARGS"] = CUDART_STUB
     return BuildPlan(
-        **common,  # type: ignore[arg-type]
+        **inputs.common,  # type: ignore[arg-type]
         base_ref=distro.base.local_tag,
         image_tag=options.tag or f"forge/{distro.name}-{recipe.target}:{pin.version}",
         torch=torch,

@@ -3,21 +3,14 @@ renders and preflights it, and a GPU host builds it."""
 
 from __future__ import annotations
 
-from builders.config.models import Distro, Recipe
 from builders.distros import family_for
+from builders.engines.sglang.plan_inputs import PlanInputs
 from builders.errors import ConfigError
-from builders.plan import BuildPlan, CudaPlan, PlanOptions, TorchSpec
+from builders.plan import BuildPlan, CudaPlan, TorchSpec
 
 
-def plan(
-    distro: Distro,
-    recipe: Recipe,
-    options: PlanOptions,
-    *,
-    torch_version: str,
-    labels: dict[str, str],
-    common: dict[str, object],
-) -> BuildPlan:
+def plan(inputs: PlanInputs) -> BuildPlan:
+    distro, recipe, options = inputs.distro, inputs.recipe, inputs.options
     if distro.cuda is None or recipe.cuda is None:
         raise ConfigError(
             f"distros/{distro.name}.yaml has no cuda section, so recipes/{recipe.name}.yaml cannot target it",
@@ -35,19 +28,19 @@ def plan(
     family = family_for(distro)
     runtime_packages = tuple(family.packages(["runtime"]))
     runtime_packages += tuple(p for p in cuda.runtime_packages if p not in runtime_packages)
-    labels = labels | {
+    labels = inputs.labels | {
         "org.opencontainers.image.base.name": runtime_ref,
         "dev.forge.cuda.version": cuda.version,
         "dev.forge.wheel": f"{wheel.filename} sha256:{wheel.sha256}",
     }
     torch = TorchSpec(
-        version=f"{torch_version}+{cuda.torch_tag}",
+        version=f"{inputs.torch_version}+{cuda.torch_tag}",
         index="pytorch-cuda",
         index_url=f"https://download.pytorch.org/whl/{cuda.torch_tag}",
         cuda_build_on_cpu=False,
     )
     return BuildPlan(
-        **common,  # type: ignore[arg-type]
+        **inputs.common,  # type: ignore[arg-type]
         base_ref=runtime_ref,
         image_tag=options.tag or f"forge/{distro.name}-{recipe.target}:{version}",
         torch=torch,

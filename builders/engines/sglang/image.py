@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from builders.config.models import Distro, Recipe
 from builders.engines.sglang import cpu_image, gpu_image
+from builders.engines.sglang.plan_inputs import PlanInputs
 from builders.errors import ConfigError
 from builders.plan import BuildPlan, ContextItem, PlanOptions
 from builders.platforms import platform_of
@@ -53,8 +54,9 @@ def plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> BuildPlan:
         "secrets": ("ca_bundle",) if options.trust_ca_bundle else (),
         "vllm_version": pin.version,
     }
-    if Target.resolve(distro, recipe).cuda:
-        return gpu_image.plan(distro, recipe, options, torch_version=torch_version, labels=labels, common=common)
-    return cpu_image.plan(
-        distro, recipe, options, torch_version=torch_version, labels=labels, common=common, sdist=sdist
+    inputs = PlanInputs(
+        distro=distro, recipe=recipe, options=options, torch_version=torch_version, labels=labels, common=common
     )
+    if Target.resolve(distro, recipe).cuda:
+        return gpu_image.plan(inputs)
+    return cpu_image.plan(inputs, sdist=sdist)

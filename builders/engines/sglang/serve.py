@@ -19,10 +19,8 @@ environment inside the interpreter, where /proc/PID/cmdline does not see it, and
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -30,17 +28,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from builders.config.models import Recipe
 from builders.config.profile import PoolSettings, StackProfile
-from builders.cpusets import format_cpuset, parse_cpuset
+from builders.engines import serving
 from builders.engines.args import (
-    ArgProblem,
-    PoolArgv,
     ServeArgSpec,
-    check_pools,
+    local_cache_key,
     parse_human_int,
     parse_serve_help,
-    serve_args_cache_dir,
+    probe_help,
 )
-from builders.engines.serving import HelpRunner, ModelFormat, PoolCommand, ServeOptions, ServerProbe, ServingEngine
+from builders.engines.serving import HelpRunner, ModelFormat, PoolArgs, ServeOptions, ServerProbe, ServingEngine
 from builders.errors import SmokeFailed
 
 KEY_ENV = "FORGE_SGLANG_API_KEY"
@@ -182,40 +178,25 @@ class SGLangServer(ServingEngine):
         assert isinstance(pool, SGLangPool), "an SGLang pool is loaded by SGLangPool"
         return pool.knobs
 
-    def command(
-        self,
-        profile: StackProfile,
-        name: str,
-        pool: PoolSettings,
-        *,
-        port: int,
-        dtype: str,
-        host: str,
-        cpuset: str | None = None,
-    ) -> PoolCommand:
+    def pool_args(
+        self, args: PoolArgs, profile: StackProfile, name: str, pool: PoolSettings, *, dtype: str, cpuset: str | None
+    ) -> None:
         model = profile.model
         knobs = self.settings(pool)
         prefix = f"pools.{name}.sglang"
-        args: list[str] = []
-        keys: list[str] = []
-
-        def add(key: str, *tokens: str) -> None:
-            args.extend(tokens)
-            keys.extend([key] * len(tokens))
-
-        add("(run)", "--host", host, "--port", str(port), "--device", "cpu")
+        args.add("(run)", "--device", "cpu")
         # Prometheus gauges for the kill check and the sweep; Forge warms the replicas up itself.
-        add("(run)", "--load-format", "dummy", "--enable-metrics", "--skip-server-warmup")
-        add("model.served_model_name", "--served-model-name", model.served_model_name)
-        add("model.dtype", "--dtype", dtype)
-        add("model.seed", "--random-seed", str(model.seed))
+        args.add("(run)", "--load-format", "dummy", "--enable-metrics", "--skip-server-warmup")
+        args.add("model.served_model_name", "--served-model-name", model.served_model_name)
+        args.add("model.dtype", "--dtype", dtype)
+        args.add("model.seed", "--random-seed", str(model.seed))
         length_key = f"pools.{name}.max_model_len" if pool.max_model_len else "model.max_model_len"
-        add(length_key, "--context-length", str(pool.max_model_len or model.max_model_len))
+        args.add(length_key, "--context-length", str(pool.max_model_len or model.max_model_len))
         total = knobs.max_total_tokens or kv_tokens(
             model.kv_cache_memory, layers=model.num_hidden_layers, hidden=model.hidden_size, dtype=dtype
         )
         total_key = f"{prefix}.max_total_tokens" if knobs.max_total_tokens else "model.kv_cache_memory"
-        add(total_key, "--max-total-tokens", str(total))
+        args.add(total_key, "--max-total-tokens", str(total))
         for field, flag in (
             ("chunked_prefill_size", "--chunked-prefill-size"),
             ("max_running_requests", "--max-running-requests"),
@@ -224,22 +205,17 @@ class SGLangServer(ServingEngine):
         ):
             value = getattr(knobs, field)
             if value is not None:
-                add(f"{prefix}.{field}", flag, str(value))
+                args.add(f"{prefix}.{field}", flag, str(value))
         if knobs.radix_cache is False:
-            add(f"{prefix}.radix_cache", "--disable-radix-cache")
+            args.add(f"{prefix}.radix_cache", "--disable-radix-cache")
         if knobs.mixed_chunk:
-            add(f"{prefix}.mixed_chunk", "--enable-mixed-chunk")
-        for i, token in enumerate(pool.extra_args):
-            add(f"pools.{name}.extra_args[{i}]", token)
-        return PoolCommand(args=tuple(args), keys=tuple(keys))
+            args.add(f"{prefix}.mixed_chunk", "--enable-mixed-chunk")
 
     def replica_env(
         self, profile: StackProfile, pool: PoolSettings, *, cpuset: str | None, ordinal: int, cpus: int
     ) -> dict[str, str]:
         env = {
-            # The model directory is all there is; a hub lookup would hang on this network.
-            "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1",
+            **serving.OFFLINE_ENV,
             "SGLANG_USE_CPU_ENGINE": "1",
             # SGLang's /health otherwise generates a token and sleeps a second before it looks for the answer
             # (entrypoints/http_server.py, health_generate): never inside the router's 1 s health timeout, so
@@ -248,10 +224,9 @@ class SGLangServer(ServingEngine):
         }
         # SGLang binds its OpenMP threads to every CPU of a NUMA node unless told which (model_runner.py,
         # init_threads_binding): in a container confined to one CPU that binding would name CPUs it may not use.
-        if cpuset is not None:
-            env["SGLANG_CPU_OMP_THREADS_BIND"] = format_cpuset(parse_cpuset(cpuset))
-        elif profile.cpu_bind == "round_robin":
-            env["SGLANG_CPU_OMP_THREADS_BIND"] = str(ordinal % max(cpus, 1))
+        bind = serving.omp_threads_bind(profile, cpuset=cpuset, ordinal=ordinal, cpus=cpus)
+        if bind is not None:
+            env["SGLANG_CPU_OMP_THREADS_BIND"] = bind
         return env
 
     def api_key_env(self, key: str) -> dict[str, str]:
@@ -263,54 +238,28 @@ class SGLangServer(ServingEngine):
     def probe(
         self, run: HelpRunner, *, entries: Sequence[Sequence[str]], source: str, cache_key: str | None
     ) -> ServerProbe:
-        cache_file = serve_args_cache_dir() / f"sglang-{cache_key}.json" if cache_key else None
-        if cache_file is not None and cache_file.is_file():
-            try:
-                data = json.loads(cache_file.read_text(encoding="utf-8"))
-                return ServerProbe(spec=ServeArgSpec.from_json(data["spec"]), entry=tuple(data["entry"]))
-            except (ValueError, KeyError, TypeError):
-                cache_file.unlink(missing_ok=True)
-        failures = []
-        for entry in entries:
-            code, output = run([*entry, "--help"])
-            if code == 0:
-                spec = parse_help(output, source=f"`{HELP_COMMAND}` in {source}")
-                if cache_file is not None:
-                    cache_file.parent.mkdir(parents=True, exist_ok=True)
-                    cache_file.write_text(json.dumps({"spec": spec.to_json(), "entry": list(entry)}), encoding="utf-8")
-                return ServerProbe(spec=spec, entry=tuple(entry))
-            last = output.strip().splitlines()[-1] if output.strip() else "(no output)"
-            failures.append(f"{entry[0]} -m {SERVER_MODULE} exited {code}: {last}")
-        raise SmokeFailed(
-            f"no SGLang server runs in {source}:\n  " + "\n  ".join(failures),
+        found = probe_help(
+            run,
+            entries=entries,
+            cache_name=f"sglang-{cache_key}" if cache_key else None,
+            parse=lambda output, entry: parse_help(output, source=f"`{HELP_COMMAND}` in {source}"),
+            shown=lambda entry: f"{entry[0]} -m {SERVER_MODULE}",
+            none_runs=f"no SGLang server runs in {source}",
             hint="use an image built by `forge build DISTRO sglang --source sgl-kernel=PATH`, or pass its python",
         )
-
-    def check(self, pools: Iterable[PoolArgv], probe: ServerProbe) -> list[ArgProblem]:
-        return check_pools(pools, probe.spec)
+        return ServerProbe(spec=found.spec, entry=found.entry)
 
     def local_cache_key(self, binary: Path) -> str:
-        stat = binary.stat()
-        site = sorted(str(p) for p in binary.resolve().parent.parent.glob("lib/python*/site-packages/sglang*"))
-        digest = hashlib.sha256(f"{binary.resolve()}|{stat.st_mtime_ns}|{stat.st_size}|{site}".encode())
-        return "local-" + digest.hexdigest()[:24]
+        return local_cache_key(binary, package="sglang")
 
     def model_argument(self, model_dir: str) -> str:
         return model_dir
 
     def write_model(self, model_dir: Path, profile: StackProfile, *, dtype: str) -> None:
-        from builders.engines.tiny_model import ModelShape, write_tiny_model
+        # Imported here: the tokenizer library loads only when a pool needs its model.
+        from builders.engines.tiny_model import write_profile_model
 
-        write_tiny_model(
-            model_dir,
-            max_position_embeddings=profile.model.max_position_embeddings,
-            shape=ModelShape(
-                hidden_size=profile.model.hidden_size,
-                num_hidden_layers=profile.model.num_hidden_layers,
-                intermediate_size=profile.model.intermediate_size,
-                torch_dtype=dtype,
-            ),
-        )
+        write_profile_model(model_dir, profile, dtype=dtype)
 
     def busy(self, metrics_text: str) -> bool:
         # The exact gauge: sglang:num_running_reqs_offline_batch shares its prefix.

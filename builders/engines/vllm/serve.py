@@ -4,7 +4,7 @@ vLLM's engine (builders/engines/vllm/__init__.py)."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -12,9 +12,9 @@ from pydantic import Field
 
 from builders.config.models import Recipe
 from builders.config.profile import PoolSettings, StackProfile
-from builders.cpusets import format_cpuset, parse_cpuset
-from builders.engines.args import SERVE_ENTRIES, ArgProblem, PoolArgv, check_pools, local_cache_key, probe_serve
-from builders.engines.serving import HelpRunner, ModelFormat, PoolCommand, ServeOptions, ServerProbe, ServingEngine
+from builders.engines import serving
+from builders.engines.args import SERVE_ENTRIES, local_cache_key, probe_serve
+from builders.engines.serving import HelpRunner, ModelFormat, PoolArgs, ServeOptions, ServerProbe, ServingEngine
 from builders.engines.vllm.recipe import VllmRecipe
 from builders.engines.vllm.startup import startup_parts
 
@@ -84,74 +84,48 @@ class VllmServer(ServingEngine):
     def startup_parts(self, log: str, *, healthy_after_s: float | None) -> dict[str, float | None]:
         return startup_parts(log, healthy_after_s=healthy_after_s)
 
-    def command(
-        self,
-        profile: StackProfile,
-        name: str,
-        pool: PoolSettings,
-        *,
-        port: int,
-        dtype: str,
-        host: str,
-        cpuset: str | None = None,
-    ) -> PoolCommand:
+    def pool_args(
+        self, args: PoolArgs, profile: StackProfile, name: str, pool: PoolSettings, *, dtype: str, cpuset: str | None
+    ) -> None:
         assert isinstance(pool, VllmPool), "a vLLM pool is loaded by VllmPool"
         model = profile.model
-        args: list[str] = []
-        keys: list[str] = []
-
-        def add(key: str, *tokens: str) -> None:
-            args.extend(tokens)
-            keys.extend([key] * len(tokens))
-
-        add("(run)", "--host", host, "--port", str(port))
-        add("(run)", "--load-format", "dummy")
+        args.add("(run)", "--load-format", "dummy")
         if pool.served_model_name:
-            add(f"pools.{name}.served_model_name", "--served-model-name", pool.served_model_name)
+            args.add(f"pools.{name}.served_model_name", "--served-model-name", pool.served_model_name)
         else:
-            add("model.served_model_name", "--served-model-name", model.served_model_name)
+            args.add("model.served_model_name", "--served-model-name", model.served_model_name)
         if pool.task == "embed":
             # The generated Llama is a decoder: vLLM's pooling runner serves it as an embedding model.
-            add(f"pools.{name}.task", "--runner", "pooling", "--convert", "embed")
-        add("model.dtype", "--dtype", dtype)
-        add("model.seed", "--seed", str(model.seed))
-        add("model.kv_cache_memory", "--kv-cache-memory-bytes", model.kv_cache_memory)
+            args.add(f"pools.{name}.task", "--runner", "pooling", "--convert", "embed")
+        args.add("model.dtype", "--dtype", dtype)
+        args.add("model.seed", "--seed", str(model.seed))
+        args.add("model.kv_cache_memory", "--kv-cache-memory-bytes", model.kv_cache_memory)
         if model.enforce_eager:
-            add("model.enforce_eager", "--enforce-eager")
+            args.add("model.enforce_eager", "--enforce-eager")
         length_key = f"pools.{name}.max_model_len" if pool.max_model_len else "model.max_model_len"
-        add(length_key, "--max-model-len", str(pool.max_model_len or model.max_model_len))
+        args.add(length_key, "--max-model-len", str(pool.max_model_len or model.max_model_len))
         prefix = f"pools.{name}"
         for field in _SCHEDULER_FIELDS:
             value = getattr(pool, field)
             if value is not None:
-                add(f"{prefix}.{field}", "--" + field.replace("_", "-"), str(value))
+                args.add(f"{prefix}.{field}", "--" + field.replace("_", "-"), str(value))
         if pool.enable_prefix_caching is not None:
             flag = "--enable-prefix-caching" if pool.enable_prefix_caching else "--no-enable-prefix-caching"
-            add(f"{prefix}.enable_prefix_caching", flag)
-        for i, token in enumerate(pool.extra_args):
-            add(f"{prefix}.extra_args[{i}]", token)
-        return PoolCommand(args=tuple(args), keys=tuple(keys))
+            args.add(f"{prefix}.enable_prefix_caching", flag)
 
     def replica_env(
         self, profile: StackProfile, pool: PoolSettings, *, cpuset: str | None, ordinal: int, cpus: int
     ) -> dict[str, str]:
         # profile.py imports this module (a pool's knobs are validated per kind), so not at the top.
 
-        env = {
-            # The model directory is all there is; a hub lookup would hang on this network.
-            "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1",
-            "VLLM_NO_USAGE_STATS": "1",
-            "DO_NOT_TRACK": "1",
-        }
-        if cpuset is not None:
-            # vLLM binds one OpenMP thread to each listed CPU; left to its 'auto' it would pick CPUs by NUMA node
-            # and ignore the cpuset, and two pools would share a core again.
-            env["VLLM_CPU_OMP_THREADS_BIND"] = format_cpuset(parse_cpuset(cpuset))
-        elif profile.cpu_bind == "round_robin":
-            env["VLLM_CPU_OMP_THREADS_BIND"] = str(ordinal % max(cpus, 1))
-        elif profile.cpu_bind == "nobind":
-            env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+        env = {**serving.OFFLINE_ENV, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+        # vLLM binds one OpenMP thread to each listed CPU; left to its 'auto' it would pick CPUs by NUMA node and
+        # ignore the cpuset, and two pools would share a core again.
+        bind = serving.omp_threads_bind(profile, cpuset=cpuset, ordinal=ordinal, cpus=cpus)
+        if bind is None and profile.cpu_bind == "nobind":
+            bind = "nobind"
+        if bind is not None:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = bind
         return env
 
     def api_key_env(self, key: str) -> dict[str, str]:
@@ -190,25 +164,14 @@ class VllmServer(ServingEngine):
             spec=found.spec, entry=found.entry, model_is_positional=found.model_is_positional, notes=found.notes
         )
 
-    def check(self, pools: Iterable[PoolArgv], probe: ServerProbe) -> list[ArgProblem]:
-        return check_pools(pools, probe.spec)
-
     def local_cache_key(self, binary: Path) -> str:
-        return local_cache_key(binary)
+        return local_cache_key(binary, package="vllm")
 
     def model_argument(self, model_dir: str) -> str:
         return model_dir
 
     def write_model(self, model_dir: Path, profile: StackProfile, *, dtype: str) -> None:
-        from builders.engines.tiny_model import ModelShape, write_tiny_model
+        # Imported here: the tokenizer library loads only when a pool needs its model.
+        from builders.engines.tiny_model import write_profile_model
 
-        write_tiny_model(
-            model_dir,
-            max_position_embeddings=profile.model.max_position_embeddings,
-            shape=ModelShape(
-                hidden_size=profile.model.hidden_size,
-                num_hidden_layers=profile.model.num_hidden_layers,
-                intermediate_size=profile.model.intermediate_size,
-                torch_dtype=dtype,
-            ),
-        )
+        write_profile_model(model_dir, profile, dtype=dtype)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from builders.config.models import Distro, Recipe
 from builders.config.profile import PoolSettings, StackProfile
 from builders.container import Engine, RunSpec
-from builders.engines.args import ArgProblem, PoolArgv, ServeArgSpec, ServeOption, check_pools
+from builders.engines.args import ServeArgSpec, ServeOption
 from builders.engines.checks import CheckResult
 from builders.engines.sdist import find_line, sdist_member
 from builders.engines.serving import HelpRunner, ModelFormat, PoolCommand, ServerProbe, ServingEngine
@@ -180,9 +180,6 @@ class ToyEngine(ServingEngine):
         flags = re.findall(r"^\s*(--[a-z-]+)( VALUE)?", out, flags=re.M)
         options = {flag: ServeOption(flags=(flag,), takes_value=bool(value)) for flag, value in flags}
         return ServerProbe(spec=ServeArgSpec(options=options, source=source, server=SERVER), entry=tuple(entries[0]))
-
-    def check(self, pools: Iterable[PoolArgv], probe: ServerProbe) -> list[ArgProblem]:
-        return check_pools(pools, probe.spec)
 
     def local_cache_key(self, binary: Path) -> str:
         return hashlib.sha256(str(binary.resolve()).encode()).hexdigest()[:16]
