@@ -201,6 +201,22 @@ class Router:
         self.metrics.rejected.inc({"reason": "unauthorized"})
         return json_error(401, "missing or wrong API key: send 'Authorization: Bearer <key>'", "authentication_error")
 
+    def _refuse_before_body(self, headers: Mapping[str, str]) -> web.Response | None:
+        """None when a request with a body may be read, else what to answer first: _refuse_unauthorized's answer,
+        or 415 for a compressed body. A JSON route and an upload refuse the same requests, in the same words."""
+        refused = self._refuse_unauthorized(headers)
+        if refused is not None:
+            return refused
+        encoding = headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding != "identity":
+            # A compressed body can inflate a thousandfold; the server does not decompress (auto_decompress
+            # is off), and no OpenAI client compresses requests, so refusing costs nobody anything. aiohttp
+            # then reads and drops the rest of the body (compressed, so cheap) for up to its lingering time.
+            return self.reject(
+                415, f"Content-Encoding {encoding!r} is not accepted; send the body uncompressed", "Content-Encoding"
+            )
+        return None
+
     async def _method_not_allowed(self, request: web.Request) -> web.Response:
         return json_error(405, f"{request.method} is not allowed on {request.path}", "method_not_allowed")
 
@@ -300,18 +316,10 @@ class Router:
 
     async def _route(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         started = time.monotonic()
-        refused = self._refuse_unauthorized(request.headers)
+        refused = self._refuse_before_body(request.headers)
         if refused is not None:
             return refused
         cfg = self.config
-        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
-        if encoding != "identity":
-            # A compressed body can inflate a thousandfold; the server does not decompress (auto_decompress
-            # is off), and no OpenAI client compresses requests, so refusing costs nobody anything. aiohttp
-            # then reads and drops the rest of the body (compressed, so cheap) for up to its lingering time.
-            return self.reject(
-                415, f"Content-Encoding {encoding!r} is not accepted; send the body uncompressed", "Content-Encoding"
-            )
         try:
             async with asyncio.timeout(cfg.body_timeout_s):
                 raw = await request.read()
@@ -339,15 +347,10 @@ class Router:
         """A multipart upload (builders/router/uploads.py): routed by its `model` field, its body relayed as it
         arrives."""
         started = time.monotonic()
-        refused = self._refuse_unauthorized(request.headers)
+        refused = self._refuse_before_body(request.headers)
         if refused is not None:
             return refused
         cfg = self.config
-        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
-        if encoding != "identity":
-            return self.reject(
-                415, f"Content-Encoding {encoding!r} is not accepted; send the body uncompressed", "Content-Encoding"
-            )
         content_type = request.headers.get("Content-Type", "")
         boundary = multipart_boundary(content_type)
         if boundary is None:

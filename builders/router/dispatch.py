@@ -264,14 +264,8 @@ class Dispatcher:
                 if exchange.status == 200:
                     # The first event usually arrives with the head: taking what is buffered saves a wait.
                     first = exchange.take() or await exchange.body_chunk()
-        except asyncio.CancelledError:
-            self.metrics.upstream_aborts.inc(call.labels)
-            if exchange is not None:
-                exchange.close()
-            raise
-        except ConnectFailed as exc:
-            replica.mark_down(f"connect failed: {exc}")
-            return f"connect failed ({exc})"
+        except (asyncio.CancelledError, ConnectFailed) as exc:
+            return _not_reached(self.metrics, call, replica, exchange, exc)
         except UpstreamFailed as exc:
             if exchange is not None:
                 exchange.close()
@@ -320,14 +314,8 @@ class Dispatcher:
                 await exchange.head()
                 if exchange.status == 200 and is_event_stream(exchange.content_type):
                     first = exchange.take() or await exchange.body_chunk()
-        except asyncio.CancelledError:
-            self.metrics.upstream_aborts.inc(call.labels)
-            if exchange is not None:
-                exchange.close()
-            raise
-        except ConnectFailed as exc:
-            replica.mark_down(f"connect failed: {exc}")
-            return f"connect failed ({exc})"
+        except (asyncio.CancelledError, ConnectFailed) as exc:
+            return _not_reached(self.metrics, call, replica, exchange, exc)
         except UploadRefused as exc:
             if exchange is not None:
                 abort_upstream(self.metrics, call, exchange)
@@ -435,3 +423,19 @@ class Dispatcher:
             call.replica = None
             if held is not None:
                 held.in_flight -= 1
+
+
+def _not_reached(
+    metrics: RouterMetrics, call: Call, replica: Replica, exchange: Exchange | None, exc: BaseException
+) -> str:
+    """Where a stream's or an upload's attempt ends when it never reached its replica, in one place so the two
+    cannot drift apart. The replica refused the connection: it is chosen no more until a health check finds it
+    back, and the reason returned is the attempt's, to fail over with. The client left (a cancellation): closing
+    the exchange is how the replica learns to stop, it counts as an abort, and the cancellation goes on."""
+    if isinstance(exc, ConnectFailed):
+        replica.mark_down(f"connect failed: {exc}")
+        return f"connect failed ({exc})"
+    metrics.upstream_aborts.inc(call.labels)
+    if exchange is not None:
+        exchange.close()
+    raise exc

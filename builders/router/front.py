@@ -32,6 +32,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from builders.router.config import RouterConfig
 from builders.router.openai_request import UPLOADS, Endpoint
 from builders.router.router_metrics import RouterMetrics
+from builders.router.write_flow import WriteFlow
 
 log = logging.getLogger("forge.router")
 
@@ -201,10 +202,11 @@ class Front:
             connection.close()
 
 
-class FrontConnection(asyncio.Protocol):
+class FrontConnection(WriteFlow):
     """One client connection while it is on the fast path."""
 
     def __init__(self, front: Front) -> None:
+        super().__init__()
         self._front = front
         self._router = front.router
         self._loop = front.loop
@@ -222,8 +224,6 @@ class FrontConnection(asyncio.Protocol):
         self._on_deadline: Callable[[], None] | None = None
         """What happens at _deadline (idle close or 408), or None: nothing is timed now."""
         self._reset()
-        self._write_paused = False
-        self._drain_waiter: asyncio.Future[None] | None = None
         self.streams_prepared = False
         """Router._prepare_transport has set this connection's write buffer limits and send buffer."""
 
@@ -253,29 +253,11 @@ class FrontConnection(asyncio.Protocol):
         if self.task is not None and not self.task.done():
             # As aiohttp's handler_cancellation: the client left, so its request stops and frees its replica.
             self.task.cancel()
-        waiter = self._drain_waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(ConnectionResetError("the client closed the connection"))
+        self._fail_drain(None)
 
-    def pause_writing(self) -> None:
-        self._write_paused = True
-
-    def resume_writing(self) -> None:
-        self._write_paused = False
-        waiter = self._drain_waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    async def drain(self) -> None:
-        if self.transport is None:
-            raise ConnectionResetError("the client closed the connection")
-        if not self._write_paused:
-            return
-        self._drain_waiter = self._loop.create_future()
-        try:
-            await self._drain_waiter
-        finally:
-            self._drain_waiter = None
+    def _closed_error(self, why: str | None) -> Exception:
+        # A ConnectionError, as aiohttp's writer raises, so the relay handles a client gone on either front alike.
+        return ConnectionResetError("the client closed the connection")
 
     def data_received(self, data: bytes) -> None:
         if self.task is not None:

@@ -242,8 +242,9 @@ def _responses_prompt(body: dict[str, object]) -> tuple[str, bool]:
     return "".join(parts), tool_turns
 
 
-def _parse_service(endpoint: Endpoint, body: dict[str, object]) -> ParsedRequest:
-    # The replica validates the rest (input, query, documents, tokens): the router needs only where to send it.
+def _service_request(endpoint: Endpoint, model: str | None) -> ParsedRequest:
+    # The replica validates the rest (input, query, documents, tokens, an upload's file): the router needs only
+    # where to send it, so a JSON body and an upload's form field end in the same request.
     return ParsedRequest(
         endpoint=endpoint,
         stream=False,
@@ -252,7 +253,7 @@ def _parse_service(endpoint: Endpoint, body: dict[str, object]) -> ParsedRequest
         prompt_text="",
         prompt_token_ids=0,
         tools_chars=0,
-        model=_model(body),
+        model=model,
         service=SERVICE_OF[endpoint],
     )
 
@@ -312,19 +313,9 @@ def parse_request(endpoint: Endpoint, raw: bytes, *, max_depth: int = 64, max_el
     body = _decode(raw, max_depth, max_elements)
     if endpoint is _CHAT or endpoint is _COMPLETIONS or endpoint is _RESPONSES:
         return _parse_generation(endpoint, body)
-    return _parse_service(endpoint, body)
+    return _service_request(endpoint, _model(body))
 
 
 def upload_request(model: str | None) -> ParsedRequest:
     """What routing knows of a multipart upload: its `model` form field, if one came before the file."""
-    return ParsedRequest(
-        endpoint=Endpoint.TRANSCRIPTIONS,
-        stream=False,
-        max_tokens=None,
-        uses_tools=False,
-        prompt_text="",
-        prompt_token_ids=0,
-        tools_chars=0,
-        model=model,
-        service=ServiceClass.TRANSCRIPTION,
-    )
+    return _service_request(Endpoint.TRANSCRIPTIONS, model)

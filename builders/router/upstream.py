@@ -19,6 +19,8 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from builders.router.write_flow import WriteFlow
+
 
 class UpstreamFailed(Exception):
     """The exchange ended before its message was complete: connection lost, closed, or bytes not HTTP."""
@@ -216,16 +218,14 @@ class BoundaryTrackingExchange(Exchange):
         self.at_chunk_boundary = True
 
 
-class Connection(asyncio.Protocol):
+class Connection(WriteFlow):
     def __init__(self, pool: UpstreamPool, key: tuple[str, int]) -> None:
+        super().__init__()
         self.pool = pool
         self.key = key
         self.transport: asyncio.Transport | None = None
         self.exchange: Exchange | None = None
         self._paused = False
-        self._write_paused = False
-        self._drain_waiter: asyncio.Future[None] | None = None
-        """An upload waiting for the replica to take what was written (drain)."""
         self.idle_since = 0.0
         """When it was last put back in the pool (the loop's clock): the idle sweep closes it idle_timeout_s later."""
 
@@ -249,32 +249,12 @@ class Connection(asyncio.Protocol):
         self.pool.lost(self)
         exchange, self.exchange = self.exchange, None
         why = f"{type(exc).__name__}: {exc}" if exc is not None else "the replica closed the connection"
-        waiter = self._drain_waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(UpstreamFailed(why))
+        self._fail_drain(why)
         if exchange is not None:
             exchange.fail(UpstreamFailed(why))
 
-    def pause_writing(self) -> None:
-        self._write_paused = True
-
-    def resume_writing(self) -> None:
-        self._write_paused = False
-        waiter = self._drain_waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    async def drain(self) -> None:
-        """Wait until the transport's write buffer is under its low-water mark (an upload's body, written in pieces)."""
-        if self.transport is None:
-            raise UpstreamFailed("the replica closed the connection")
-        if not self._write_paused:
-            return
-        self._drain_waiter = self.pool.loop.create_future()
-        try:
-            await self._drain_waiter
-        finally:
-            self._drain_waiter = None
+    def _closed_error(self, why: str | None) -> Exception:
+        return UpstreamFailed(why or "the replica closed the connection")
 
     def pause_reading(self) -> None:
         if self.transport is not None and not self._paused:

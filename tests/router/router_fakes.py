@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from aiohttp import web
+from fake_servers import serve
 
 from builders.router.config import RouterConfig, config_from_mapping
 
@@ -87,13 +88,7 @@ class FakeReplica:
         app.router.add_post("/v1/responses", self._generate)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
-        # Like vLLM, a replica learns of a vanished client by its handler being cancelled.
-        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
-        host, port = self._runner.addresses[0][:2]
-        self.url = f"http://{host}:{port}"
+        self._runner, self.url = await serve(app, self.host, self.port)
         return self
 
     async def stop(self) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from fake_servers import serve
 
 VERSION = "0.32.0"
 
@@ -60,12 +61,7 @@ class VllmReplica:
         for path in ("/rerank", "/v1/rerank"):
             app.router.add_post(path, self._rerank)
         app.router.add_post("/v1/audio/transcriptions", self._transcribe)
-        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = self._runner.addresses[0][:2]
-        self.url = f"http://{host}:{port}"
+        self._runner, self.url = await serve(app)
         return self
 
     async def stop(self) -> None:

@@ -9,14 +9,14 @@ import time
 from pathlib import Path
 
 import pytest
-from rich.console import Console
 from smoke_helpers import ROOT, free_base_port, interrupt_forge_smoke, router_image, smoke_image
+from smoke_runs import smoke_run
 
 from builders.cli import main
 from builders.container import Engine, RunSpec
 from builders.smoke.plan import RUN_LABEL
 from builders.smoke.profile import load_profile
-from builders.smoke.runtimes import ContainerReplicas, ContainerRouter, ReplicaRuntime, RouterRuntime
+from builders.smoke.runtimes import ContainerReplicas, ContainerRouter
 from builders.smoke.stack import SmokeOptions, SmokeRun
 
 pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow, pytest.mark.image("docker:cpu-wheel")]
@@ -25,17 +25,10 @@ pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow, pytest.m
 def image_run(engine: Engine, image: str, options: SmokeOptions) -> SmokeRun:
     router = router_image()
 
-    def replicas(kind: str, pool_image: str | None, model_dir: Path, logs_dir: Path) -> ReplicaRuntime:
-        return ContainerReplicas(engine, image, model_dir=model_dir)
-
-    def router_runtime(logs_dir: Path) -> RouterRuntime:
-        return ContainerRouter(engine, router)
-
-    return SmokeRun(
-        options=options,
-        replicas_runtime_factory=replicas,
-        router_runtime_factory=router_runtime,
-        console=Console(stderr=True, width=160),
+    return smoke_run(
+        options,
+        lambda _kind, _image, model_dir, _logs_dir: ContainerReplicas(engine, image, model_dir=model_dir),
+        lambda _logs_dir: ContainerRouter(engine, router),
     )
 
 

@@ -7,32 +7,16 @@ import signal
 from pathlib import Path
 
 import pytest
-from rich.console import Console
 from smoke_helpers import ROOT, free_base_port, interrupt_forge_smoke, local_vllm, processes_mentioning
+from smoke_runs import local_run
 
 from builders.cli import main
 from builders.errors import SmokeFailed
 from builders.smoke.profile import load_profile, profile_from_mapping
 from builders.smoke.report import SmokeReport
-from builders.smoke.runtimes import LocalReplicas, LocalRouter, ReplicaRuntime, RouterRuntime
-from builders.smoke.stack import SmokeOptions, SmokeRun
+from builders.smoke.stack import SmokeOptions
 
 pytestmark = [pytest.mark.server]
-
-
-def local_run(options: SmokeOptions, binary: Path) -> SmokeRun:
-    def replicas(kind: str, pool_image: str | None, model_dir: Path, logs_dir: Path) -> ReplicaRuntime:
-        return LocalReplicas(binary, model_dir=model_dir, log_dir=logs_dir)
-
-    def router(logs_dir: Path) -> RouterRuntime:
-        return LocalRouter(log_dir=logs_dir)
-
-    return SmokeRun(
-        options=options,
-        replicas_runtime_factory=replicas,
-        router_runtime_factory=router,
-        console=Console(stderr=True, width=160),
-    )
 
 
 # No rerun: each pool's replica runs on its own core (profiles/ci.yaml pools.*.cpus), so the slow readers'

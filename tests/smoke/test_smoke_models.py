@@ -12,28 +12,12 @@ from pathlib import Path
 
 import pytest
 from fake_vllm import install
-from rich.console import Console
 from smoke_helpers import ROOT, free_base_port
+from smoke_runs import local_run
 
 from builders.smoke.model_pools import reach_every_model, warm_up_requests
 from builders.smoke.profile import load_profile, profile_from_mapping
-from builders.smoke.runtimes import LocalReplicas, LocalRouter, ReplicaRuntime, RouterRuntime
-from builders.smoke.stack import SmokeOptions, SmokeRun
-
-
-def local_run(options: SmokeOptions, binary: Path) -> SmokeRun:
-    def replicas(kind: str, pool_image: str | None, model_dir: Path, logs_dir: Path) -> ReplicaRuntime:
-        return LocalReplicas(binary, model_dir=model_dir, log_dir=logs_dir)
-
-    def router(logs_dir: Path) -> RouterRuntime:
-        return LocalRouter(log_dir=logs_dir)
-
-    return SmokeRun(
-        options=options,
-        replicas_runtime_factory=replicas,
-        router_runtime_factory=router,
-        console=Console(stderr=True, width=160),
-    )
+from builders.smoke.stack import SmokeOptions
 
 
 @pytest.mark.timeout(180)

@@ -6,18 +6,18 @@ from __future__ import annotations
 
 import io
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from rich.console import Console
+from smoke_stand_in import SmokeRunStandIn
 from sweep_records import streamed
 
 from builders.router.classes import RequestClass
-from builders.smoke.report import ChecksRequested, SmokeReport
-from builders.smoke.stack import SmokeOptions, traffic_plan
+from builders.smoke.report import SmokeReport
+from builders.smoke.stack import traffic_plan
 from builders.sweep import run as sweep_run
 from builders.sweep.calibrate import Capacity
 from builders.sweep.definition import SweepSettings, load_sweep
@@ -32,26 +32,8 @@ PREFILL = {"vllm": 8000.0, "sglang": 2000.0}
 offered: dict[str, TrafficPlan] = {}
 
 
-@dataclass(kw_only=True)
-class StandIn:
+class StandIn(SmokeRunStandIn):
     """SmokeRun's surface run_sweep uses: the traffic hook with a plan whose first replica says its engine."""
-
-    options: SmokeOptions
-    replicas_runtime_factory: Any
-    router_runtime_factory: Any
-    console: Console
-    before_traffic: Any
-    results: dict[str, TrafficResult] = field(default_factory=dict)
-    running: str | None = None
-
-    def __post_init__(self) -> None:
-        self.report = SmokeReport(
-            run_id="standin",
-            profile=self.options.profile.name,
-            profile_file=str(self.options.profile_path),
-            started_at="2026-01-01T00:00:00+00:00",
-            checks_requested=ChecksRequested(slow_clients=False, kill_replica=False),
-        )
 
     def execute(self) -> SmokeReport:
         profile = self.options.profile

@@ -6,19 +6,19 @@ from __future__ import annotations
 
 import io
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import pytest
 from rich.console import Console
+from smoke_stand_in import SmokeRunStandIn
 from sweep_records import streamed
 
 from builders.records import ReportInvalid
 from builders.router.classes import RequestClass
 from builders.smoke.plan import StackPlan
-from builders.smoke.report import ChecksRequested, SmokeReport
-from builders.smoke.stack import SmokeOptions, traffic_plan
+from builders.smoke.report import SmokeReport
+from builders.smoke.stack import traffic_plan
 from builders.sweep import run as sweep_run
 from builders.sweep.definition import SweepSettings, load_sweep
 from builders.sweep.repeat import repetition_seed
@@ -28,27 +28,9 @@ from builders.traffic.results import TrafficResult
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@dataclass(kw_only=True)
-class StandIn:
+class StandIn(SmokeRunStandIn):
     """SmokeRun's surface that run_sweep uses: it calls the traffic hook as SmokeRun does, then answers every
     planned class with four requests (shared's interactive ones too late for the 1 s SLO)."""
-
-    options: SmokeOptions
-    replicas_runtime_factory: Any
-    router_runtime_factory: Any
-    console: Console
-    before_traffic: Any
-    results: dict[str, TrafficResult] = field(default_factory=dict)
-    running: str | None = None
-
-    def __post_init__(self) -> None:
-        self.report = SmokeReport(
-            run_id="standin",
-            profile=self.options.profile.name,
-            profile_file=str(self.options.profile_path),
-            started_at="2026-01-01T00:00:00+00:00",
-            checks_requested=ChecksRequested(slow_clients=False, kill_replica=False),
-        )
 
     def execute(self) -> SmokeReport:
         profile = self.options.profile
