@@ -54,6 +54,7 @@ from builders.rebuild.reuse import verdict
 from builders.registry import local
 from builders.registry.client import RegistryClient
 from builders.render import render_template
+from builders.results import Figure, LoadWatch, Result
 from builders.trust import find_ca_bundle
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,6 +92,27 @@ EDITS: dict[str, tuple[tuple[str, Edit], ...]] = {
 }
 STEPS = tuple(step for step, _ in EDITS["vllm"])
 assert tuple(step for step, _ in EDITS["demo"]) == STEPS
+# Issue 52's goals for a fresh runner on 2 cores, vLLM's tree (seconds); the cold and requirements steps have none.
+GOALS = {"same-inputs": 600, "python-edit": 180, "cpp-edit": 480}
+
+
+def figures_of(rows: list[dict[str, Any]]) -> dict[str, Figure]:
+    """A run's rows as named figures: each step's wall time, its goal and by how much it missed, and the compiler
+    cache's counters per backend (a step that compiled nothing has none)."""
+    figures: dict[str, Figure] = {}
+    for row in rows:
+        step = row["step"]
+        if row.get("result") != "succeeded" or row.get("wall_s") is None:
+            continue
+        figures[f"{step}.wall"] = Figure(value=row["wall_s"], unit="s")
+        if step in GOALS:
+            figures[f"{step}.goal"] = Figure(value=GOALS[step], unit="s")
+            if row["wall_s"] > GOALS[step]:
+                figures[f"{step}.over_goal"] = Figure(value=round(row["wall_s"] - GOALS[step], 1), unit="s")
+        for backend, counts in (row.get("compiler_cache") or {}).items():
+            for key in ("hits", "misses"):
+                figures[f"{step}.{backend}_{key}"] = Figure(value=int(counts[key]), unit="count")
+    return figures
 
 
 # --- services: a registry and a Redis whose data outlive the steps --------------------------------------------
@@ -418,11 +440,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--work", type=Path, default=None, help="the runners' roots (default: /var/tmp/forge-bench-ci-cache)"
     )
+    parser.add_argument(
+        "--save", action="store_true", help="also write results/ci-cache-SUBJECT-ENGINE.json, the summary docs quote"
+    )
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    watch = LoadWatch.start()
     project = Project.load()
     out = project.root / "reports" / "bench-ci-cache" / f"{args.subject}-{args.engine}"
     work = args.work or Path("/var/tmp/forge-bench-ci-cache")
@@ -471,6 +497,17 @@ def main(argv: list[str] | None = None) -> int:
             if rows[-1]["result"] != "succeeded":
                 break
     (out / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
+    if args.save:
+        saved = Result.capture(
+            f"ci-cache-{args.subject}-{args.engine}",
+            command="nox -s bench-ci-cache -- " + " ".join(sys.argv[1:] if argv is None else argv),
+            figures=figures_of(rows),
+            versions={"engine": main_engine.facts.describe(), "distro": args.distro, "python": sys.version.split()[0]},
+            load=watch,
+            source=f"reports/bench-ci-cache/{args.subject}-{args.engine}/results.json",
+            note="; ".join(f"{row['step']}: {row['result']}" for row in rows),
+        ).save(project.root)
+        print(f"wrote {saved}")
     print(f"{'step':<14}{'wall s':>8}  {'env':<10}{'extension':<11}{'package':<10}compiler cache")
     for row in rows:
         backends = row.get("compiler_cache") or {}
