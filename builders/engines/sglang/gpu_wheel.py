@@ -167,7 +167,7 @@ def lock_problems(recipe: SGLangRecipe) -> list[str]:
     """What the lock itself gets wrong, with no wheelhouse at hand: two files of one project (the install would
     fail on the pair), and a top-level requirement's pinned version that no locked file has."""
     projects: dict[str, list[str]] = {}
-    versions: dict[str, str] = {}
+    versions: dict[str, set[str]] = {}
     problems = []
     for name in recipe.wheel_lock:
         try:
@@ -176,13 +176,14 @@ def lock_problems(recipe: SGLangRecipe) -> list[str]:
             problems.append(f"{name}: {exc}")
             continue
         projects.setdefault(project, []).append(name)
-        versions[project] = str(version)
+        versions.setdefault(project, set()).add(str(version))
     problems += [f"two files of {p}: {', '.join(files)}" for p, files in sorted(projects.items()) if len(files) > 1]
     for requirement in recipe.wheelhouse.requirements if recipe.wheelhouse else ():
         name, _, pinned = requirement.partition("==")
         project = canonicalize_name(name.split("[", 1)[0])
-        if pinned and versions.get(project) != pinned:
-            problems.append(f"wheelhouse.requirements pins {requirement}, the lock has {versions.get(project) or 'none'}")
+        if pinned and pinned not in versions.get(project, set()):
+            held = ", ".join(sorted(versions.get(project, set()))) or "none"
+            problems.append(f"wheelhouse.requirements pins {requirement}, the lock has {held}")
     return problems
 
 
@@ -211,7 +212,12 @@ def wheelhouse_findings(ctx: PreflightContext) -> list[Finding]:
     fetch = f"forge fetch {ctx.distro.name} {recipe.target} wheelhouse"
     if drift.clean:
         findings.append(
-            passed("wheelhouse", f"{folder}: the {len(recipe.wheel_lock)} locked wheels, sha256 as pinned", "the lock", where)
+            passed(
+                "wheelhouse",
+                f"{folder}: the {len(recipe.wheel_lock)} locked wheels, sha256 as pinned",
+                "the lock",
+                where,
+            )
         )
     elif not drift.changed and len(drift.missing) == len(recipe.wheel_lock) and not drift.unlocked:
         findings.append(
