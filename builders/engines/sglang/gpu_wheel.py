@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.requirements import Requirement
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
 from builders.config.models import Distro, Recipe
@@ -179,8 +180,9 @@ def lock_problems(recipe: SGLangRecipe) -> list[str]:
         versions.setdefault(project, set()).add(str(version))
     problems += [f"two files of {p}: {', '.join(files)}" for p, files in sorted(projects.items()) if len(files) > 1]
     for requirement in recipe.wheelhouse.requirements if recipe.wheelhouse else ():
-        name, _, pinned = requirement.partition("==")
-        project = canonicalize_name(name.split("[", 1)[0])
+        req = Requirement(requirement)
+        project = canonicalize_name(req.name)
+        pinned = next((s.version for s in req.specifier if s.operator == "=="), None)
         if pinned and pinned not in versions.get(project, set()):
             held = ", ".join(sorted(versions.get(project, set()))) or "none"
             problems.append(f"wheelhouse.requirements pins {requirement}, the lock has {held}")
