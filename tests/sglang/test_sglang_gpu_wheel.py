@@ -173,6 +173,10 @@ def _preflight(project_copy: Path, wheelhouse: Path, lock: dict[str, str]) -> di
 
 def test_preflight_passes_the_locked_wheelhouse_and_blocks_one_that_moved(project_copy: Path, tmp_path: Path) -> None:
     house = tmp_path / "wheels"
+    house.mkdir()
+    lock = _wheels(tmp_path / "elsewhere", A, B)
+    absent = _preflight(project_copy, house, lock)["wheelhouse"]
+    assert not absent.evaluated and not absent.blocking and absent.found == f"no wheel in {house}"
     lock = _wheels(house, A, B)
     found = _preflight(project_copy, house, lock)
     assert found["wheel-lock"].passed and found["wheelhouse"].passed
