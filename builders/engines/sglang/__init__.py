@@ -1,21 +1,22 @@
 """SGLang: what Forge knows about it, behind the one interface (`SGLang`, registered in builders/engines/__init__.py).
 
 Its images are planned in image.py: the CPU server built from source (cpu_image.py, with sgl-kernel's CPU kernels
-from the checkout kernel_source.py pins) and the CUDA server from PyPI's wheel (gpu_image.py). The CPU image's
+from the checkout kernel_source.py pins), the CUDA server from PyPI's wheel (gpu_image.py), and the CUDA server from
+a sha256-locked wheelhouse on Debian (gpu_wheel.py, whose test stage is gpu_wheel_checks.py). The CPU image's
 preflight gates, read from the sglang sdist and the kernels' checkout, are gates.py; its test stage checks.py; how a
 pool serves it behind the router (its knobs, its command line, its argument checks) serve.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
 
 from builders.config.models import Distro, Recipe
 from builders.container import Engine
 from builders.engines.checks import CheckResult
-from builders.engines.sglang import checks, gates, image, kernel_source
+from builders.engines.sglang import checks, gates, gpu_wheel, gpu_wheel_checks, image, kernel_source
 from builders.engines.sglang.serve import SGLangServer
 from builders.errors import SourceUnavailable
 from builders.gates.context import PreflightContext
@@ -33,6 +34,8 @@ class SGLang(SGLangServer):
 
     def gates(self, ctx: PreflightContext) -> list[Finding]:
         recipe = ctx.recipe
+        if ctx.target.from_wheelhouse:
+            return gpu_wheel.wheelhouse_findings(ctx)
         if ctx.target.cuda:
             return [
                 passed(
@@ -64,6 +67,15 @@ class SGLang(SGLangServer):
         return [ResolvedSource(name=kernel_source.NAME, path=root, origin=f"override: {root}")]
 
     def checks(self, engine: Engine, image: str, plan: BuildPlan) -> list[CheckResult]:
+        if Target.resolve(plan.distro, plan.recipe).from_wheelhouse:
+            return gpu_wheel_checks.run(engine, image, plan)
         if plan.cuda is not None:
-            return []  # the GPU image is rendered, never built here
+            return []  # the GPU image on NVIDIA's base is rendered, never built here
         return checks.run(engine, image, plan)
+
+    def versions(self, checks: Sequence[CheckResult]) -> dict[str, str]:
+        imported = next((c for c in checks if c.name == "import-sglang" and c.ok), None)
+        if imported is None:
+            return {}
+        sglang_v, torch_v = ([*imported.detail.split(), "", ""])[:2]
+        return {"sglang": sglang_v, "torch": torch_v}

@@ -87,18 +87,19 @@ def check_kernel_ops(engine: Engine, image: str) -> CheckResult:
     return CheckResult(name="kernel-ops", ok=ok, detail=detail, seconds=time.monotonic() - start, data=data)
 
 
-def serve_command(port: int) -> list[str]:
+def serve_command(port: int, device: str = "cpu") -> list[str]:
     """SGLang's server on the tiny model: dummy weights (none are stored), and a KV pool bounded in tokens, since
     on CPU SGLang sizes it from the host's free memory otherwise."""
     return [
         *("--model-path", "/model", "--served-model-name", SERVED_NAME, "--load-format", "dummy"),
-        *("--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--dtype", "bfloat16"),
+        *("--host", "127.0.0.1", "--port", str(port), "--device", device, "--dtype", "bfloat16"),
         *("--max-total-tokens", "4096", "--context-length", "1024", "--max-running-requests", "4"),
         "--skip-server-warmup",
     ]
 
 
-def check_serve(engine: Engine, image: str, plan: BuildPlan) -> CheckResult:
+def check_serve(engine: Engine, image: str, plan: BuildPlan, *, device: str = "cpu") -> CheckResult:
+    """device cuda: the container is handed the host's GPUs (the GPU wheel image's serve-models-gpu)."""
     from builders.engines.tiny_model import ModelShape, write_tiny_model
 
     start = time.monotonic()
@@ -111,8 +112,9 @@ def check_serve(engine: Engine, image: str, plan: BuildPlan) -> CheckResult:
         cid = engine.run_detached(
             RunSpec(
                 image=image,
-                command=serve_command(port),
+                command=serve_command(port, device),
                 volumes={tmp: "/model"},
+                gpus=device == "cuda",
                 labels={"forge.test": plan.session_id},
             )
         )

@@ -1,10 +1,11 @@
-"""SGLang's image plans: what both share (labels, the sdist, the build settings), and which plan a target gets —
-the CPU server compiled from source (cpu_image.py) or the CUDA server from PyPI's wheel (gpu_image.py)."""
+"""SGLang's image plans: what both source-pinned ones share (labels, the sdist, the build settings), and which plan
+a target gets — the CPU server compiled from source (cpu_image.py), the CUDA server from PyPI's wheel on NVIDIA's
+base (gpu_image.py), or the CUDA server from a locked wheelhouse on a plain base (gpu_wheel.py)."""
 
 from __future__ import annotations
 
 from builders.config.models import Distro, Recipe
-from builders.engines.sglang import cpu_image, gpu_image
+from builders.engines.sglang import cpu_image, gpu_image, gpu_wheel
 from builders.engines.sglang.plan_inputs import PlanInputs
 from builders.errors import ConfigError
 from builders.plan import BuildPlan, ContextItem, PlanOptions
@@ -15,6 +16,8 @@ ENGINE = "sglang"
 
 
 def plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> BuildPlan:
+    if Target.resolve(distro, recipe).from_wheelhouse:
+        return gpu_wheel.plan(distro, recipe, options)
     assert recipe.source is not None and recipe.source.pypi is not None
     pin = recipe.source.pypi
     torch_version = options.torch_version or recipe.torch.version

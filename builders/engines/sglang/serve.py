@@ -22,9 +22,9 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from builders.config.models import Recipe
 from builders.config.profile import PoolSettings, StackProfile
@@ -94,10 +94,19 @@ class SGLangSettings(BaseModel):
     )
 
 
+WheelName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.]+-[A-Za-z0-9_.!+]+(-[A-Za-z0-9_.]+){2,3}\.whl$")]
+Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+
+
 class SGLangRecipe(Recipe):
-    """An SGLang recipe: the keys every recipe has, its engine named."""
+    """An SGLang recipe: the keys every recipe has, its engine named, and the wheel image's lock."""
 
     engine: Literal["sglang"] = Field(description="SGLang's server")
+    wheel_lock: dict[WheelName, Sha256] = Field(
+        default_factory=dict,
+        description="kind=wheel: every wheel of the wheelhouse by file name, with its sha256; preflight compares "
+        "the wheelhouse with it, and the image checks each file and refuses any other before installing",
+    )
 
 
 class SGLangPool(PoolSettings):
