@@ -217,13 +217,14 @@ def wheelhouse_dir(root: Path, distro: Distro, recipe: Recipe) -> Path:
 LOCAL_PIN_CONFLICT = re.compile(r"depends on (?P<project>[A-Za-z0-9_.-]+)==[^\s;]+\+[^\s;]+")
 
 
-def _download_around_local_pin(
-    cmd: list[str], recipe: Recipe, distro: Distro, dest: Path, pinned: str
+def _download_in_two_steps(
+    cmd: list[str], recipe: Recipe, distro: Distro, dest: Path, pinned: str | None
 ) -> subprocess.CompletedProcess[str]:
-    """The wheelhouse when a wheel pins `pinned` to a local-label build the index lacks: the requirements
-    themselves without their dependencies, then their other dependencies (markers evaluated for the distro's
-    Python and arch) resolved beside the requirement's own pin of `pinned`. The image installs the set with
-    --no-deps, as every wheelhouse, and its `pip check` line names the stand-in."""
+    """The wheelhouse in two steps: the requirements themselves without their dependencies, then their other
+    dependencies (markers evaluated for the distro's Python and arch, the recipe's excluded projects left out)
+    resolved together. For a wheel that pins `pinned` to a local-label build the index lacks, beside the
+    requirement's own pin of `pinned`; for an excluded project that has no wheel for this Python, without it. The
+    image installs the set with --no-deps, as every wheelhouse, and its `pip check` line names what is missing."""
     import zipfile
 
     from packaging.markers import default_environment
@@ -243,7 +244,11 @@ def _download_around_local_pin(
         "extra": "",
     }
     given = {canonicalize_name(Requirement(r).name) for r in recipe.wheelhouse.requirements}
-    skip = given | {canonicalize_name(e) for e in recipe.wheelhouse.exclude} | {canonicalize_name(pinned)}
+    skip = (
+        given
+        | {canonicalize_name(e) for e in recipe.wheelhouse.exclude}
+        | ({canonicalize_name(pinned)} if pinned else set())
+    )
     deps: list[str] = []
     for wheel in sorted(dest.glob("*.whl")):
         if _project(wheel.name) not in given:
@@ -258,7 +263,7 @@ def _download_around_local_pin(
             if canonicalize_name(req.name) in skip or (req.marker and not req.marker.evaluate(env)):
                 continue
             deps.append(str(req).split(";", 1)[0].strip())
-    ours = [r for r in recipe.wheelhouse.requirements if Requirement(r).name.lower() == pinned.lower()]
+    ours = [r for r in recipe.wheelhouse.requirements if pinned and Requirement(r).name.lower() == pinned.lower()]
     return subprocess.run([*cmd, *dict.fromkeys(deps), *ours], capture_output=True, text=True)
 
 
@@ -363,7 +368,12 @@ def _fetch_wheelhouse(recipe: Recipe, distro: Distro, dest: Path, say: Callable[
     proc = subprocess.run([*cmd, *recipe.wheelhouse.requirements], capture_output=True, text=True, check=False)
     local_pin = LOCAL_PIN_CONFLICT.search(proc.stdout + proc.stderr) if proc.returncode != 0 else None
     if local_pin:
-        proc = _download_around_local_pin(cmd, recipe, distro, dest, local_pin["project"])
+        proc = _download_in_two_steps(cmd, recipe, distro, dest, local_pin["project"])
+    elif proc.returncode != 0 and recipe.wheelhouse.exclude:
+        # pip cannot leave a dependency out, and an excluded one may be what fails (sglang 0.5.23's outlines pins
+        # outlines_core 0.1.26, which has no CPython 3.13 wheel): resolve the rest without it, as the image
+        # installs without it.
+        proc = _download_in_two_steps(cmd, recipe, distro, dest, None)
     if proc.returncode != 0:
         raise SourceUnavailable(
             f"could not download {' '.join(recipe.wheelhouse.requirements)} for CPython {py} {distro.arch}:\n    "

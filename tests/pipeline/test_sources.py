@@ -54,14 +54,15 @@ def test_missing_onednn_is_fetched_from_debians_source_package(
     assert again.path == got.path  # cached now: no second fetch
 
 
-def _wheel(folder: Path, name: str, version: str, tag: str) -> Path:
+def _wheel(folder: Path, name: str, version: str, tag: str, requires: tuple[str, ...] = ()) -> Path:
     """A minimal valid wheel: pip reads its METADATA to check that it is what its file name says."""
     import zipfile
 
     path = folder / f"{name}-{version}-{tag}.whl"
     info = f"{name}-{version}.dist-info"
+    deps = "".join(f"Requires-Dist: {r}\n" for r in requires)
     with zipfile.ZipFile(path, "w") as zf:
-        zf.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        zf.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n{deps}")
         zf.writestr(f"{info}/WHEEL", f"Wheel-Version: 1.0\nRoot-Is-Purelib: false\nTag: {tag}\n")
         zf.writestr(f"{info}/RECORD", "")
     return path
@@ -189,3 +190,47 @@ def test_a_set_resolved_once_is_not_resolved_again_in_the_same_process(
     (dest / wheel.name).unlink()
     with pytest.raises(SourceUnavailable):
         sources.fetch_wheelhouse(recipe, distro, ROOT)
+
+
+def test_an_excluded_dependency_without_a_wheel_is_left_out_of_the_resolution(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sglang 0.5.23 needs outlines, whose outlines_core pin has no CPython 3.13 wheel: pip cannot resolve the set
+    for Debian 13, and the recipe excludes outlines. The fetch resolves the rest without it; without the exclude it
+    fails, naming what pip could not find. Real pip, against an index on disk."""
+    from builders.sources import _fetch_wheelhouse
+
+    published = tmp_path / "published"
+    published.mkdir()
+    wheels = {
+        "app": _wheel(published, "app", "1.0", "py3-none-any", requires=("good==1.0", "bad==1.0")),
+        "good": _wheel(published, "good", "1.0", "py3-none-any"),
+        "bad": _wheel(published, "bad", "1.0", "py3-none-any", requires=("missing==9.9",)),
+    }
+    for name, wheel in wheels.items():
+        (tmp_path / "simple" / name).mkdir(parents=True)
+        page = f'<html><body><a href="{wheel.resolve().as_uri()}">{wheel.name}</a></body></html>'
+        (tmp_path / "simple" / name / "index.html").write_text(page)
+    (tmp_path / "simple" / "missing").mkdir()
+    (tmp_path / "simple" / "missing" / "index.html").write_text("<html><body></body></html>")
+    monkeypatch.setenv("PIP_INDEX_URL", (tmp_path / "simple").as_uri())
+    project = Project.load(ROOT)
+    distro = project.distro("debian-13")
+    recipe = _asking(project, "app==1.0")
+    assert recipe.wheelhouse is not None
+    with pytest.raises(SourceUnavailable) as refused:
+        _fetch_wheelhouse(
+            recipe.model_copy(update={"wheelhouse": recipe.wheelhouse.model_copy(update={"exclude": []})}),
+            distro,
+            _empty(tmp_path / "a"),
+            None,
+        )
+    assert "missing" in refused.value.message
+    excluding = recipe.model_copy(update={"wheelhouse": recipe.wheelhouse.model_copy(update={"exclude": ["bad"]})})
+    dest = _fetch_wheelhouse(excluding, distro, _empty(tmp_path / "b"), None)
+    assert sorted(w.name for w in dest.iterdir()) == sorted([wheels["app"].name, wheels["good"].name])
+
+
+def _empty(folder: Path) -> Path:
+    folder.mkdir()
+    return folder
