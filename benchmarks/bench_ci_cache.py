@@ -281,11 +281,12 @@ def _row(step: str, seconds: float, reuse: dict[str, Any], result: str) -> dict[
     }
 
 
-def run_vllm(args: argparse.Namespace, tree: Path, step: str, out: Path, env: dict[str, str]) -> dict[str, Any]:
+def run_vllm(
+    project: Project, args: argparse.Namespace, tree: Path, step: str, out: Path, env: dict[str, str]
+) -> dict[str, Any]:
     """forge build on the fresh runner: the same path a CI job takes."""
     from builders.build import BuildOptions, build
 
-    project = Project.load()
     start = time.monotonic()
     with _environ(env):
         report = build(
@@ -314,10 +315,11 @@ DEMO_LAYOUT = TreeLayout(
 DEMO_FOLDERS = {"requirements": "requirements", "compiler_inputs": "compiler-inputs", "package": "package"}
 
 
-def run_demo(args: argparse.Namespace, tree: Path, step: str, out: Path, env: dict[str, str]) -> dict[str, Any]:
+def run_demo(
+    project: Project, args: argparse.Namespace, tree: Path, step: str, out: Path, env: dict[str, str]
+) -> dict[str, Any]:
     """The small project through the dev loop's template, built by the runner's builder with the caches wired as
     builders/cache/phase.py wires them."""
-    project = Project.load()
     engine = connect(args.engine)
     builder = choose_builder(engine, "auto")
     base = ensure_base(project.distro("debian-12"), engine)
@@ -449,6 +451,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     watch = LoadWatch.start()
+    # Loaded once: a run of hours reads the distros and recipes it started with, not a tree edited meanwhile (a
+    # recipe key added to the tree during a run made its next step a config error in the code it had loaded).
     project = Project.load()
     out = project.root / "reports" / "bench-ci-cache" / f"{args.subject}-{args.engine}"
     work = args.work or Path("/var/tmp/forge-bench-ci-cache")
@@ -489,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 with fresh_runner(args.engine, work / f"runner-{step}") as runner:
                     pull_base(runner, remote_base, base_ref)
-                    rows.append(run(args, tree, step, out / step, step_env))
+                    rows.append(run(project, args, tree, step, out / step, step_env))
             except ForgeError as exc:
                 rows.append({"step": step, "result": "blocked", "error": exc.message})
             finally:
