@@ -8,9 +8,13 @@ import json
 import socket
 import time
 from dataclasses import dataclass
-from typing import Literal, NotRequired, TypedDict
+from typing import Literal, NotRequired, TypedDict, TypeVar
 
 import requests
+from pydantic import TypeAdapter, ValidationError
+
+# pydantic validates a TypedDict from typing_extensions alone on Python < 3.12.
+from typing_extensions import TypedDict as ValidatedDict
 
 from builders.container import Engine, RunSpec
 
@@ -132,3 +136,26 @@ def streamed_chat(base_url: str, model: str, *, max_tokens: int = 8, timeout: fl
     if not done:
         raise ValueError(f"the stream ended without data: [DONE] after {chunks} content chunks")
     return chunks, finish
+
+
+class Cuobjdump(ValidatedDict):
+    """A GPU image's archs probe line: the cuobjdump found, and per library and flag its exit code and listing
+    lines (the probe runs cuobjdump inside the image, the judge reads its line here)."""
+
+    tool: str | None
+    libs: dict[str, dict[str, tuple[int, list[str]]]]
+
+
+ProbeLine = TypeVar("ProbeLine")
+
+
+def probe_line(out: str, prefix: str, shape: type[ProbeLine]) -> ProbeLine | None:
+    """A test-stage probe's JSON line `PREFIX {...}`, as the probe writes it; None when it printed none or
+    something else."""
+    line = next((ln for ln in out.splitlines() if ln.startswith(prefix + " ")), None)
+    if line is None:
+        return None
+    try:
+        return TypeAdapter(shape).validate_json(line.removeprefix(prefix + " "))
+    except ValidationError:
+        return None

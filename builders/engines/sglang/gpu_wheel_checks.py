@@ -18,15 +18,12 @@ import dataclasses
 import shutil
 import subprocess
 import time
-from typing import TypeVar
-
-from pydantic import TypeAdapter, ValidationError
 
 # pydantic reads a TypedDict's fields from typing_extensions' on Python 3.11.
 from typing_extensions import TypedDict
 
 from builders.container import Engine, RunSpec
-from builders.engines.checks import CheckDataEntry, CheckResult
+from builders.engines.checks import CheckDataEntry, CheckResult, Cuobjdump, probe_line
 from builders.engines.sglang import checks
 from builders.gpu_archs import LibraryArchs, coverage_gaps, parse_listing
 from builders.plan import BuildPlan
@@ -85,27 +82,6 @@ class Imported(TypedDict):
     torch: str
     cuda: str | None
     error: str | None
-
-
-class Cuobjdump(TypedDict):
-    """ARCHS_PROBE's line: the cuobjdump found, and per library and flag its exit code and listing lines."""
-
-    tool: str | None
-    libs: dict[str, dict[str, tuple[int, list[str]]]]
-
-
-P = TypeVar("P", Imported, Cuobjdump)
-
-
-def probe_line(out: str, prefix: str, shape: type[P]) -> P | None:
-    """The probe's JSON line, as the probe writes it; None when it printed none or something else."""
-    line = next((ln for ln in out.splitlines() if ln.startswith(prefix + " ")), None)
-    if line is None:
-        return None
-    try:
-        return TypeAdapter(shape).validate_json(line.removeprefix(prefix + " "))
-    except ValidationError:
-        return None
 
 
 def judge_imports(rc: int, out: str, seconds: float) -> list[CheckResult]:

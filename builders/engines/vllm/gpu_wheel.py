@@ -9,9 +9,6 @@ cover the recipe's arch_list, and serving is "skipped: no GPU" unless a GPU reac
 from __future__ import annotations
 
 import time
-from typing import TypeVar
-
-from pydantic import TypeAdapter, ValidationError
 
 # pydantic reads a TypedDict's fields from typing_extensions' on Python 3.11.
 from typing_extensions import TypedDict
@@ -19,7 +16,7 @@ from typing_extensions import TypedDict
 from builders.config.models import Distro, Recipe
 from builders.container import Engine
 from builders.distros import family_for
-from builders.engines.checks import CheckDataEntry, CheckResult
+from builders.engines.checks import CheckDataEntry, CheckResult, Cuobjdump, probe_line
 from builders.engines.vllm.image_tests import _python
 from builders.errors import ConfigError
 from builders.gpu_archs import LibraryArchs, coverage_gaps, library_stem, parse_listing
@@ -164,32 +161,11 @@ class CudaLibs(TypedDict):
     libs: dict[str, str | None]
 
 
-class Cuobjdump(TypedDict):
-    """ARCHS_PROBE's line: the cuobjdump found, and per library and flag its exit code and listing lines."""
-
-    tool: str | None
-    libs: dict[str, dict[str, tuple[int, list[str]]]]
-
-
-P = TypeVar("P", CudaLibs, Cuobjdump)
-
-
-def _probe(out: str, prefix: str, shape: type[P]) -> P | None:
-    """The probe's JSON line, as the probe writes it; None when it printed none or something else."""
-    line = next((ln for ln in out.splitlines() if ln.startswith(prefix + " ")), None)
-    if line is None:
-        return None
-    try:
-        return TypeAdapter(shape).validate_json(line.removeprefix(prefix + " "))
-    except ValidationError:
-        return None
-
-
 def judge_libs(rc: int, out: str, seconds: float, cuda: str | None = None) -> CheckResult:
     """Failed for a library that does not load for any reason but the driver, or a torch built for another CUDA
     than the plan's `cuda` (the release the image's label names); not passed (skipped, with what supplies it) where
     the driver's libcuda.so.1 is all that is missing. Its data carry torch's version and CUDA for the report."""
-    facts = _probe(out, "CUDALIBS", CudaLibs) if rc == 0 else None
+    facts = probe_line(out, "CUDALIBS", CudaLibs) if rc == 0 else None
     if facts is None:
         return CheckResult(name="cuda-libs-load", ok=False, detail=out[-800:] or f"exited {rc}", seconds=seconds)
     data: CheckDataEntry = {"torch": facts["torch"], "cuda_runtime": str(facts["cuda"])}
@@ -230,7 +206,7 @@ def judge_libs(rc: int, out: str, seconds: float, cuda: str | None = None) -> Ch
 
 def read_archs(out: str) -> list[LibraryArchs]:
     """The probe's listings through the tested parser; a cuobjdump failure other than "no device code" raises."""
-    facts = _probe(out, "CUOBJDUMP", Cuobjdump)
+    facts = probe_line(out, "CUOBJDUMP", Cuobjdump)
     if facts is None or not facts.get("tool"):
         raise ValueError("no cuobjdump in the image (nvidia-cuda-cuobjdump in the wheelhouse)")
     libs = []
