@@ -9,11 +9,16 @@ the one before):
     requirements  one comment line added to requirements/cpu.txt: the environment and everything above it
 
     python benchmarks/bench_rebuild.py [--source DIR] [--distro debian-13] [--max-jobs N] [--torch-index pypi]
-                                       [--resume STEP]
+                                       [--resume STEP] [--compiler-cache URL]
 
 --resume STEP applies the edits of the steps before STEP without building them, and takes their rows from
 their reports in the same folder (wall time: the sum of the report's phases, which is what the build call
 spends): a run stopped at one step (the host's disk, say) goes on from there instead of compiling cold again.
+
+--compiler-cache URL builds every step through that shared compiler cache (`forge build --compiler-cache`, its
+credentials from the environment as there), for instance the Redis a `bench-ci-cache` run filled: the cold step
+then takes its objects from it, so its row is not a cold compile, and the warm steps are measured in an hour less.
+Such a run saves results/rebuild-shared-cache.json, never results/rebuild.json (whose cold row is a cold compile).
 
 --source is a vLLM checkout or unpacked sdist; without it the recipe's pinned sdist is unpacked into a
 scratch folder (fetched first if it is not cached). The tree is copied before editing: the source is never
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tarfile
@@ -36,6 +42,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 from builders.build import BuildOptions, build
+from builders.cache.settings import ENV_COMPILER, parse_compiler_cache
 from builders.config.models import TorchIndex
 from builders.errors import ForgeError
 from builders.project import Project
@@ -103,6 +110,7 @@ def _row(step: str, seconds: float, report: dict[str, Any]) -> dict[str, Any]:
             }
         ),
         "ccache": ccache,
+        "compiler_cache": (reuse.get("compiler_cache") or {}).get("backends"),
     }
 
 
@@ -110,9 +118,11 @@ def _row(step: str, seconds: float, report: dict[str, Any]) -> dict[str, Any]:
 GOALS = {"no-change": 30, "python-edit": 60, "cpp-edit": 300}
 
 
-def result(rows: list[dict[str, Any]], argv: list[str], watch: LoadWatch, project: Project) -> Result:
-    """The run as results/rebuild.json: each step's wall time, its goal and by how much it missed, ccache's
-    counters."""
+def result(
+    rows: list[dict[str, Any]], argv: list[str], watch: LoadWatch, project: Project, *, shared_cache: str | None = None
+) -> Result:
+    """The run as results/rebuild.json (rebuild-shared-cache.json with a shared compiler cache): each step's wall
+    time, its goal and by how much it missed, the compiler caches' counters."""
     figures: dict[str, Figure | tuple[int | float, str]] = {}
     for row in rows:
         step = row["step"]
@@ -125,16 +135,25 @@ def result(rows: list[dict[str, Any]], argv: list[str], watch: LoadWatch, projec
         if isinstance(ccache, dict):
             figures[f"{step}.ccache_hits"] = (int(ccache["hits"]), "count")
             figures[f"{step}.ccache_misses"] = (int(ccache["misses"]), "count")
+        for backend, counts in (row.get("compiler_cache") or {}).items():
+            for key in ("hits", "misses"):
+                figures[f"{step}.{backend}_{key}"] = (int(counts[key]), "count")
     recipe = project.recipe_for("cpu")
     pin = recipe.source.pypi if recipe.source else None
     return Result.capture(
-        "rebuild",
+        "rebuild-shared-cache" if shared_cache else "rebuild",
         command="nox -s bench-rebuild -- " + " ".join(argv),
         figures=figures,
         versions={"vllm": str(pin.version) if pin else "?", "python": sys.version.split()[0]},
         load=watch,
         source="reports/bench-rebuild/results.json",
-        note="test stage skipped in every step; " + ", ".join(f"{r['step']}: {r['result']}" for r in rows),
+        note=(
+            f"every step through the shared compiler cache {shared_cache} (the cold step's objects came from it); "
+            if shared_cache
+            else ""
+        )
+        + "test stage skipped in every step; "
+        + ", ".join(f"{r['step']}: {r['result']}" for r in rows),
     )
 
 
@@ -147,8 +166,21 @@ def main(argv: list[str] | None = None) -> int:
     # --torch-index pypi`) is the one a build can get.
     parser.add_argument("--torch-index", choices=get_args(TorchIndex), default=None)
     parser.add_argument("--resume", choices=[step for step, _, _ in STEPS[1:]], default=None)
+    parser.add_argument(
+        "--compiler-cache",
+        metavar="URL",
+        default=None,
+        help="every step through this shared compiler cache (as forge build's flag); saves rebuild-shared-cache.json",
+    )
     parser.add_argument("--save", action="store_true", help="also write results/rebuild.json")
     args = parser.parse_args(argv)
+    if args.compiler_cache is not None:
+        # Parsed the way forge build parses it, so a typo is this flag's error before an hour of building.
+        try:
+            parse_compiler_cache(args.compiler_cache, os.environ)
+        except ForgeError as exc:
+            parser.error(exc.message + (f" ({exc.hint})" if exc.hint else ""))
+        os.environ[ENV_COMPILER] = args.compiler_cache
     watch = LoadWatch.start()
     names = [step for step, _, _ in STEPS]
     first = names.index(args.resume) if args.resume else 0
@@ -207,12 +239,27 @@ def main(argv: list[str] | None = None) -> int:
     if args.save:
         given = sys.argv[1:] if argv is None else argv
         print(
-            f"bench-rebuild: wrote {result(rows, [a for a in given if a != '--save'], watch, project).save(project.root)}"
+            "bench-rebuild: wrote "
+            + str(
+                result(
+                    rows, [a for a in given if a != "--save"], watch, project, shared_cache=args.compiler_cache
+                ).save(project.root)
+            )
         )
-    print(f"{'step':<14}{'wall s':>8}  {'env':<10}{'extension':<11}{'package':<10}ccache")
+    print(f"{'step':<14}{'wall s':>8}  {'env':<10}{'extension':<11}{'package':<10}compiler cache")
     for row in rows:
         ccache = row.get("ccache", row.get("error"))
-        stats = f"{ccache['hits']} hits {ccache['misses']} misses" if isinstance(ccache, dict) else str(ccache)[:40]
+        stats = f"ccache {ccache['hits']} hits {ccache['misses']} misses" if isinstance(ccache, dict) else ""
+        stats = (
+            "; ".join(
+                [stats] * bool(stats)
+                + [
+                    f"{name} {c['hits']} hits {c['misses']} misses"
+                    for name, c in (row.get("compiler_cache") or {}).items()
+                ]
+            )
+            or str(ccache)[:40]
+        )
         print(
             f"{row['step']:<14}{row['wall_s']:>8}  {row.get('environment')!s:<10}{row.get('extension')!s:<11}"
             f"{row.get('package')!s:<10}{stats}"
