@@ -73,20 +73,29 @@ def _nothing(_tree: Path) -> None:
     return None
 
 
+# A value of this run's own for the C++ edit: Redis outlives a run (that is what --resume needs), so a line a run
+# before this one compiled would be a hit here, and the row would not measure the one file's compile it is for.
+RUN_VALUE = secrets.randbelow(2**31 - 1)
+
 # (step, edit) per subject; code edits change code, not a comment (a comment is a preprocessed-mode hit).
 EDITS: dict[str, tuple[tuple[str, Edit], ...]] = {
     "vllm": (
         ("runner-a", _nothing),
         ("same-inputs", _nothing),
         ("python-edit", _append("vllm/logger.py", "_FORGE_BENCH_CI_CACHE = 1")),
-        ("cpp-edit", _append("csrc/cpu/activation.cpp", "[[maybe_unused]] static const int forge_bench_ci_cache = 1;")),
+        (
+            "cpp-edit",
+            _append(
+                "csrc/cpu/activation.cpp", f"[[maybe_unused]] static const int forge_bench_ci_cache = {RUN_VALUE};"
+            ),
+        ),
         ("requirements", _append("requirements/cpu.txt", "# forge bench-ci-cache: the environment's key changes")),
     ),
     "demo": (
         ("runner-a", _nothing),
         ("same-inputs", _nothing),
         ("python-edit", _append("demo/__init__.py", "_FORGE_BENCH_CI_CACHE = 1")),
-        ("cpp-edit", _append("csrc/ops.cpp", "[[maybe_unused]] static const int forge_bench_ci_cache = 1;")),
+        ("cpp-edit", _append("csrc/ops.cpp", f"[[maybe_unused]] static const int forge_bench_ci_cache = {RUN_VALUE};")),
         ("requirements", _append("requirements/runtime.txt", "# forge bench-ci-cache")),
     ),
 }

@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shutil
 import sys
 import tarfile
@@ -64,6 +65,10 @@ def _nothing(_tree: Path) -> None:
     return None
 
 
+# The C++ edit's value is this run's own: the compiler cache outlives a run (a cache mount, a shared cache), and
+# a line an earlier run compiled would be a hit, not the one file's compile the row is for.
+RUN_VALUE = secrets.randbelow(2**31 - 1)
+
 # An edit that changes code, not only a comment: a comment leaves the preprocessed text alone, and ccache would
 # answer it from its cache in preprocessed mode without compiling anything.
 STEPS: tuple[tuple[str, Edit, bool], ...] = (
@@ -72,7 +77,7 @@ STEPS: tuple[tuple[str, Edit, bool], ...] = (
     ("python-edit", _append("vllm/logger.py", "_FORGE_BENCH_REBUILD = 1"), False),
     (
         "cpp-edit",
-        _append("csrc/cpu/activation.cpp", "[[maybe_unused]] static const int forge_bench_rebuild = 1;"),
+        _append("csrc/cpu/activation.cpp", f"[[maybe_unused]] static const int forge_bench_rebuild = {RUN_VALUE};"),
         False,
     ),
     ("requirements", _append("requirements/cpu.txt", "# forge bench-rebuild: the environment's key changes"), False),
