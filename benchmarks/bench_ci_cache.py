@@ -54,7 +54,7 @@ from builders.rebuild.reuse import verdict
 from builders.registry import local
 from builders.registry.client import RegistryClient
 from builders.render import render_template
-from builders.results import Figure, LoadWatch, Result
+from builders.results import Figure, LoadWatch, Result, unsaved_because
 from builders.trust import find_ca_bundle
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -510,7 +510,9 @@ def main(argv: list[str] | None = None) -> int:
             if rows[-1]["result"] != "succeeded":
                 break
     (out / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
-    if args.save:
+    if args.save and (why := unsaved_because(rows)):
+        print(f"results/ci-cache-{args.subject}-{args.engine}.json left as it was (this run: {why})")
+    elif args.save:
         saved = Result.capture(
             f"ci-cache-{args.subject}-{args.engine}",
             command="nox -s bench-ci-cache -- " + " ".join(sys.argv[1:] if argv is None else argv),

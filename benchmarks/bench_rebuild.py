@@ -47,7 +47,7 @@ from builders.cache.settings import ENV_COMPILER, parse_compiler_cache
 from builders.config.models import TorchIndex
 from builders.errors import ForgeError
 from builders.project import Project
-from builders.results import Figure, LoadWatch, Result
+from builders.results import Figure, LoadWatch, Result, unsaved_because
 from builders.sources import resolve_sdist
 
 Edit = Callable[[Path], None]
@@ -241,7 +241,9 @@ def main(argv: list[str] | None = None) -> int:
             if report.result != "succeeded":
                 break
     (out / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
-    if args.save:
+    if args.save and (why := unsaved_because(rows)):
+        print(f"bench-rebuild: results left as they were (this run: {why})")
+    elif args.save:
         given = sys.argv[1:] if argv is None else argv
         print(
             "bench-rebuild: wrote "

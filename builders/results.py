@@ -25,7 +25,7 @@ import platform
 import re
 import subprocess
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
@@ -227,6 +227,15 @@ class LoadWatch:
         if now is not None and (self.peak is None or now[0] > self.peak):
             self.peak = now[0]
         return self.before, self.peak
+
+
+def unsaved_because(rows: Sequence[Mapping[str, object]]) -> str | None:
+    """Why a benchmark's run must not replace its results file, or None: a step that did not succeed (a disk gate,
+    a killed run) has no figure, and saving would swap the file's measured rows for that."""
+    failed = [f"{row.get('step')}: {row.get('result')}" for row in rows if row.get("result") != "succeeded"]
+    if not rows:
+        return "no step ran"
+    return "; ".join(failed) or None
 
 
 def loadavg() -> tuple[float, float, float] | None:

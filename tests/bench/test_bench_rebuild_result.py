@@ -11,7 +11,7 @@ from pathlib import Path
 from types import ModuleType
 
 from builders.project import Project
-from builders.results import LoadWatch
+from builders.results import LoadWatch, unsaved_because
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,3 +62,11 @@ def test_an_unusable_compiler_cache_url_is_refused_before_any_build() -> None:
     assert "--compiler-cache" in proc.stderr and "redis://HOST:PORT" in proc.stderr  # the flag, and what to give
     assert "Traceback" not in proc.stderr
     assert proc.stdout == ""  # no step started
+
+
+def test_a_run_with_a_step_that_did_not_succeed_leaves_the_results_file_alone() -> None:
+    # A run stopped by preflight's disk gate once replaced a measured file with its blocked row.
+    assert unsaved_because(ROWS) is None
+    blocked = [*ROWS, {"step": "requirements", "result": "blocked", "error": "disk"}]
+    assert unsaved_because(blocked) == "requirements: blocked"
+    assert unsaved_because([]) == "no step ran"
