@@ -9,11 +9,13 @@ the one before):
     requirements  one comment line added to requirements/cpu.txt: the environment and everything above it
 
     python benchmarks/bench_rebuild.py [--source DIR] [--distro debian-13] [--max-jobs N] [--torch-index pypi]
-                                       [--resume STEP] [--compiler-cache URL]
+                                       [--resume STEP] [--until STEP] [--compiler-cache URL]
 
 --resume STEP applies the edits of the steps before STEP without building them, and takes their rows from
 their reports in the same folder (wall time: the sum of the report's phases, which is what the build call
 spends): a run stopped at one step (the host's disk, say) goes on from there instead of compiling cold again.
+
+--until STEP stops after that step (the steps after it are not rows: the results file has no figure for them).
 
 --compiler-cache URL builds every step through that shared compiler cache (`forge build --compiler-cache`, its
 credentials from the environment as there), for instance the Redis a `bench-ci-cache` run filled: the cold step
@@ -171,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     # --torch-index pypi`) is the one a build can get.
     parser.add_argument("--torch-index", choices=get_args(TorchIndex), default=None)
     parser.add_argument("--resume", choices=[step for step, _, _ in STEPS[1:]], default=None)
+    parser.add_argument("--until", choices=[step for step, _, _ in STEPS], default=None)
     parser.add_argument(
         "--compiler-cache",
         metavar="URL",
@@ -189,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     watch = LoadWatch.start()
     names = [step for step, _, _ in STEPS]
     first = names.index(args.resume) if args.resume else 0
+    last = names.index(args.until) if args.until else len(names) - 1
+    if last < first:
+        parser.error(f"--until {args.until} comes before --resume {args.resume}")
     project = Project.load()
     distro, recipe = project.distro(args.distro), project.recipe_for("cpu")
     out = project.root / "reports" / "bench-rebuild"
@@ -197,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="forge-bench-rebuild-") as scratch:
         tree = _tree(project, args.source, Path(scratch))
-        for index, (step, edit, cold) in enumerate(STEPS):
+        for index, (step, edit, cold) in enumerate(STEPS[: last + 1]):
             edit(tree)
             if index < first:
                 earlier = json.loads((out / step / "report.json").read_text())

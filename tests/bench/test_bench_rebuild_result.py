@@ -70,3 +70,15 @@ def test_a_run_with_a_step_that_did_not_succeed_leaves_the_results_file_alone() 
     blocked = [*ROWS, {"step": "requirements", "result": "blocked", "error": "disk"}]
     assert unsaved_because(blocked) == "requirements: blocked"
     assert unsaved_because([]) == "no step ran"
+
+
+def test_until_before_resume_is_refused_naming_both_flags() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_rebuild.py"), "--resume", "cpp-edit", "--until", "cold"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 2 and "--until cold comes before --resume cpp-edit" in proc.stderr
+    assert proc.stdout == "" and "Traceback" not in proc.stderr
