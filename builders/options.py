@@ -55,6 +55,23 @@ def positive_int(value: str) -> int:
     return number
 
 
+# 9999-12-31T23:59:59Z: the last second Python's datetime, tar's ustar header and the SBOM's ISO timestamp can all
+# write; SOURCE_DATE_EPOCH's own spec asks for a non-negative integer.
+EPOCH_MAX = 253_402_300_799
+
+
+def epoch_seconds(value: str) -> int:
+    """argparse type for --source-date-epoch: whole seconds since 1970, from 0 to the end of year 9999 (a negative
+    one was accepted and written into the base's files, which tar and the engines then refuse or mangle)."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: not whole seconds since 1970 (e.g. 1700000000)") from None
+    if not 0 <= number <= EPOCH_MAX:
+        raise argparse.ArgumentTypeError(f"{value!r}: must be from 0 (1970) to {EPOCH_MAX} (the end of 9999)")
+    return number
+
+
 def pep440_version(value: str) -> str:
     """argparse type: a PEP 440 version (2.9, 2.9.1, 2.9.1+cpu), normalised; anything else never reaches a
     Containerfile's pip line."""

@@ -18,7 +18,7 @@ from builders.engines import ENGINES, make_plan
 from builders.errors import SourceUnavailable, UsageError
 from builders.log import Log, print_table
 from builders.log import console as wide_console
-from builders.options import BuildOptions, add_flags, cli_options, gpu_args_apply, plan_options
+from builders.options import BuildOptions, add_flags, cli_options, epoch_seconds, gpu_args_apply, plan_options
 from builders.output import output_dir, write_output
 from builders.plan import PlanOptions
 from builders.platforms import PLATFORMS, Platform, for_platform, parse_platforms
@@ -361,7 +361,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("distro", help=DISTRO_HELP)
     p.add_argument(
         "--source-date-epoch",
-        type=int,
+        type=epoch_seconds,
         default=None,
         metavar="SECONDS",
         help="timestamp for the base's files, for a reproducible rootfs (default: the archive snapshot's)",

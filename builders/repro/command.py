@@ -10,7 +10,7 @@ from pathlib import Path
 from builders import log
 from builders.config.models import Distro, Recipe
 from builders.errors import UsageError
-from builders.options import parse_sources
+from builders.options import epoch_seconds, parse_sources
 from builders.project import Project
 from builders.repro.errors import LockDrift, StaleRender
 
@@ -212,7 +212,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("-o", "--output", default=".", help="folder for sbom.cdx.json (default: here)")
     p.add_argument("--distro", default=None, help="recorded in the SBOM's metadata")
     p.add_argument("--target", default=None, help="recorded in the SBOM's metadata")
-    p.add_argument("--source-date-epoch", type=int, default=None, help="the SBOM's timestamp (default: 1970)")
+    p.add_argument("--source-date-epoch", type=epoch_seconds, default=None, help="the SBOM's timestamp (default: 1970)")
     p.set_defaults(func=cmd_sbom)
 
     p = subparsers.add_parser(

@@ -111,6 +111,17 @@ def test_values_that_would_reach_a_containerfile_are_parsed_first(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("value", ["-5", "253402300800", "yesterday"])
+@pytest.mark.parametrize("command", [["bootstrap", "debian-12"], ["sbom", "forge/x:1"]])
+def test_a_source_date_epoch_outside_1970_to_9999_is_refused_before_any_engine(
+    command: list[str], value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A negative epoch was accepted and would have been written into a base's files.
+    code, err = run([*command, "--source-date-epoch", value], capsys)
+    assert code == 2 and "--source-date-epoch" in err and repr(value) in err, err
+    assert build_parser().parse_args([*command, "--source-date-epoch", "0"]).source_date_epoch == 0
+
+
 def test_build_tag_and_source_names_match_their_patterns(capsys: pytest.CaptureFixture[str]) -> None:
     code, err = run(["build", "debian-12", "router", "--tag", "forge/x:1; rm -rf /"], capsys)
     assert code == 2 and "not an image reference" in err
