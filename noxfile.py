@@ -446,17 +446,24 @@ def smoke_sglang(session: nox.Session) -> None:
 def sweep_engines(session: nox.Session) -> None:
     """The engine axis of the serving sweep: the shared and class-aware profiles on vLLM (the Debian 12 cpu-wheel
     image), llama.cpp (the Debian 14 llama-cpp image) and SGLang (the Debian 13 sglang image, which needs AVX-512 BF16
-    and AMX), the same seeded traffic, each engine calibrated on its own replica, one engine × profile table."""
+    and AMX: left out, saying why, on a CPU without them), the same seeded traffic, each engine calibrated on its own
+    replica, one engine × profile table."""
+    from builders.engines import serving_engine
+    from builders.serving_dtype import this_host
+
+    engines = ["vllm", "llama-cpp"]
+    images = ["forge/debian-12-cpu-wheel:latest", "--llama-image", "forge/debian-14-llama-cpp:latest"]
+    if (why := serving_engine("sglang").host_problem(this_host())) is None:
+        engines.append("sglang")
+        images += ["--sglang-image", "forge/debian-13-sglang:latest"]
+    else:
+        session.log(f"SGLang left out of this sweep: {why}")
     session.run(
         "forge",
         "sweep",
-        "forge/debian-12-cpu-wheel:latest",
-        "--llama-image",
-        "forge/debian-14-llama-cpp:latest",
-        "--sglang-image",
-        "forge/debian-13-sglang:latest",
+        *images,
         "--engines",
-        "vllm,llama-cpp,sglang",
+        ",".join(engines),
         "--profiles",
         "shared,class-aware",
         "--report",

@@ -33,6 +33,7 @@ from builders.gates.findings import Finding
 from builders.plan import BuildPlan, PlanOptions
 from builders.rebuild.devtree import TreeManifest, TreeSplit
 from builders.rebuild.records import ReuseRecord
+from builders.serving_dtype import CpuHost
 from builders.sources import ResolvedSource
 from builders.target import Target
 
@@ -324,6 +325,11 @@ class ServingEngine(abc.ABC):
         """The full server command: entry point, model, then the pool's arguments."""
         model = self.model_argument(model_dir)
         return [*probe.entry, *([model] if probe.model_is_positional else ["--model", model]), *args]
+
+    def host_problem(self, host: CpuHost) -> str | None:
+        """Why this engine's server cannot run on `host`'s CPU, said before any replica starts; None where it can
+        (the default: a server Forge builds for the host's architecture runs on any CPU of it)."""
+        return None
 
     def cache_env(self, path: str) -> dict[str, str]:
         """The environment that points this engine's start-up caches at `path`, a directory every replica of one

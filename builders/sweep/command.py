@@ -14,7 +14,9 @@ from builders import log
 from builders.engines import ENGINES
 from builders.errors import SweepInvalid, UsageError
 from builders.project import find_root
+from builders.serving_dtype import this_host
 from builders.smoke.runtimes import Runtimes, add_serving_options
+from builders.smoke.stack import check_host_runs
 from builders.sweep.claims import claim_lines
 from builders.sweep.definition import available_sweep_profiles, load_sweep, load_sweep_settings
 from builders.sweep.report import render_table, summary_lines
@@ -138,6 +140,10 @@ def run(args: argparse.Namespace) -> int:
         changes["sweep"] = sweep_changes
     engines = [e for e in args.engines.split(",") if e] if args.engines else None
     profiles = load_sweep(names, root=root, changes=changes, engines=engines)
+    host = this_host()
+    for sweep_profile in profiles:
+        # Each profile run would refuse it too, but only after the profiles before it had run.
+        check_host_runs(sweep_profile.profile, str(sweep_profile.path), host)
     settings = load_sweep_settings(root, changes=changes)
     with _replica_cache(cold=args.cold_replicas) as cache:
         runtimes = replace(runtimes, replica_cache=cache)

@@ -20,9 +20,10 @@ from builders.engines.checks import CheckResult
 from builders.engines.sglang import SGLang
 from builders.engines.sglang.checks import parse_kernel_probe
 from builders.engines.sglang.serve import ENTRY, KEY_ENV, SGLangPool, kv_tokens, parse_help
-from builders.errors import ConfigError, UsageError
+from builders.errors import ConfigError, PreflightBlocked, UsageError
 from builders.report import CheckRecord
 from builders.router.classes import ALL_CLASSES
+from builders.serving_dtype import parse_cpuinfo
 from builders.smoke.plan import plan_stack
 from builders.smoke.profile import profile_from_mapping
 from builders.smoke.runtimes import Runtimes
@@ -183,3 +184,38 @@ def test_the_images_help_is_read_and_every_sglang_pool_of_the_profiles_passes_it
         assert check_pools(pools, spec) == [], stack.name
     (typo,) = check_pools([PoolArgv(pool="a", argv=("--chunked-prefil-size", "128"), keys=("extra",))], spec)
     assert (typo.suggestion or "").startswith("did you mean --chunked-prefill-size") and "SGLang" in typo.message
+
+
+# The first processor's flags of two hosts this project ran on (/proc/cpuinfo, trimmed to the flags that matter
+# and a few around them): an AMD EPYC with AVX2 only, and a Xeon with AVX-512 BF16 and AMX.
+EPYC_AVX2 = "model name\t: AMD EPYC 7B13\nflags\t\t: fpu sse4_2 avx avx2 fma bmi2 sha_ni\n\n"
+XEON_AMX = (
+    "model name\t: Intel(R) Xeon(R) Processor\nflags\t\t: fpu avx avx2 avx512f avx512bw avx512_bf16 avx512_fp16 "
+    "amx_bf16 amx_tile amx_int8\n\n"
+)
+
+
+def test_sglang_names_the_flags_a_cpu_lacks_and_vllm_runs_anywhere() -> None:
+    epyc = parse_cpuinfo(EPYC_AVX2, source="/proc/cpuinfo")
+    why = ENGINES.get("sglang").host_problem(epyc)
+    assert why is not None and "AMD EPYC 7B13" in why
+    assert "lacks avx512f, avx512_bf16, amx_bf16, amx_tile;" in why
+    assert ENGINES.get("sglang").host_problem(parse_cpuinfo(XEON_AMX, source="/proc/cpuinfo")) is None
+    assert ENGINES.get("vllm").host_problem(epyc) is None
+
+
+def test_a_sweep_with_sglang_on_an_avx2_host_is_refused_before_any_profile_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from builders.cli import main
+    from builders.sweep import command
+
+    monkeypatch.setattr(command, "this_host", lambda: parse_cpuinfo(EPYC_AVX2, source="/proc/cpuinfo"))
+    started: list[object] = []
+    monkeypatch.setattr(command, "run_sweep", lambda *a, **k: started.append(a))
+    argv = ["--root", str(ROOT), "sweep", "forge/x:1", "--sglang-image", "forge/y:1", "--engines", "vllm,sglang"]
+    code = main([*argv, "--profiles", "shared", "--report", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert code == PreflightBlocked.exit_code and not started
+    assert "serves SGLang, which cannot run on this host" in err and "lacks avx512f" in err
+    assert "Traceback" not in err

@@ -37,7 +37,10 @@ from builders.engines.args import (
     probe_help,
 )
 from builders.engines.serving import HelpRunner, ModelFormat, PoolArgs, ServeOptions, ServerProbe, ServingEngine
+from builders.engines.sglang import kernel_source
+from builders.engines.sglang.gates import AMX_FLAGS
 from builders.errors import SmokeFailed
+from builders.serving_dtype import CpuHost
 
 KEY_ENV = "FORGE_SGLANG_API_KEY"
 SERVER_MODULE = "sglang.launch_server"
@@ -181,6 +184,19 @@ class SGLangServer(ServingEngine):
         local_help="run sglang pools as host processes of this python (a virtualenv with SGLang) instead",
         local_hint="pass the python of a virtualenv with SGLang and sgl-kernel's CPU build, VENV/bin/python",
     )
+
+    def host_problem(self, host: CpuHost) -> str | None:
+        # The preflight gates' flags (gates.py): sgl-kernel is compiled with -march=native and its GEMMs have no
+        # scalar path, and the intel_amx backend needs AMX tiles; without them the server starts, then its first
+        # request stops with "not implemented".
+        needed = (*kernel_source.flags_for(kernel_source.PINNED_ISA_MACROS), *AMX_FLAGS)
+        missing = [flag for flag in needed if flag not in host.flags]
+        if not missing:
+            return None
+        return (
+            f"{host.source} ({host.model or host.arch}) lacks {', '.join(missing)}; SGLang's CPU kernels need "
+            f"{', '.join(needed)} (AVX-512 BF16 and AMX: Intel Xeon 4th generation or newer)"
+        )
 
     @staticmethod
     def settings(pool: PoolSettings) -> SGLangSettings:
