@@ -3,22 +3,7 @@ much, and a step that did not succeed gives no figure (a blocked step's time is 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def load_bench() -> ModuleType:
-    # benchmarks/ is a folder of scripts, not a package: load the file itself.
-    spec = importlib.util.spec_from_file_location("bench_ci_cache", ROOT / "benchmarks" / "bench_ci_cache.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+from bench_scripts import load_bench
 
 
 def test_rows_become_figures_with_goals_misses_and_counters() -> None:
@@ -33,7 +18,7 @@ def test_rows_become_figures_with_goals_misses_and_counters() -> None:
         {"step": "python-edit", "result": "succeeded", "wall_s": 200.0, "compiler_cache": None},
         {"step": "cpp-edit", "result": "blocked", "error": "the registry answered 500"},
     ]
-    figures = load_bench().figures_of(rows)
+    figures = load_bench("bench_ci_cache").figures_of(rows)
     assert figures["runner-a.wall"].value == 4000.0 and "runner-a.goal" not in figures
     assert (figures["runner-a.redis_hits"].value, figures["runner-a.redis_misses"].value) == (0, 489)
     assert figures["same-inputs.goal"].value == 600 and "same-inputs.over_goal" not in figures

@@ -4,11 +4,12 @@ a compiler-cache URL it cannot use is refused before any build, naming the flag.
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
+from typing import Any
+
+from bench_scripts import load_bench
 
 from builders.project import Project
 from builders.results import LoadWatch, unsaved_because
@@ -16,17 +17,7 @@ from builders.results import LoadWatch, unsaved_because
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def load_bench() -> ModuleType:
-    # benchmarks/ is a folder of scripts, not a package: load the file itself.
-    spec = importlib.util.spec_from_file_location("bench_rebuild", ROOT / "benchmarks" / "bench_rebuild.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-ROWS = [
+ROWS: list[dict[str, Any]] = [
     {"step": "cold", "result": "succeeded", "wall_s": 900.0, "ccache": None, "compiler_cache": None},
     {
         "step": "cpp-edit",
@@ -40,7 +31,7 @@ ROWS = [
 
 
 def test_a_shared_cache_run_has_its_own_name_counters_and_note() -> None:
-    bench = load_bench()
+    bench = load_bench("bench_rebuild")
     shared = bench.result(ROWS, ["--max-jobs", "2"], LoadWatch.start(), Project.load(), shared_cache="redis://h:1")
     assert shared.name == "rebuild-shared-cache"
     assert "redis://h:1" in shared.provenance.note

@@ -4,29 +4,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import os
-import sys
 import time
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from bench_scripts import load_bench
 
 from builders.router.native import NativeRelay
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def load_bench() -> ModuleType:
-    # benchmarks/ is a folder of scripts, not a package: load the file itself.
-    spec = importlib.util.spec_from_file_location("bench_router", ROOT / "benchmarks" / "bench_router.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    # Its dataclasses resolve their annotations through sys.modules.
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def short_run(tmp_path: Path, **settings: object) -> argparse.Namespace:
@@ -47,7 +34,7 @@ def short_run(tmp_path: Path, **settings: object) -> argparse.Namespace:
 
 
 def test_load_generator_counts_only_whole_streams() -> None:
-    bench = load_bench()
+    bench = load_bench("bench_router")
 
     async def body() -> None:
         events = [bench._chunk_event(i) for i in range(4)]
@@ -77,7 +64,7 @@ def test_load_generator_counts_only_whole_streams() -> None:
 
 
 def test_tree_cpu_time_grows_with_work_done() -> None:
-    bench = load_bench()
+    bench = load_bench("bench_router")
     cpu0, user0, sys0 = bench.tree_cpu_s(os.getpid())
     deadline = time.process_time() + 0.3
     while time.process_time() < deadline:
@@ -89,7 +76,7 @@ def test_tree_cpu_time_grows_with_work_done() -> None:
 
 
 def test_direct_connection_is_measured_over_interleaved_rounds(tmp_path: Path) -> None:
-    bench = load_bench()
+    bench = load_bench("bench_router")
     args = short_run(tmp_path, only=["direct"], chunks=4, interval_ms=1.0, duration=1.0, warmup=0.3)
     rows = asyncio.run(asyncio.wait_for(bench.run(args), 30))
     assert [r.name for r in rows] == ["direct"]
@@ -100,7 +87,7 @@ def test_direct_connection_is_measured_over_interleaved_rounds(tmp_path: Path) -
 
 
 def test_report_names_what_was_not_measured_and_compares_in_one_run() -> None:
-    bench = load_bench()
+    bench = load_bench("bench_router")
     args = argparse.Namespace(
         concurrency=32,
         chunks=32,
@@ -144,7 +131,7 @@ def test_report_names_what_was_not_measured_and_compares_in_one_run() -> None:
 
 
 def test_forge_at_a_ref_runs_that_commit_s_router_and_an_unknown_ref_is_reported() -> None:
-    bench = load_bench()
+    bench = load_bench("bench_router")
     spec = bench.forge_at("HEAD")
     assert spec.name == "forge@HEAD" and spec.unavailable is None
     argv = spec.command("http://127.0.0.1:1", 2)
@@ -160,7 +147,7 @@ def test_forge_at_a_ref_runs_that_commit_s_router_and_an_unknown_ref_is_reported
 
 @pytest.mark.skipif(NativeRelay is None, reason="the C relay is not built in this checkout")
 def test_forge_is_measured_with_each_relay_in_the_same_run(tmp_path: Path) -> None:
-    bench = load_bench()
+    bench = load_bench("bench_router")
     args = short_run(
         tmp_path,
         only=["forge", "forge-python"],
