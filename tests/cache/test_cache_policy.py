@@ -9,6 +9,7 @@ import socketserver
 import stat
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -192,10 +193,12 @@ def test_a_template_without_the_launcher_says_so_and_compiles_with_ccache(
         {"SCCACHE_REDIS_PASSWORD": "right-password"},
         compiler_cache=f"redis://127.0.0.1:{resp_server}",
     )
-    ctx.plan_ = make_plan(project.distro("debian-12"), project.recipe_for("llama-cpp"), PlanOptions(max_jobs=2))
+    # Every compiling template Forge has takes the launcher; a new one is not wired until its compile step is.
+    plan = make_plan(project.distro("debian-12"), project.recipe_for("llama-cpp"), PlanOptions(max_jobs=2))
+    ctx.plan_ = replace(plan, template="new-engine.Containerfile.j2")
     phase.prepare(ctx)
     assert ctx.cache is not None and ctx.cache.compiler == LOCAL
-    assert "not wired into llama-cpp.Containerfile.j2" in ctx.cache.warnings[0]
+    assert "not wired into new-engine.Containerfile.j2" in ctx.cache.warnings[0]
 
 
 def test_the_probe_tells_a_working_redis_from_refused_credentials_and_from_none(resp_server: int) -> None:

@@ -111,4 +111,5 @@ def plan(distro: Distro, recipe: Recipe, options: PlanOptions) -> BuildPlan:
         vllm_version=version,
         test_checks=("llama-server-version", "no-compilers", "serve-gguf") if recipe.serve_test else (),
         cmake_defines=dict(CMAKE_DEFINES),
+        launcher_packages=tuple(family.packages(["python"])),
     )
