@@ -479,7 +479,9 @@ def _reuse(ctx: Context) -> None:
 
 
 def _inspect_toolchain(ctx: Context) -> None:
-    if ctx.compiles and ctx.context_dir is not None:
+    # vLLM's source builds only: a native build's toolchain stage holds its whole compile, so inspecting it could
+    # be a second compile wherever the layer cache missed.
+    if ctx.target.compiles and ctx.context_dir is not None:
         ctx.report.versions.update(_toolchain_versions(ctx))
 
 

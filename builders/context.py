@@ -61,7 +61,9 @@ class Context:
 
     @property
     def compiles(self) -> bool:
-        return self.target.compiles
+        """Whether this build compiles C, C++ or CUDA (the serving engine says: llama.cpp and SGLang's CPU kernels
+        do too, not only vLLM's source builds)."""
+        return self.engine_of.compiles(self.target)
 
     @property
     def engine(self) -> Engine:

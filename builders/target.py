@@ -54,6 +54,12 @@ class Target:
         return self.cpu and self.recipe.serve_test and self.recipe.kind != "native"
 
     @property
+    def native(self) -> bool:
+        """A C/C++ server built from a pinned archive (llama.cpp, SGLang): compiled here for the CPU, or installed
+        from its wheels for CUDA."""
+        return self.recipe.kind == "native"
+
+    @property
     def compiles(self) -> bool:
         """Compiled from its sdist here; a GPU build in wheel mode installs PyPI's CUDA wheel instead."""
         return self.recipe.kind == "source" and self.gpu_mode != "wheel"

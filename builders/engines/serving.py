@@ -171,6 +171,11 @@ class ServingEngine(abc.ABC):
         """Versions the test stage read in the image (the report's `versions`)."""
         return {}
 
+    def compiles(self, target: Target) -> bool:
+        """Whether building `target` compiles C, C++ or CUDA here: what a shared compiler cache can serve. By
+        default a source recipe not installed from a wheel (vLLM's source builds)."""
+        return target.compiles
+
     def stages_source(self, target: Target) -> bool:
         """Whether a build stages the recipe's pinned source (resolved from the cache or --source)."""
         return target.recipe.source is not None

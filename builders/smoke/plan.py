@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from builders.config.profile import PoolSettings, StackProfile
 from builders.engines import ENGINES, ServingEngine, serving_engine
 from builders.engines.args import PoolArgv
-from builders.serving_dtype import DtypeChoice, choose_dtype, this_host
+from builders.errors import PreflightBlocked
+from builders.serving_dtype import CpuHost, DtypeChoice, choose_dtype, this_host
 
 # Where the tiny model is mounted inside replica containers.
 CONTAINER_MODEL_DIR = "/forge/model"
@@ -169,3 +170,15 @@ def plan_stack(
             )
             ordinal += 1
     return StackPlan(run_id=run_id, profile=profile, router_port=base, replicas=tuple(replicas), dtype=choice)
+
+
+def check_host_runs(profile: StackProfile, source: str, host: CpuHost) -> None:
+    """Refuse, before anything starts, a profile whose pools serve an engine this host's CPU cannot run (SGLang's
+    CPU kernels without AVX-512 BF16 and AMX): its replicas would start and fail their first request."""
+    for name, pool in profile.pools.items():
+        serving = serving_engine(pool.engine)
+        if (why := serving.host_problem(host)) is not None:
+            raise PreflightBlocked(
+                f"{source}: pool {name!r} serves {serving.title}, which cannot run on this host: {why}",
+                hint=f"run it on a CPU that has them, or serve pool {name!r} with another engine (pools.{name}.engine)",
+            )

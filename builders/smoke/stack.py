@@ -31,17 +31,17 @@ from rich.console import Console
 
 from builders import interrupt
 from builders.config.profile import StackProfile, check_cpus_available, explain
-from builders.engines import ServerProbe, ServingEngine, serving_engine
+from builders.engines import ServerProbe, ServingEngine
 from builders.engines.args import ArgProblem, raise_for_problems
-from builders.errors import ConfigError, ForgeError, PreflightBlocked, SmokeFailed, UsageError
+from builders.errors import ConfigError, ForgeError, SmokeFailed, UsageError
 from builders.log import console as wide_console
 from builders.router.classes import ALL_CLASSES, RequestClass
 from builders.router.config import RouterConfig, config_from_mapping
 from builders.runs import Phase, ended_by_signal, run_phases
-from builders.serving_dtype import CpuHost, choose_dtype, this_host
+from builders.serving_dtype import choose_dtype, this_host
 from builders.smoke.judge import compare_slow_clients, judge_kill
 from builders.smoke.model_pools import reach_every_model, warm_up_requests
-from builders.smoke.plan import ReplicaPlan, RuntimeGroup, StackPlan, plan_stack
+from builders.smoke.plan import ReplicaPlan, RuntimeGroup, StackPlan, check_host_runs, plan_stack
 from builders.smoke.report import (
     ArgumentProblem,
     Checks,
@@ -150,18 +150,6 @@ class ValidatedProfile:
     another Forge version reads it with its own defaults."""
     api_key: str
     upstream_api_key: str
-
-
-def check_host_runs(profile: StackProfile, source: str, host: CpuHost) -> None:
-    """Refuse, before anything starts, a profile whose pools serve an engine this host's CPU cannot run (SGLang's
-    CPU kernels without AVX-512 BF16 and AMX): its replicas would start and fail their first request."""
-    for name, pool in profile.pools.items():
-        serving = serving_engine(pool.engine)
-        if (why := serving.host_problem(host)) is not None:
-            raise PreflightBlocked(
-                f"{source}: pool {name!r} serves {serving.title}, which cannot run on this host: {why}",
-                hint=f"run it on a CPU that has them, or serve pool {name!r} with another engine (pools.{name}.engine)",
-            )
 
 
 def validate_profile(

@@ -15,8 +15,8 @@ from builders.engines import ENGINES
 from builders.errors import SweepInvalid, UsageError
 from builders.project import find_root
 from builders.serving_dtype import this_host
+from builders.smoke.plan import check_host_runs
 from builders.smoke.runtimes import Runtimes, add_serving_options
-from builders.smoke.stack import check_host_runs
 from builders.sweep.claims import claim_lines
 from builders.sweep.definition import available_sweep_profiles, load_sweep, load_sweep_settings
 from builders.sweep.report import render_table, summary_lines

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from builders.cache.phase import WIRED_TEMPLATES, TemplateLauncher
-from builders.engines import make_plan
+from builders.engines import ENGINES, make_plan
 from builders.plan import PlanOptions
 from builders.project import Project
 from builders.render import render
+from builders.target import Target
 
 
 def stage(text: str, name: str) -> str:
@@ -92,3 +93,14 @@ def test_sglang_hands_the_launcher_to_cmake_beside_its_own_cmake_args(project: P
     plan = make_plan(project.distro("debian-13"), project.recipe_for("sglang"), PlanOptions(max_jobs=2))
     run = compile_run(render(plan, project.containers_dir, compiler_cache=TemplateLauncher()))
     assert 'CMAKE_ARGS="${CMAKE_ARGS:-} -DCMAKE_C_COMPILER_LAUNCHER=sccache' in run
+
+
+def test_every_target_that_compiles_is_wired_and_no_other_one_asks_for_the_cache(project: Project) -> None:
+    # The engine says whether a target compiles (builders/engines/*: compiles); the cache phase serves those.
+    compiling = set()
+    for distro, recipe in project.pairs():
+        target = Target(distro=distro, recipe=recipe, gpu_mode="source")
+        if ENGINES.of(recipe).compiles(target):
+            compiling.add(recipe.target)
+            assert recipe.template in WIRED_TEMPLATES, recipe.template
+    assert compiling == {"cpu", "gpu", "llama-cpp", "sglang"}

@@ -14,11 +14,15 @@ from builders.engines.llama_cpp.serve import LlamaCppServer
 from builders.gates.context import PreflightContext
 from builders.gates.findings import Finding
 from builders.plan import BuildPlan, PlanOptions
+from builders.target import Target
 
 
 class LlamaCpp(LlamaCppServer):
     def plan(self, distro: Distro, recipe: Recipe, options: PlanOptions) -> BuildPlan:
         return image.plan(distro, recipe, options)
+
+    def compiles(self, target: Target) -> bool:
+        return True  # llama-server is always compiled from the pinned tree
 
     def gates(self, ctx: PreflightContext) -> list[Finding]:
         return gates.preflight(ctx)

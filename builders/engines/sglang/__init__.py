@@ -32,6 +32,10 @@ class SGLang(SGLangServer):
     def plan(self, distro: Distro, recipe: Recipe, options: PlanOptions) -> BuildPlan:
         return image.plan(distro, recipe, options)
 
+    def compiles(self, target: Target) -> bool:
+        # sgl-kernel's CPU kernels are compiled here; the GPU images install PyPI's wheels.
+        return target.cpu and target.native
+
     def gates(self, ctx: PreflightContext) -> list[Finding]:
         recipe = ctx.recipe
         if ctx.target.from_wheelhouse:
