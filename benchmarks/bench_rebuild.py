@@ -262,17 +262,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'step':<14}{'wall s':>8}  {'env':<10}{'extension':<11}{'package':<10}compiler cache")
     for row in rows:
         ccache = row.get("ccache", row.get("error"))
-        stats = f"ccache {ccache['hits']} hits {ccache['misses']} misses" if isinstance(ccache, dict) else ""
-        stats = (
-            "; ".join(
-                [stats] * bool(stats)
-                + [
-                    f"{name} {c['hits']} hits {c['misses']} misses"
-                    for name, c in (row.get("compiler_cache") or {}).items()
-                ]
-            )
-            or str(ccache)[:40]
-        )
+        parts = [f"ccache {ccache['hits']} hits {ccache['misses']} misses"] if isinstance(ccache, dict) else []
+        parts += [
+            f"{name} {c['hits']} hits {c['misses']} misses" for name, c in (row.get("compiler_cache") or {}).items()
+        ]
+        stats = "; ".join(parts) or str(ccache)[:40]
         print(
             f"{row['step']:<14}{row['wall_s']:>8}  {row.get('environment')!s:<10}{row.get('extension')!s:<11}"
             f"{row.get('package')!s:<10}{stats}"
